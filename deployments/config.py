@@ -1,0 +1,25 @@
+"""Each deployment's own configuration model, shared by the app builder, the CLI and the tests."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineConfig(BaseModel):
+    """What a Scheduler replica needs to open its engine (built from `AppArgs` or directly in tests)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str  # checkpoint directory
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # auto = the checkpoint's
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    context: int | None = Field(default=None, ge=16)  # window cap; None = the model's
+    parallel: int | Literal["auto"] = "auto"  # concurrent sequences; auto = sized from memory
+    block_size: int = Field(default=16, ge=1)
+    prefill_chunk_size: int = Field(default=512, ge=1)
+    decode_share: float = Field(default=0.25, ge=0.0, le=1.0)
+    prompt_cache_gib: float | None = Field(default=None, ge=0.0)  # None = no extra cap; 0 = no reuse across requests
+    kv_cache_gib: float | None = Field(default=None, gt=0.0)  # explicit KV pool size instead of free memory
+    default_max_tokens: int | None = Field(default=None, ge=1)  # reply limit when a request omits one
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_parallel_auto: int = Field(default=64, ge=1)  # ceiling of `parallel: auto`

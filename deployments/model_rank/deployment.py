@@ -1,0 +1,83 @@
+"""The ModelRank Ray actor: one tensor-parallel shard of the model, its KV cache and its forward pass."""
+
+import os
+import socket
+
+import ray
+from ray.util.placement_group import get_current_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from deployments.config import EngineConfig
+from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.runner import ModelRunner, RunnerInfo
+from deployments.step_plan import StepPlan
+
+
+class ModelRank:
+    """Holds one shard; joins its torch.distributed group before loading weights."""
+
+    def __init__(self, config: EngineConfig, rank: int, world_size: int) -> None:
+        self.config = config
+        self.parallel = ParallelContext(tp_rank=rank, tp_size=world_size)
+        self.runner: ModelRunner | None = None
+
+    def address(self) -> str:
+        """A rendezvous address on this rank's node (asked of rank 0 only)."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def join_and_load(self, init_method: str) -> None:
+        import torch
+        import torch.distributed as dist
+
+        use_nccl = self.config.device != "cpu" and torch.cuda.is_available()
+        if use_nccl:
+            torch.cuda.set_device(0)  # Ray exposes only this rank's GPU
+        dist.init_process_group(
+            backend="nccl" if use_nccl else "gloo",
+            init_method=init_method,
+            rank=self.parallel.tp_rank,
+            world_size=self.parallel.tp_size,
+        )
+        self.runner = ModelRunner(self.config.model, self.config.dtype, self.config.device, self.parallel)
+
+    def info(self) -> RunnerInfo:
+        assert self.runner is not None
+        return self.runner.info()
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        assert self.runner is not None
+        self.runner.allocate_kv(num_blocks, block_size)
+
+    def execute(self, plan: StepPlan) -> list[int]:
+        assert self.runner is not None
+        return self.runner.execute(plan)
+
+
+def _rank_options(config: EngineConfig, index: int) -> dict:
+    on_gpu = config.device == "cuda" or (config.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    options: dict = {"num_cpus": float(os.environ.get("TENSORFOLD_RANK_CPUS", "0.5"))}
+    if on_gpu:
+        options["num_gpus"] = 1
+    group = get_current_placement_group()
+    if group is not None:
+        # Bundle 0 holds the Scheduler replica itself; rank i takes bundle i + 1.
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=index + 1
+        )
+    return options
+
+
+def start_rank_actors(config: EngineConfig) -> list:
+    """Start and load every rank of one model copy; returns their actor handles, rank order."""
+    world = config.tensor_parallel_size
+    remote_cls = ray.remote(ModelRank)
+    ranks = [
+        remote_cls.options(**_rank_options(config, index)).remote(config, index, world) for index in range(world)
+    ]
+    init_method = ray.get(ranks[0].address.remote())
+    ray.get([rank.join_and_load.remote(init_method) for rank in ranks])
+    return ranks

@@ -1,0 +1,73 @@
+"""How a Scheduler replica drives its ranks: in-process at tensor-parallel size 1, Ray actors above.
+
+At size 1 there is no Ray call per step. At size N the replica starts N ModelRank actors in its placement
+group (one bundle each after the replica's own), joins them in one torch.distributed group, and sends each
+step's plan to all of them; every rank draws the same tokens, and rank 0's are used.
+"""
+
+from typing import Protocol
+
+from deployments.config import EngineConfig
+from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.runner import ModelRunner, RunnerInfo
+from deployments.step_plan import StepPlan
+
+
+class Executor(Protocol):
+    def info(self) -> RunnerInfo: ...
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None: ...
+
+    def execute(self, plan: StepPlan) -> list[int]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class InProcessExecutor:
+    def __init__(self, config: EngineConfig) -> None:
+        self.runner = ModelRunner(config.model, config.dtype, config.device, ParallelContext())
+
+    def info(self) -> RunnerInfo:
+        return self.runner.info()
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        self.runner.allocate_kv(num_blocks, block_size)
+
+    def execute(self, plan: StepPlan) -> list[int]:
+        return self.runner.execute(plan)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RayRanksExecutor:
+    def __init__(self, config: EngineConfig) -> None:
+        import ray
+
+        from deployments.model_rank.deployment import start_rank_actors
+
+        self._ray = ray
+        self.ranks = start_rank_actors(config)
+
+    def _all(self, method: str, *args: object) -> list:
+        return self._ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])
+
+    def info(self) -> RunnerInfo:
+        return self._all("info")[0]
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        self._all("allocate_kv", num_blocks, block_size)
+
+    def execute(self, plan: StepPlan) -> list[int]:
+        return self._all("execute", plan)[0]
+
+    def shutdown(self) -> None:
+        for rank in self.ranks:
+            self._ray.kill(rank)
+        self.ranks = []
+
+
+def make_executor(config: EngineConfig) -> Executor:
+    if config.tensor_parallel_size == 1:
+        return InProcessExecutor(config)
+    return RayRanksExecutor(config)

@@ -1,0 +1,121 @@
+"""Linear layers: a batch-invariant matmul plus replicated, column- and row-parallel projections.
+
+Every projection, expert and the lm_head goes through `invariant_linear`, so that a token's result never
+depends on how many other rows share the call (the engine's exactness promise).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
+
+TILE_ROWS = 16  # float32 matmuls run in tiles of exactly this many rows
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
+
+    float32 GEMMs pick kernels by row count (M=1..3 differ from M>=4 on this CPU), so float32 runs in
+    zero-padded 16-row tiles, one call each; bf16/fp16 GEMMs were measured row-invariant and run directly.
+    The bias is added separately: a fused addmm is another kernel with its own row-count behaviour.
+    """
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+    if x2.dtype == torch.float32 and x2.shape[0] > 0:
+        out = torch.cat([_tile_matmul(tile, weight) for tile in x2.split(TILE_ROWS)])  # [M, N]
+    else:
+        out = F.linear(x2, weight)  # [M, N]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, weight.shape[0])
+
+
+def _tile_matmul(tile: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """One GEMM of exactly TILE_ROWS rows ([m<=16, K] -> [m, N]); short tiles are padded with zeros."""
+    rows = tile.shape[0]
+    if rows < TILE_ROWS:
+        tile = torch.cat([tile, tile.new_zeros(TILE_ROWS - rows, tile.shape[1])])
+    return F.linear(tile, weight)[:rows]
+
+
+class ReplicatedLinear(nn.Module):
+    """A projection held whole on every rank."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = default_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = default_loader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return invariant_linear(x, self.weight, self.bias)  # [..., out]
+
+
+class ColumnParallelLinear(nn.Module):
+    """Output features split across ranks: rank r holds shard `shard_index` of `num_shards` along dim 0.
+
+    Heads that fewer ranks than shards share (kv heads < TP size) pass their own shard_index/num_shards.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        parallel: ParallelContext,
+        bias: bool = False,
+        shard_index: int | None = None,
+        num_shards: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_shards = parallel.tp_size if num_shards is None else num_shards
+        self.shard_index = parallel.tp_rank if shard_index is None else shard_index
+        local_out = divide(out_features, self.num_shards, "output features")
+        self.weight = nn.Parameter(torch.empty(local_out, in_features), requires_grad=False)
+        self.weight.weight_loader = self._load_rows
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(local_out), requires_grad=False)
+            self.bias.weight_loader = self._load_rows
+
+    def _load_rows(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
+        copy_shard(param, loaded, 0, self.shard_index, self.num_shards)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return invariant_linear(x, self.weight, self.bias)  # [..., out / shards]
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split across ranks; partial outputs are summed with an all-reduce (when `reduce`)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, parallel: ParallelContext, bias: bool = False, reduce: bool = True
+    ) -> None:
+        super().__init__()
+        if bias and not reduce:
+            raise ValueError("a row-parallel bias must be added after the reduction; keep reduce=True")
+        self.parallel = parallel
+        self.reduce = reduce
+        local_in = divide(in_features, parallel.tp_size, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, local_in), requires_grad=False)
+        self.weight.weight_loader = self._load_columns
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = default_loader
+
+    def _load_columns(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
+        copy_shard(param, loaded, 1, self.parallel.tp_rank, self.parallel.tp_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = invariant_linear(x, self.weight)  # [..., out] partial sum over this rank's inputs
+        if self.reduce:
+            out = all_reduce(out, self.parallel)
+        if self.bias is not None:
+            # Added once, after the reduction, so TP ranks do not each add it.
+            out = out + self.bias
+        return out

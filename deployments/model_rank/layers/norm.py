@@ -1,0 +1,20 @@
+"""RMSNorm as the Hugging Face checkpoints define it (normalise in float32, scale in the model dtype)."""
+
+import torch
+from torch import nn
+
+from deployments.model_rank.layers.parallel import default_loader
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.weight.weight_loader = default_loader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()  # [..., size]
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)

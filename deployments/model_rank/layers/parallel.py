@@ -1,0 +1,40 @@
+"""Tensor-parallel helpers shared by the layers: shard arithmetic, sliced weight loading, the all-reduce."""
+
+import torch
+import torch.distributed as dist
+
+from deployments.model_rank.forward_batch import ParallelContext
+
+
+def divide(total: int, parts: int, what: str) -> int:
+    """`total / parts`, refusing shapes that do not split evenly across ranks."""
+    if total % parts != 0:
+        raise ValueError(f"{what} ({total}) does not divide evenly into {parts} tensor-parallel shards")
+    return total // parts
+
+
+def copy_shard(param: torch.Tensor, loaded: torch.Tensor, dim: int | None, index: int, num_shards: int) -> None:
+    """Copy shard `index` of `num_shards` (cut along `dim`, or the whole tensor when None) into `param`."""
+    if dim is None:
+        expected = tuple(param.shape)
+    else:
+        expected = tuple(n * num_shards if d == dim else n for d, n in enumerate(param.shape))
+    if tuple(loaded.shape) != expected:
+        raise ValueError(f"shape {tuple(loaded.shape)}, expected {expected}")
+    if dim is not None and num_shards > 1:
+        size = param.shape[dim]
+        loaded = loaded.narrow(dim, index * size, size)
+    with torch.no_grad():
+        param.copy_(loaded.to(param.dtype))
+
+
+def default_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    """Loader for replicated parameters: the checkpoint tensor must match exactly."""
+    copy_shard(param, loaded, None, 0, 1)
+
+
+def all_reduce(x: torch.Tensor, parallel: ParallelContext) -> torch.Tensor:
+    """Sum the partial results of row-parallel layers across the TP group (no-op on one rank)."""
+    if parallel.tp_size > 1:
+        dist.all_reduce(x)
+    return x

@@ -1,0 +1,109 @@
+"""The model runner: turns a StepPlan into tensors, runs the forward pass and draws the keyed tokens.
+
+One runner per rank. At tensor-parallel size 1 it lives inside the Scheduler replica; above that each
+ModelRank actor holds one and every rank runs the same plan.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
+from deployments.model_rank.models import CausalLM, load_model
+from deployments.model_rank.sampler import sample_rows
+from deployments.step_plan import StepPlan
+
+
+@dataclass
+class RunnerInfo:
+    """What the scheduler needs to know about the loaded model (returned by every rank)."""
+
+    model_type: str
+    dtype: str
+    device: str
+    vocab_size: int
+    max_position_embeddings: int
+    weight_bytes: int
+    kv_bytes_per_token: int  # on this rank, all layers together
+    eos_token_ids: list[int]
+    device_name: str
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str | Path, dtype: str, device: str, parallel: ParallelContext) -> None:
+        self.device = resolve_device(device)
+        if self.device.type == "cuda" and parallel.is_parallel:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.model: CausalLM = load_model(model_dir, dtype=dtype, device=self.device, parallel=parallel)
+        self.specs = self.model.kv_cache_specs()
+        self.block_size = 0
+        self.num_blocks = 0
+
+    def info(self) -> RunnerInfo:
+        cfg = self.model.config
+        itemsize = torch.empty((), dtype=cfg.torch_dtype).element_size()
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return RunnerInfo(
+            model_type=cfg.model_type,
+            dtype=str(cfg.torch_dtype).removeprefix("torch."),
+            device=self.device.type,
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            weight_bytes=self.model.weight_bytes(),
+            kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
+            eos_token_ids=list(cfg.eos_token_id),
+            device_name=name,
+        )
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        dtype = self.model.config.torch_dtype
+        caches = [spec.allocate(num_blocks, block_size, dtype, self.device) for spec in self.specs]
+        self.model.bind_kv_caches(caches)
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def _forward_batch(self, plan: StepPlan) -> ForwardBatch:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
+        bs = self.block_size
+        for seq in plan.seqs:
+            start = seq.num_computed
+            for offset, token in enumerate(seq.new_token_ids):
+                pos = start + offset
+                ids.append(token)
+                positions.append(pos)
+                slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
+            if seq.draw is not None:
+                logits_rows.append(len(ids) - 1)
+        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        return ForwardBatch(
+            input_ids=as_long(ids),
+            positions=as_long(positions),
+            query_lens=[len(s.new_token_ids) for s in plan.seqs],
+            context_lens=[s.num_computed + len(s.new_token_ids) for s in plan.seqs],
+            block_tables=[s.block_ids for s in plan.seqs],
+            slot_mapping=as_long(slots),
+            logits_indices=as_long(logits_rows),
+            block_size=bs,
+        )
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> list[int]:
+        """Run one step; returns the drawn token of each sequence whose step ends at its last token."""
+        batch = self._forward_batch(plan)
+        hidden = self.model.forward(batch)  # [T, H]
+        draws = [s.draw for s in plan.seqs if s.draw is not None]
+        if not draws:
+            return []
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] float32
+        return sample_rows(logits.float().cpu(), draws)

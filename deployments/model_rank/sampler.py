@@ -1,0 +1,92 @@
+"""Keyed sampling: the token at reply position i is a pure function of (seed, i, that row's logits).
+
+No generator state is carried between steps or shared between rows, so a reply does not depend on what
+else was batched with it, on chunking, or on preemption. The cuts follow SGLang's order: temperature,
+top-k, top-p (on the temperature distribution), then min-p relative to the likeliest token.
+"""
+
+import hashlib
+import os
+
+import torch
+
+from deployments.step_plan import SeqDraw
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def keyed_uniform(seed: int, position: int) -> float:
+    """A uniform number in [0, 1) named by (seed, position): 53 random bits."""
+    bits = _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64))
+    return (bits >> 11) / float(1 << 53)
+
+
+def seed_salt() -> int:
+    raw = os.environ.get("TENSORFOLD_SEED_SALT", "0").strip() or "0"
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"TENSORFOLD_SEED_SALT must be an integer, got {raw!r}") from exc
+
+
+def derive_seed(prompt_token_ids: list[int], salt: int = 0) -> int:
+    """The sampling key of a request without a seed: the same prompt draws the same samples."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(b"".join(t.to_bytes(4, "little") for t in prompt_token_ids))
+    if salt:  # salt 0 keeps the unsalted seeds
+        digest.update(salt.to_bytes(16, "little", signed=True))
+    return int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1)
+
+
+def filtered_distribution(logits: torch.Tensor, draw: SeqDraw) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept candidates of one row: (token ids, probabilities) likeliest first, ties by lower id."""
+    scaled = logits.to(torch.float64) / draw.temperature  # [V]
+    if draw.top_k > 0 and draw.top_k < scaled.shape[0]:
+        # topk's order among equal values is unspecified: re-sort the kept set stably.
+        kept = torch.topk(scaled, draw.top_k).indices.sort().values
+        values, order = torch.sort(scaled[kept], descending=True, stable=True)
+        ids = kept[order]
+    else:
+        values, ids = torch.sort(scaled, descending=True, stable=True)
+    probs = torch.softmax(values, dim=0)  # [K] over the top-k survivors
+    if draw.top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        before = torch.cumsum(probs, dim=0) - probs
+        keep = int((before < draw.top_p).sum().item())
+        ids, probs = ids[: max(keep, 1)], probs[: max(keep, 1)]
+    if draw.min_p > 0.0:
+        keep = int((probs >= draw.min_p * probs[0]).sum().item())
+        ids, probs = ids[: max(keep, 1)], probs[: max(keep, 1)]
+    return ids, probs / probs.sum()
+
+
+def draw_token(logits: torch.Tensor, draw: SeqDraw) -> int:
+    """One row's token: greedy is the argmax (lowest id on ties); else an inverse-CDF keyed draw."""
+    if draw.temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    ids, probs = filtered_distribution(logits, draw)
+    u = keyed_uniform(draw.seed, draw.reply_position)
+    cdf = torch.cumsum(probs, dim=0)
+    index = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True).item())
+    return int(ids[min(index, ids.shape[0] - 1)].item())
+
+
+def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
+    """Draw one token per row of `logits` [R, V]; rows are independent of each other."""
+    greedy_rows = [i for i, d in enumerate(draws) if d.temperature <= 0.0]
+    tokens: list[int] = [0] * len(draws)
+    if greedy_rows:
+        argmax = torch.argmax(logits[greedy_rows], dim=-1).tolist()
+        for row, token in zip(greedy_rows, argmax):
+            tokens[row] = int(token)
+    for row, draw in enumerate(draws):
+        if draw.temperature > 0.0:
+            tokens[row] = draw_token(logits[row], draw)
+    return tokens

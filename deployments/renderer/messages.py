@@ -1,0 +1,84 @@
+"""Message normalisation before a chat template sees the conversation (the manual's system/developer rules).
+
+- Developer messages have system-message semantics.
+- Only the leading run of system and developer messages merges, in order, into one leading system message.
+- Later system and developer messages stay in place as system messages; `demote_later_system` turns them
+  into user messages for templates that cannot render a system message there.
+- Text content parts concatenate in order.
+- The caller's messages are never mutated: every function returns new dicts.
+"""
+
+from typing import Any
+
+SYSTEM_ROLES = ("system", "developer")
+SYSTEM_JOINER = "\n\n"  # between merged leading system texts
+_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+class MessageError(ValueError):
+    """A message the renderer cannot turn into template input (an HTTP 400 naming `messages`)."""
+
+
+def content_text(content: Any, index: int) -> str | None:
+    """A message's content as one string: text parts concatenate in order; None stays None."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise MessageError(f"messages[{index}].content must be a string, null or a list of text parts")
+    pieces: list[str] = []
+    for part_index, part in enumerate(content):
+        if isinstance(part, str):
+            pieces.append(part)
+            continue
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            where = f"messages[{index}].content[{part_index}]"
+            raise MessageError(f"{where}: only text content parts are supported (got type {kind!r})")
+        pieces.append(part["text"])
+    return "".join(pieces)
+
+
+def _normalised(message: dict[str, Any], index: int) -> dict[str, Any]:
+    """A fresh copy with text content, system role for developer, and reasoning under its standard key."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise MessageError(f"messages[{index}] must be an object with a string role")
+    out = dict(message)
+    out["content"] = content_text(message.get("content"), index)
+    if out["role"] == "developer":
+        out["role"] = "system"
+    reasoning = next((message[k] for k in _REASONING_KEYS if message.get(k) is not None), None)
+    if reasoning is not None:
+        # Templates read `reasoning_content`; gpt-oss style templates read `thinking` (as transformers does).
+        out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
+    return out
+
+
+def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Apply the manual's rules; returns new message dicts."""
+    if not messages:
+        raise MessageError("messages must be a nonempty list")
+    normalised = [_normalised(m, i) for i, m in enumerate(messages)]
+    leading = 0
+    while leading < len(messages) and messages[leading].get("role") in SYSTEM_ROLES:
+        leading += 1
+    if leading <= 1:
+        return normalised
+    texts = [m["content"] for m in normalised[:leading] if m["content"]]
+    merged = {"role": "system", "content": SYSTEM_JOINER.join(texts)}
+    return [merged, *normalised[leading:]]
+
+
+def has_later_system(messages: list[dict[str, Any]]) -> bool:
+    """True when a system message follows a non-system one (after normalisation)."""
+    return any(m["role"] == "system" for m in messages[1:])
+
+
+def demote_later_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages after the first position rendered as user messages, for templates that refuse them."""
+    out = [dict(messages[0])] if messages else []
+    for message in messages[1:]:
+        copy = dict(message)
+        if copy["role"] == "system":
+            copy["role"] = "user"
+        out.append(copy)
+    return out

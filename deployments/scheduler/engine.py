@@ -1,0 +1,276 @@
+"""The engine a Scheduler replica wraps: admission, the step loop body, and each request's output.
+
+Plain Python over the planner, block manager and executor; `EngineLoop` runs it on its own thread.
+"""
+
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from deployments.config import EngineConfig
+from deployments.model_rank.executor import Executor, make_executor
+from deployments.model_rank.sampler import derive_seed, seed_salt
+from deployments.scheduler.kv_blocks import BlockManager
+from deployments.scheduler.memory import GIB, StartupError, plan_pool, read_memory, reserve_bytes
+from deployments.scheduler.planner import PlannedStep, Planner
+from deployments.scheduler.sequence import Sequence
+from deployments.scheduler.stats import EngineCounters, LiveRates
+from deployments.scheduler.text_output import IncrementalText
+from deployments.tokenizer import TokenizerBundle, load_tokenizer
+from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
+
+log = logging.getLogger("tensorfold.engine")
+
+
+@dataclass
+class EngineInfo:
+    """A snapshot for /health, /metrics and the finish log (read on any thread)."""
+
+    window: int
+    max_batch_size: int
+    policy: str
+    block_size: int
+    num_blocks: int
+    kv_usage: float
+    running: int
+    waiting: int
+    decode_tokens_per_second: float
+    prefill_tokens_per_second: float
+    dtype: str
+    device: str
+    device_name: str
+    model_type: str
+    counters: EngineCounters
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.tokenizer: TokenizerBundle = load_tokenizer(config.model)
+        self.executor: Executor = make_executor(config)
+        runner = self.executor.info()
+        self.runner_info = runner
+        model_window = runner.max_position_embeddings
+        window = min(model_window, config.context) if config.context else model_window
+        pool = plan_pool(
+            budget_bytes=self._kv_budget(runner.device),
+            bytes_per_block=runner.kv_bytes_per_token * config.block_size,
+            block_size=config.block_size,
+            window=window,
+            parallel=config.parallel,
+            max_parallel_auto=config.max_parallel_auto,
+        )
+        self.executor.allocate_kv(pool.num_blocks, config.block_size)
+        self.window = pool.window
+        self.max_batch_size = pool.max_seqs
+        bytes_per_block = runner.kv_bytes_per_token * config.block_size
+        cached_cap = None if config.prompt_cache_gib is None else int(config.prompt_cache_gib * GIB) // bytes_per_block
+        self.blocks = BlockManager(pool.num_blocks, config.block_size, cached_cap)
+        self.counters = EngineCounters()
+        self.planner = Planner(
+            self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share, on_preempt=self._count_preemption
+        )
+        self.rates = LiveRates()
+        self.eos_ids = set(self.tokenizer.eos_token_ids) | set(runner.eos_token_ids)
+        self.salt = seed_salt()
+        self.policy = (
+            f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
+            f"kv={pool.reason}"
+        )
+        self._arrivals = itertools.count()
+        self._by_id: dict[str, Sequence] = {}
+        self._outbox: deque[EngineChunk] = deque()
+        log.info("engine ready: window=%d %s", self.window, self.policy)
+
+    def _kv_budget(self, device: str) -> int:
+        if self.config.kv_cache_gib is not None:
+            return int(self.config.kv_cache_gib * GIB / self.config.tensor_parallel_size)
+        import torch
+
+        reading = read_memory(torch.device(device))
+        budget = reading.available_bytes - reserve_bytes(reading)
+        if budget <= 0:
+            raise StartupError(
+                f"too little memory for the KV cache: {reading.available_bytes / GIB:.1f} GiB available after "
+                f"loading the model, {reserve_bytes(reading) / GIB:.1f} GiB reserved (TENSORFOLD_MEMORY_RESERVE_GIB)"
+            )
+        # Ranks on one host share its memory.
+        shares = self.config.tensor_parallel_size if reading.unified else 1
+        return budget // shares
+
+    # ---- admission ------------------------------------------------------------------------------------
+    def resolve_max_tokens(self, request: EngineRequest) -> int:
+        """The reply limit: explicit, else the default, capped to the context the prompt leaves."""
+        prompt = len(request.prompt_token_ids)
+        room = self.window - prompt
+        if request.max_tokens is not None:
+            return request.max_tokens
+        limit = room if self.config.default_max_tokens is None else min(room, self.config.default_max_tokens)
+        return limit
+
+    def validate(self, request: EngineRequest) -> None:
+        """Refuse what cannot fit, before any work (raises ContextLengthError)."""
+        prompt = len(request.prompt_token_ids)
+        if not request.prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.runner_info.vocab_size
+        bad = next((t for t in request.prompt_token_ids if t < 0 or t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        if prompt >= self.window:
+            raise ContextLengthError(self.window, prompt, None, request.prompt_param)
+        if request.max_tokens is not None and prompt + request.max_tokens > self.window:
+            raise ContextLengthError(self.window, prompt, request.max_tokens, request.max_tokens_param)
+
+    def add_request(self, request: EngineRequest) -> None:
+        self.validate(request)
+        if request.request_id in self._by_id:
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        sampling = request.sampling
+        seed = sampling.seed if sampling.seed is not None else derive_seed(request.prompt_token_ids, self.salt)
+        seq = Sequence(
+            request=request,
+            seed=seed,
+            max_tokens=self.resolve_max_tokens(request),
+            text=IncrementalText(self.tokenizer.decode, sampling.stop),
+            arrival_order=next(self._arrivals),
+            token_ids=list(request.prompt_token_ids),
+        )
+        seq.stats.prompt_tokens = len(request.prompt_token_ids)
+        seq.stats.arrival_time = request.arrival_time
+        seq.stats.seed = seed
+        self._by_id[request.request_id] = seq
+        self.planner.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            self._finish(seq, FinishReason.ABORT)
+
+    def abort_all(self) -> None:
+        for seq in list(self._by_id.values()):
+            self._finish(seq, FinishReason.ERROR, "internal engine error")
+        self._outbox.clear()
+
+    # ---- the loop body --------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.planner.has_work() or bool(self._outbox)
+
+    def step(self) -> list[EngineChunk]:
+        """Plan and run one step; returns every chunk produced (at most one per request)."""
+        planned = self.planner.schedule()
+        if planned is not None:
+            started = time.perf_counter()
+            try:
+                tokens = self.executor.execute(planned.plan)
+            except Exception as exc:  # one failing step must not take the server down
+                log.exception("step failed")
+                self._fail(planned, f"generation failed: {exc}")
+            else:
+                seconds = time.perf_counter() - started
+                self.planner.record(planned, seconds)
+                self._apply(planned, tokens, seconds)
+        chunks = list(self._outbox)
+        self._outbox.clear()
+        return chunks
+
+    def _apply(self, planned: PlannedStep, tokens: list[int], seconds: float) -> None:
+        now = time.time()
+        drawn = iter(tokens)
+        is_prefill = planned.plan.kind == "prefill"
+        new_tokens = 0
+        for seq, step in zip(planned.seqs, planned.plan.seqs):
+            seq.num_computed += len(step.new_token_ids)
+            self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
+            if is_prefill:
+                seq.stats.prefill_seconds += seconds
+                seq.stats.prefill_widths.append(len(step.new_token_ids))
+                new_tokens += len(step.new_token_ids)
+            else:
+                seq.stats.rounds += 1
+            if step.draw is not None:
+                self._accept(seq, next(drawn), now)
+        if is_prefill:
+            self.rates.prefill_pass(new_tokens, seconds)
+        else:
+            self.counters.rounds_total += 1
+            self.rates.decoded(len(tokens))
+
+    def _accept(self, seq: Sequence, token: int, now: float) -> None:
+        if seq.num_reply_tokens == 0:
+            seq.stats.first_token_time = now
+            seq.prompt_done_time = now
+        seq.token_ids.append(token)
+        self.counters.completion_tokens_total += 1
+        sampling = seq.request.sampling
+        if token in sampling.stop_token_ids or (token in self.eos_ids and not sampling.ignore_eos):
+            seq.text.flush_pending()
+            self._finish(seq, FinishReason.STOP)
+            return
+        seq.text.add_token(token)
+        if seq.text.stopped_by is not None:
+            self._finish(seq, FinishReason.STOP)
+        elif seq.num_reply_tokens >= seq.max_tokens:
+            seq.text.flush_pending()
+            self._finish(seq, FinishReason.LENGTH)
+        else:
+            self._emit(seq)
+
+    def _emit(self, seq: Sequence, final: bool = False) -> None:
+        chunk = EngineChunk(
+            request_id=seq.request_id,
+            token_ids=seq.reply_token_ids[seq.delivered :],
+            text=seq.text.take_delta(final),
+        )
+        seq.delivered = seq.num_reply_tokens
+        if chunk.token_ids or chunk.text or final:
+            self._outbox.append(chunk)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if seq.finish_reason is not None:
+            return
+        seq.finish_reason = reason
+        self.planner.remove(seq)
+        self._by_id.pop(seq.request_id, None)
+        stats = seq.stats
+        stats.finish_time = time.time()
+        stats.completion_tokens = seq.num_reply_tokens
+        if seq.prompt_done_time is not None:
+            stats.decode_seconds = stats.finish_time - seq.prompt_done_time
+        self.counters.finished(stats, reason)
+        self._emit(seq, final=True)
+        last = self._outbox[-1]
+        last.finish_reason, last.error, last.stats = reason, error, stats
+
+    def _fail(self, planned: PlannedStep, message: str) -> None:
+        for seq in planned.seqs:
+            self._finish(seq, FinishReason.ERROR, message)
+
+    def _count_preemption(self, seq: Sequence) -> None:
+        self.counters.preemptions_total += 1
+
+    # ---- snapshots ------------------------------------------------------------------------------------
+    def info(self) -> EngineInfo:
+        running = list(self.planner.running)
+        return EngineInfo(
+            window=self.window,
+            max_batch_size=self.max_batch_size,
+            policy=self.policy,
+            block_size=self.config.block_size,
+            num_blocks=self.blocks.num_blocks,
+            kv_usage=self.blocks.num_used / self.blocks.num_blocks,
+            running=len(running),
+            waiting=len(self.planner.waiting),
+            decode_tokens_per_second=self.rates.decode_rate(),
+            prefill_tokens_per_second=self.rates.prefill_rate(),
+            dtype=self.runner_info.dtype,
+            device=self.runner_info.device,
+            device_name=self.runner_info.device_name,
+            model_type=self.runner_info.model_type,
+            counters=self.counters.snapshot(),
+        )
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,91 @@
+"""Sizing the KV pool from free memory less a reserve, as the manual sets the defaults."""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+GIB = 1 << 30
+
+
+class StartupError(ValueError):
+    """The engine cannot open (too little memory, bad settings); the message says what to change."""
+
+
+@dataclass
+class MemoryReading:
+    available_bytes: int  # what the pool may come out of, before the reserve
+    total_bytes: int
+    unified: bool  # host memory (CPU, or a GPU sharing RAM): the reserve rule differs
+
+
+def read_memory(device: torch.device) -> MemoryReading:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return MemoryReading(available_bytes=free, total_bytes=total, unified=False)
+    fields: dict[str, int] = {}
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0]) * 1024
+    return MemoryReading(available_bytes=fields["MemAvailable"], total_bytes=fields["MemTotal"], unified=True)
+
+
+def reserve_bytes(reading: MemoryReading) -> int:
+    """TENSORFOLD_MEMORY_RESERVE_GIB, else a tenth of RAM (>= 4 GiB) on host memory, a 32nd (>= 1 GiB) on a card."""
+    raw = os.environ.get("TENSORFOLD_MEMORY_RESERVE_GIB", "").strip()
+    if raw:
+        try:
+            gib = float(raw)
+        except ValueError as exc:
+            raise StartupError(f"TENSORFOLD_MEMORY_RESERVE_GIB must be a number of GiB, got {raw!r}") from exc
+        floor = 2.0 if reading.unified else 0.5
+        if gib < floor:
+            raise StartupError(f"TENSORFOLD_MEMORY_RESERVE_GIB must be at least {floor} GiB here, got {gib}")
+        return int(gib * GIB)
+    if reading.unified:
+        return max(reading.total_bytes // 10, 4 * GIB)
+    return max(reading.total_bytes // 32, 1 * GIB)
+
+
+@dataclass
+class PoolPlan:
+    num_blocks: int
+    max_seqs: int
+    window: int  # the effective context window
+    reason: str  # how the pool was sized, for the policy line and the log
+
+
+def plan_pool(
+    *,
+    budget_bytes: int,
+    bytes_per_block: int,
+    block_size: int,
+    window: int,
+    parallel: int | str,
+    max_parallel_auto: int,
+) -> PoolPlan:
+    """Blocks from a byte budget; lanes from `parallel` or, for auto, from how many full windows fit."""
+    if bytes_per_block <= 0:
+        raise StartupError("the model declares no KV cache")
+    blocks_per_window = -(-window // block_size)
+    # More than every lane's full window (twice, for the prefix cache) is never used.
+    lanes_cap = max_parallel_auto if parallel == "auto" else int(parallel)
+    useful = 2 * lanes_cap * blocks_per_window
+    num_blocks = min(budget_bytes // bytes_per_block, useful)
+    if num_blocks < 1:
+        raise StartupError(
+            f"no memory left for the KV cache ({budget_bytes / GIB:.2f} GiB after the model and the reserve); "
+            "free memory, lower TENSORFOLD_MEMORY_RESERVE_GIB or set kv_cache_gib"
+        )
+    window = min(window, num_blocks * block_size)
+    if parallel == "auto":
+        max_seqs = max(1, min(max_parallel_auto, (num_blocks * block_size) // window))
+    else:
+        max_seqs = int(parallel)
+    return PoolPlan(
+        num_blocks=num_blocks,
+        max_seqs=max_seqs,
+        window=window,
+        reason=f"{num_blocks} blocks of {block_size} tokens ({num_blocks * bytes_per_block / GIB:.2f} GiB)",
+    )

@@ -1,0 +1,74 @@
+"""One request's state inside the engine: its tokens, how many are computed, its blocks and its output."""
+
+import enum
+from dataclasses import dataclass, field
+
+from deployments.scheduler.kv_blocks import BlockTable
+from deployments.scheduler.text_output import IncrementalText
+from deployments.step_plan import SeqDraw
+from deployments.types import EngineRequest, FinishReason, Priority, RequestStats
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # not admitted: holds no lane and no blocks
+    RUNNING = "running"  # admitted: prefilling until caught up, then decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request: EngineRequest
+    seed: int  # the sampling key (the request's, or derived from the prompt)
+    max_tokens: int  # the resolved reply limit
+    text: IncrementalText
+    arrival_order: int  # tie-breaker: first come, first served
+    token_ids: list[int] = field(default_factory=list)  # prompt + reply so far
+    num_computed: int = 0  # leading tokens whose KV is in the cache
+    block_table: BlockTable = field(default_factory=BlockTable)
+    status: SeqStatus = SeqStatus.WAITING
+    passed_over: int = 0  # prefill chunks given to other prompts while this one waited for its turn
+    delivered: int = 0  # reply tokens already handed to the client
+    finish_reason: FinishReason | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    prompt_done_time: float | None = None  # when the prompt pass ended (decode time counts from here)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_reply_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def reply_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def background(self) -> bool:
+        return self.request.priority == Priority.BACKGROUND
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens still to compute before the next draw."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token to catch up: a prompt (or a recomputation after preemption)."""
+        return self.tokens_left > 1 or (self.num_reply_tokens == 0 and self.tokens_left > 0)
+
+    def next_draw(self) -> SeqDraw:
+        s = self.request.sampling
+        return SeqDraw(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            seed=self.seed,
+            reply_position=self.num_reply_tokens,
+        )

@@ -1,0 +1,71 @@
+"""Engine counters (monotonic totals a poller differences into rates) and the live rates /health shows."""
+
+import copy
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from deployments.types import FinishReason, RequestStats
+
+RATE_WINDOW_SECONDS = 2.0
+
+
+@dataclass
+class EngineCounters:
+    requests_total: int = 0  # finished requests, whatever the reason
+    requests_aborted_total: int = 0  # the client left
+    requests_failed_total: int = 0
+    prompt_tokens_total: int = 0  # of finished requests
+    cached_tokens_total: int = 0  # prompt tokens of finished requests found in the prefix cache
+    completion_tokens_total: int = 0  # every reply token drawn, running replies included
+    prefill_seconds_total: float = 0.0
+    decode_seconds_total: float = 0.0
+    rounds_total: int = 0  # decode rounds run
+    preemptions_total: int = 0
+
+    def finished(self, stats: RequestStats, reason: FinishReason) -> None:
+        self.requests_total += 1
+        if reason == FinishReason.ABORT:
+            self.requests_aborted_total += 1
+        elif reason == FinishReason.ERROR:
+            self.requests_failed_total += 1
+        self.prompt_tokens_total += stats.prompt_tokens
+        self.cached_tokens_total += stats.cached_tokens
+        self.prefill_seconds_total += stats.prefill_seconds
+        self.decode_seconds_total += stats.decode_seconds
+
+    def snapshot(self) -> "EngineCounters":
+        return copy.copy(self)
+
+
+class LiveRates:
+    """Decode tokens in the last 2 s over 2; the last prompt pass's rate, shown for 2 s after it."""
+
+    def __init__(self) -> None:
+        self._decoded: deque[tuple[float, int]] = deque()
+        self._prefill_rate = 0.0
+        self._prefill_at = 0.0
+
+    def decoded(self, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._decoded.append((now, tokens))
+        self._trim(now)
+
+    def prefill_pass(self, tokens: int, seconds: float, now: float | None = None) -> None:
+        self._prefill_at = time.monotonic() if now is None else now
+        self._prefill_rate = tokens / seconds if seconds > 0 else 0.0
+
+    def _trim(self, now: float) -> None:
+        while self._decoded and self._decoded[0][0] < now - RATE_WINDOW_SECONDS:
+            self._decoded.popleft()
+
+    def decode_rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        recent = [n for t, n in list(self._decoded) if t >= now - RATE_WINDOW_SECONDS]
+        return round(sum(recent) / RATE_WINDOW_SECONDS, 1)
+
+    def prefill_rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        if now - self._prefill_at > RATE_WINDOW_SECONDS:
+            return 0.0
+        return round(self._prefill_rate, 1)

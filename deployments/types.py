@@ -1,0 +1,119 @@
+"""The internal request and chunk types every API family, benchmark and test speaks to the engine with.
+
+Nothing here is HTTP-specific: Ingress translates each API into one `EngineRequest` and frames the
+`EngineChunk`s it gets back. Fields say who sets them.
+"""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class Priority(str, enum.Enum):
+    """Foreground prompts prefill (and hold lanes) before background ones."""
+
+    FOREGROUND = "foreground"
+    BACKGROUND = "background"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end token, a stop token id or a stop string
+    LENGTH = "length"  # the reply limit
+    ABORT = "abort"  # the client left or the request was cancelled
+    ERROR = "error"  # generation failed; `EngineChunk.error` says why
+
+
+@dataclass
+class SamplingParams:
+    """How each reply token is drawn; set by Ingress from the request (server defaults where omitted)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept; 1 = off
+    top_k: int = 0  # <= 0 = off
+    min_p: float = 0.0  # after the top-k / top-p cuts, relative to the likeliest token; 0 = off
+    seed: int | None = None  # None: derived from the prompt tokens and TENSORFOLD_SEED_SALT
+    ignore_eos: bool = False  # end tokens do not stop the reply (stop strings and ids still do)
+    stop: list[str] = field(default_factory=list)  # stop strings, matched on the generated text
+    stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the reply
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class EngineRequest:
+    """One generation request, the same for every API family (set by Ingress)."""
+
+    request_id: str  # the client-visible reply id (chatcmpl-..., cmpl-...)
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: the remaining context (capped by the engine's default)
+    max_tokens_param: str = "max_tokens"  # the request field a context refusal names
+    prompt_param: str = "messages"  # `messages` for chat, `prompt` for completions
+    priority: Priority = Priority.FOREGROUND
+    arrival_time: float = field(default_factory=time.time)  # wall clock at the HTTP boundary
+
+
+@dataclass
+class RequestStats:
+    """Figures for usage, the runtime block, metrics and the finish log (set by the engine at the end)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    completion_tokens: int = 0
+    arrival_time: float = 0.0
+    first_token_time: float | None = None  # wall clock when the first reply token was drawn
+    prefill_seconds: float = 0.0  # time spent in this request's prompt chunks
+    decode_seconds: float = 0.0  # from the end of the prompt pass to the last token
+    finish_time: float = 0.0
+    preemptions: int = 0
+    rounds: int = 0  # decode rounds this request took part in
+    seed: int = 0  # the sampling key actually used
+    prefill_widths: list[int] = field(default_factory=list)  # the chunk sizes its prompt was prefilled in
+
+
+@dataclass
+class EngineChunk:
+    """Everything ready for one request since its last chunk (yielded by the Scheduler)."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)  # new reply token ids
+    text: str = ""  # their detokenised text (never past a stop string)
+    finish_reason: FinishReason | None = None  # set on the last chunk only
+    error: str | None = None  # with FinishReason.ERROR
+    stats: RequestStats | None = None  # on the last chunk only
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def merge(self, later: "EngineChunk") -> None:
+        """Fold a later chunk of the same request into this one (coalescing before a yield)."""
+        self.token_ids.extend(later.token_ids)
+        self.text += later.text
+        if later.finish_reason is not None:
+            self.finish_reason = later.finish_reason
+            self.error = later.error
+            self.stats = later.stats
+
+
+class ContextLengthError(ValueError):
+    """A request that cannot fit the window; carries what the `context_length_exceeded` error needs."""
+
+    def __init__(self, window: int, prompt_tokens: int, requested: int | None, param: str) -> None:
+        self.window = window
+        self.prompt_tokens = prompt_tokens
+        self.requested = requested
+        self.param = param
+        if requested is None:
+            detail = f"your prompt has {prompt_tokens} tokens, which leaves no room for a reply"
+        else:
+            detail = (
+                f"you requested {prompt_tokens + requested} tokens "
+                f"({prompt_tokens} in the prompt, {requested} for the reply)"
+            )
+        super().__init__(
+            f"This server's maximum context length is {window} tokens. However, {detail}. "
+            f"Please shorten the prompt or reduce the reply limit."
+        )

@@ -1,0 +1,122 @@
+"""The one schema of the app's arguments: the Serve config's `args`, and what `tensorfold serve` builds.
+
+`serve run configs/*.yaml` hands the YAML's `args` mapping to `build_app`, whose single parameter is
+annotated with `AppArgs`, so Serve validates it here; `tensorfold serve MODEL --flags` builds the same
+model from the command line. Unknown keys are errors that name the key (extra="forbid").
+"""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deployments.config import EngineConfig
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
+DEFAULT_MODEL = "builtin:tiny-glm"
+
+
+def resolve_model_dir(model: str) -> Path:
+    """`builtin:NAME` names a checkpoint shipped inside the package; anything else is a directory path."""
+    if model.startswith(BUILTIN_PREFIX):
+        name = model[len(BUILTIN_PREFIX) :]
+        available = sorted(p.name for p in BUILTIN_ROOT.iterdir() if p.is_dir()) if BUILTIN_ROOT.is_dir() else []
+        if not name or name not in available:
+            raise ValueError(f"unknown builtin model {model!r} (available: {', '.join(available) or 'none'})")
+        return BUILTIN_ROOT / name
+    path = Path(model).expanduser().resolve()
+    if not path.is_dir():
+        raise ValueError(f"model {model!r}: no checkpoint directory at {path}")
+    return path
+
+
+class AppArgs(BaseModel):
+    """Everything that shapes one served model: the engine, the HTTP surface and the graph's layout."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # What is served and under which names.
+    model: str = DEFAULT_MODEL  # a checkpoint directory, or builtin:tiny-glm
+    name: str | None = None  # the served model id; default: the checkpoint directory's name
+    aliases: list[str] = Field(default_factory=list)  # extra ids /v1/models lists and requests may use
+
+    # HTTP binding. `tensorfold serve` uses these; under `serve run` the YAML's http_options decide.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+    # The engine (see deployments.config.EngineConfig for each knob's meaning).
+    context: int | None = Field(default=None, ge=16)
+    parallel: int | Literal["auto"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when the Ray cluster has GPUs
+    block_size: int = Field(default=16, ge=1)
+    prefill_chunk_size: int = Field(default=512, ge=1)
+    decode_share: float = Field(default=0.25, ge=0.0, le=1.0)
+    prompt_cache_gib: float | None = Field(default=None, ge=0.0)
+    kv_cache_gib: float | None = Field(default=None, gt=0.0)
+    default_max_tokens: int | None = Field(default=None, ge=1)
+
+    # The graph: model copies, ranks per copy and how the ranks are placed.
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)
+    placement_strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK"
+    max_ongoing_requests: int = Field(default=1024, ge=1)  # per Ingress/Scheduler replica: queue in the engine
+
+    # Fractional CPUs so the whole graph fits a 2-core machine; the YAML's `deployments:` may override.
+    ingress_cpus: float = Field(default=0.1, gt=0.0)
+    renderer_cpus: float = Field(default=0.1, gt=0.0)
+    scheduler_cpus: float = Field(default=0.2, gt=0.0)
+    rank_cpus: float = Field(default=0.2, gt=0.0)  # each tensor-parallel rank actor beyond the replica
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("parallel must be 'auto' or a positive integer")
+        return value
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_nonempty(cls, value: list[str]) -> list[str]:
+        if any(not alias.strip() for alias in value):
+            raise ValueError("aliases must be nonempty strings")
+        return value
+
+    @model_validator(mode="after")
+    def _model_exists(self) -> "AppArgs":
+        resolve_model_dir(self.model)  # fail at startup, naming the path, not inside a replica
+        if self.name is not None and not self.name.strip():
+            raise ValueError("name must be a nonempty string")
+        return self
+
+    @property
+    def model_dir(self) -> Path:
+        return resolve_model_dir(self.model)
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.model_dir.name
+
+    @property
+    def model_ids(self) -> list[str]:
+        """The served id, then each alias not already listed (the order /v1/models and /health use)."""
+        ids = [self.served_name]
+        ids.extend(alias for alias in self.aliases if alias not in ids)
+        return ids
+
+    def to_engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=str(self.model_dir),
+            dtype=self.dtype,
+            device=self.device,
+            context=self.context,
+            parallel=self.parallel,
+            block_size=self.block_size,
+            prefill_chunk_size=self.prefill_chunk_size,
+            decode_share=self.decode_share,
+            prompt_cache_gib=self.prompt_cache_gib,
+            kv_cache_gib=self.kv_cache_gib,
+            default_max_tokens=self.default_max_tokens,
+            tensor_parallel_size=self.tensor_parallel_size,
+        )
