@@ -82,6 +82,7 @@ class Engine:
         self._arrivals = itertools.count()
         self._by_id: dict[str, Sequence] = {}
         self._outbox: deque[EngineChunk] = deque()
+        self.last_step_kind: str | None = None  # "prefill" / "decode" / None: what the latest step ran
         log.info("engine ready: window=%d %s", self.window, self.policy)
 
     def _kv_budget(self, device: str) -> int:
@@ -161,6 +162,7 @@ class Engine:
     def step(self) -> list[EngineChunk]:
         """Plan and run one step; returns every chunk produced (at most one per request)."""
         planned = self.planner.schedule()
+        self.last_step_kind = None if planned is None else planned.plan.kind
         if planned is not None:
             started = time.perf_counter()
             try:

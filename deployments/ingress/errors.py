@@ -1,0 +1,105 @@
+"""OpenAI's error envelope, `{"error": {"message", "type", "param", "code"}}`, for every failure path.
+
+Request bodies are parsed by hand (not by FastAPI's body binding) so a malformed field answers 400 in
+this envelope, naming the field in `param`, instead of FastAPI's 422 format.
+"""
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.types import ContextLengthError
+
+log = logging.getLogger("tensorfold.ingress")
+M = TypeVar("M", bound=BaseModel)
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's envelope with its HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def server_error(message: str) -> APIError:
+    return APIError(500, message, "server_error")
+
+
+def context_error(exc: ContextLengthError) -> APIError:
+    """Every context refusal: 400, code context_length_exceeded, param = the field it is about."""
+    return APIError(400, str(exc), "invalid_request_error", exc.param, "context_length_exceeded")
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    """The first problem pydantic found, with the top-level field it concerns as `param`."""
+    first = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    param = loc[0] if loc else None
+    message = str(first.get("msg", "invalid request"))
+    message = message.removeprefix("Value error, ")
+    where = ".".join(loc)
+    if where and not message.startswith(loc[0]):
+        message = f"{where}: {message}"
+    return bad_request(message, param)
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why not."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def parse_body(model: type[M], body: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error FastAPI or a handler raises through the envelope."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in a route")
+        return JSONResponse(error_body(f"internal server error: {exc}", "server_error"), status_code=500)

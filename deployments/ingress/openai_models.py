@@ -1,0 +1,230 @@
+"""Typed request bodies of the OpenAI-compatible routes (chat, completions, tokenize, detokenize).
+
+Unknown fields are allowed and ignored (clients send many harmless ones: `user`, `metadata`, `store`);
+fields this server cannot honour yet (logprobs, structured output, penalties) are refused with 400
+rather than silently dropped, because ignoring them would change what the client gets.
+"""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from deployments.ingress.sampling_fields import (
+    SEED_MAX,
+    SEED_MIN,
+    bool_field,
+    float_field,
+    int_field,
+    stop_field,
+    token_ids_field,
+)
+from deployments.types import Priority
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
+    ("logprobs", "log probabilities are not supported by this server yet"),
+    ("top_logprobs", "log probabilities are not supported by this server yet"),
+    ("prompt_logprobs", "prompt log probabilities are not supported by this server yet"),
+    ("response_format", "structured output is not supported by this server yet"),
+    ("guided_json", "structured output is not supported by this server yet"),
+    ("guided_regex", "structured output is not supported by this server yet"),
+    ("guided_choice", "structured output is not supported by this server yet"),
+    ("guided_grammar", "structured output is not supported by this server yet"),
+    ("structured_outputs", "structured output is not supported by this server yet"),
+    ("echo", "echo is not supported"),
+    ("suffix", "suffix is not supported"),
+)
+_ZERO_ONLY = ("frequency_penalty", "presence_penalty")  # accepted at their neutral value only
+
+
+def _priority(value: Any) -> Priority:
+    """`background` / `foreground`, or vLLM's integer priority (larger = later, so > 0 is background)."""
+    if value is None:
+        return Priority.FOREGROUND
+    if isinstance(value, str) and value.strip().lower() in ("background", "foreground"):
+        return Priority(value.strip().lower())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Priority.BACKGROUND if value > 0 else Priority.FOREGROUND
+    raise ValueError("priority must be 'background', 'foreground' or an integer")
+
+
+def _requested(value: Any) -> bool:
+    """Whether an optional feature field actually asks for the feature (false/null/empty do not)."""
+    if value is None or value is False or value == 0 and not isinstance(value, bool):
+        return False
+    if isinstance(value, dict) and value.get("type") == "text":
+        return False  # response_format {"type": "text"} is the default behaviour
+    return not (isinstance(value, (list, dict, str)) and not value)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: Annotated[bool | None, BeforeValidator(bool_field("stream_options.include_usage"))] = None
+
+
+class GenerationFields(BaseModel):
+    """The fields chat and completions share: sampling, limits, stops, streaming and vLLM's extras."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    temperature: Annotated[float | None, BeforeValidator(float_field("temperature", low=0.0))] = None
+    top_p: Annotated[float | None, BeforeValidator(float_field("top_p", low=0.0, high=1.0, low_open=True))] = None
+    top_k: Annotated[int | None, BeforeValidator(int_field("top_k"))] = None
+    min_p: Annotated[float | None, BeforeValidator(float_field("min_p", low=0.0, high=1.0))] = None
+    seed: Annotated[int | None, BeforeValidator(int_field("seed", SEED_MIN, SEED_MAX))] = None
+    max_tokens: Annotated[int | None, BeforeValidator(int_field("max_tokens", low=1))] = None
+    max_completion_tokens: Annotated[int | None, BeforeValidator(int_field("max_completion_tokens", low=1))] = None
+    stop: Annotated[list[str], BeforeValidator(stop_field)] = Field(default_factory=list)
+    stop_token_ids: Annotated[list[int], BeforeValidator(token_ids_field("stop_token_ids"))] = Field(
+        default_factory=list
+    )
+    ignore_eos: Annotated[bool | None, BeforeValidator(bool_field("ignore_eos"))] = None
+    priority: Annotated[Priority, BeforeValidator(_priority)] = Priority.FOREGROUND
+    n: Annotated[int | None, BeforeValidator(int_field("n"))] = None
+    stream: Annotated[bool | None, BeforeValidator(bool_field("stream"))] = None
+    stream_options: StreamOptions | None = None
+    return_token_ids: Annotated[bool | None, BeforeValidator(bool_field("return_token_ids"))] = None
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("n must be 1: this server returns one choice per request")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, why in _UNSUPPORTED:
+            if _requested(data.get(name)):
+                raise ValueError(f"{name}: {why}")
+        for name in _ZERO_ONLY:
+            value = data.get(name)
+            if value not in (None, 0, 0.0) or isinstance(value, bool):
+                raise ValueError(f"{name}: only 0 is supported")
+        if data.get("logit_bias"):
+            raise ValueError("logit_bias: not supported")
+        best_of = data.get("best_of")
+        if best_of not in (None, 1):
+            raise ValueError("best_of: must be 1")
+        return data
+
+    @property
+    def reply_limit(self) -> tuple[int | None, str]:
+        """The explicit reply limit and the field it came from (max_completion_tokens wins, as in OpenAI)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    @property
+    def wants_stream(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def _check_messages(value: Any) -> list[dict[str, Any]]:
+    """Messages: objects with a known role and text content (a string, null, or text parts)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("messages must be a nonempty list")
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{index}] must be an object")
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            raise ValueError(f"messages[{index}].role must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise ValueError(f"messages[{index}].content must be a string, null or a list of parts")
+        for part_index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"messages[{index}].content[{part_index}]: only text parts are supported "
+                    f"(image, audio and video input are not), got type {kind!r}"
+                )
+    return value
+
+
+def _check_template_kwargs(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("chat_template_kwargs must be an object or null")
+    return value
+
+
+Messages = Annotated[list[dict[str, Any]], BeforeValidator(_check_messages)]
+TemplateKwargs = Annotated[dict[str, Any], BeforeValidator(_check_template_kwargs)]
+
+
+class ChatFields(BaseModel):
+    """What shapes a chat prompt (shared by chat completions and /tokenize with messages)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: Messages
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: TemplateKwargs = Field(default_factory=dict)
+    add_generation_prompt: Annotated[bool | None, BeforeValidator(bool_field("add_generation_prompt"))] = None
+
+
+class ChatCompletionRequest(GenerationFields, ChatFields):
+    """POST /v1/chat/completions."""
+
+
+class CompletionRequest(GenerationFields):
+    """POST /v1/completions: a string prompt, or token ids run as given; nonempty `messages` means chat."""
+
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None
+    messages: list[Any] | None = None
+    add_special_tokens: Annotated[bool | None, BeforeValidator(bool_field("add_special_tokens"))] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> str | list[int] | None:
+        """A batch of one unwraps; several prompts would be several choices, which this server refuses."""
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError("prompt: one prompt per request (a list of several prompts is not supported)")
+            return value[0]
+        if isinstance(value, list) and any(isinstance(t, bool) or t < 0 for t in value):
+            raise ValueError("prompt token ids must be non-negative integers")
+        return value
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: vLLM's fields (a prompt string, or messages with the chat fields)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Messages | None = None
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: TemplateKwargs = Field(default_factory=dict)
+    add_generation_prompt: Annotated[bool | None, BeforeValidator(bool_field("add_generation_prompt"))] = None
+    add_special_tokens: Annotated[bool | None, BeforeValidator(bool_field("add_special_tokens"))] = None
+    return_token_strs: Annotated[bool | None, BeforeValidator(bool_field("return_token_strs"))] = None
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize: token ids to text, special tokens included."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tokens: Annotated[list[int], BeforeValidator(token_ids_field("tokens"))]

@@ -1,0 +1,45 @@
+"""The pre-norm decoder layer every supported architecture shares, and the decoder stack."""
+
+import torch
+from torch import nn
+
+from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec
+from deployments.model_rank.layers.embedding import VocabEmbedding
+from deployments.model_rank.layers.norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    """h + attn(norm(h)), then h + mlp(norm(h)); `self_attn` has cache_spec/bind_cache/forward(h, batch)."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.mlp = mlp
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch)  # [T, H]
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))  # [T, H]
+
+    def cache_spec(self) -> LayerCacheSpec:
+        return self.self_attn.cache_spec()
+
+    def bind_cache(self, cache: tuple[torch.Tensor, ...]) -> None:
+        self.self_attn.bind_cache(cache)
+
+
+class DecoderStack(nn.Module):
+    """embed_tokens -> layers -> norm, named as in Hugging Face checkpoints (`model.*`)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, layers: list[DecoderLayer], eps: float) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(vocab_size, hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden_size, eps)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.embed_tokens(batch.input_ids)  # [T, H]
+        for layer in self.layers:
+            hidden = layer(hidden, batch)
+        return self.norm(hidden)  # [T, H]

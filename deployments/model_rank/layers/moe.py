@@ -1,0 +1,145 @@
+"""Mixture-of-experts: routers (Qwen3 softmax top-k, GLM grouped sigmoid), experts, the sparse block.
+
+Every token's result is independent of its neighbours: routing is row-wise, each expert runs the
+batch-invariant linear over the rows routed to it, and the k expert outputs of a token are summed in its
+own slot order from a [T, k, H] buffer (never scattered into a shared accumulator).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.linear import invariant_linear
+from deployments.model_rank.layers.mlp import GatedMLP
+from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    num_experts: int
+    top_k: int
+    scoring: str = "softmax"  # "softmax" (Qwen3-MoE) or "sigmoid" (GLM: correction bias, groups, scaling)
+    norm_topk_prob: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+
+
+class Router(nn.Module):
+    """Scores experts per token and returns (weights [T, k], expert ids [T, k]), best first."""
+
+    def __init__(self, hidden_size: int, routing: RoutingConfig) -> None:
+        super().__init__()
+        self.routing = routing
+        self.weight = nn.Parameter(torch.empty(routing.num_experts, hidden_size), requires_grad=False)
+        self.weight.weight_loader = default_loader
+        self.e_score_correction_bias = None
+        if routing.scoring == "sigmoid":
+            bias = torch.zeros(routing.num_experts, dtype=torch.float32)  # kept in float32, as trained
+            self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
+            self.e_score_correction_bias.weight_loader = default_loader
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.routing.scoring == "sigmoid":
+            return self._grouped_sigmoid(x)
+        return self._softmax(x)
+
+    def _softmax(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = invariant_linear(x, self.weight)  # [T, E] in the model dtype
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.routing.top_k, dim=-1)  # [T, k]
+        if self.routing.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), ids
+
+    def _grouped_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.routing
+        scores = invariant_linear(x.float(), self.weight.float()).sigmoid()  # [T, E] float32
+        choice = scores + self.e_score_correction_bias
+        if r.n_group > 1:
+            # Keep only the experts of the topk_group groups whose best two experts score highest.
+            grouped = choice.view(-1, r.n_group, r.num_experts // r.n_group)  # [T, G, E/G]
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, group_scores.topk(r.topk_group, dim=-1).indices, True)
+            keep = keep[:, :, None].expand_as(grouped).reshape(-1, r.num_experts)  # [T, E]
+            choice = choice.masked_fill(~keep, float("-inf"))
+        ids = choice.topk(r.top_k, dim=-1).indices  # [T, k]
+        weights = scores.gather(1, ids)  # [T, k] float32
+        if r.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * r.routed_scaling_factor, ids
+
+
+class Experts(nn.Module):
+    """E gated-SiLU experts stored stacked: gate/up [E, I/tp, H], down [E, H, I/tp].
+
+    Loads per-expert hub tensors (`experts.{e}.gate_proj.weight`, ...) or the fused transformers layout
+    (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.parallel = parallel
+        local = divide(intermediate_size, parallel.tp_size, "expert intermediate size")
+        self.gate_proj = self._stacked(num_experts, local, hidden_size, shard_dim=0)
+        self.up_proj = self._stacked(num_experts, local, hidden_size, shard_dim=0)
+        self.down_proj = self._stacked(num_experts, hidden_size, local, shard_dim=1)
+
+    def _stacked(self, experts: int, rows: int, cols: int, shard_dim: int) -> nn.Parameter:
+        param = nn.Parameter(torch.empty(experts, rows, cols), requires_grad=False)
+
+        def load(p: torch.Tensor, loaded: torch.Tensor, expert_id: int | None = None) -> None:
+            # expert_id None: a fused [E, ...] tensor for every expert at once.
+            if expert_id is None:
+                copy_shard(p, loaded, shard_dim + 1, self.parallel.tp_rank, self.parallel.tp_size)
+            else:
+                copy_shard(p[expert_id], loaded, shard_dim, self.parallel.tp_rank, self.parallel.tp_size)
+
+        param.weight_loader = load
+        return param
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [T, H], weights/ids [T, k] -> [T, H] (this rank's partial sum under TP)."""
+        top_k = ids.shape[1]
+        slots = torch.zeros(x.shape[0], top_k, x.shape[1], dtype=x.dtype, device=x.device)  # [T, k, H]
+        for expert in torch.unique(ids).tolist():
+            tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
+            rows = x[tokens]  # [n, H]
+            hidden = F.silu(invariant_linear(rows, self.gate_proj[expert])) * invariant_linear(rows, self.up_proj[expert])
+            out = invariant_linear(hidden, self.down_proj[expert])  # [n, H]
+            slots[tokens, slot] = (out * weights[tokens, slot, None]).to(x.dtype)
+        total = slots[:, 0]
+        for j in range(1, top_k):
+            total = total + slots[:, j]  # fixed per-token order
+        return total
+
+
+class SparseMoE(nn.Module):
+    """Router + routed experts (+ optional shared experts), one all-reduce for the sum of both."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        moe_intermediate_size: int,
+        routing: RoutingConfig,
+        parallel: ParallelContext,
+        shared_intermediate_size: int = 0,
+    ) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.gate = Router(hidden_size, routing)
+        self.experts = Experts(routing.num_experts, hidden_size, moe_intermediate_size, parallel)
+        self.shared_experts = None
+        if shared_intermediate_size:
+            self.shared_experts = GatedMLP(hidden_size, shared_intermediate_size, parallel, reduce=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, weights, ids)  # [T, H]
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return all_reduce(out, self.parallel)

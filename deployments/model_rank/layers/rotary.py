@@ -1,0 +1,158 @@
+"""Rotary position embedding: full or partial, rotate-half or interleaved pairs, with scaled variants.
+
+`RopeConfig.from_hf` reads both the transformers-5 `rope_parameters` dict and the legacy hub keys
+(`rope_theta`, `rope_scaling`, `partial_rotary_factor`), with the same precedence transformers uses.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    rope_type: str = "default"
+    theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    factor: float | None = None  # linear / llama3 / yarn
+    original_max_position_embeddings: int | None = None  # llama3 / yarn
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn (also rescales MLA's softmax scale)
+    attention_factor: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any], default_partial: float = 1.0, default_theta: float = 10000.0) -> "RopeConfig":
+        """Read a config.json dict; values inside the rope dict win over top-level legacy keys."""
+        params = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"unsupported rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+        original = raw.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+        return cls(
+            rope_type=rope_type,
+            theta=float(params.get("rope_theta", raw.get("rope_theta", default_theta))),
+            partial_rotary_factor=float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial))),
+            factor=params.get("factor"),
+            original_max_position_embeddings=original or raw.get("max_position_embeddings"),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+            attention_factor=params.get("attention_factor"),
+            truncate=bool(params.get("truncate", True)),
+        )
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_softmax_scale(rope: RopeConfig, qk_head_dim: int) -> float:
+    """MLA's attention scale: yarn checkpoints with `mscale_all_dim` sharpen it by mscale^2."""
+    scale = qk_head_dim**-0.5
+    if rope.rope_type != "default" and rope.mscale_all_dim and rope.factor:
+        scale *= _yarn_mscale(float(rope.factor), float(rope.mscale_all_dim)) ** 2
+    return scale
+
+
+def inverse_frequencies(rope: RopeConfig, dim: int, max_positions: int) -> tuple[torch.Tensor, float]:
+    """Per-pair inverse frequencies [dim/2] (float32) and the factor applied to cos/sin."""
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    inv_freq = 1.0 / (rope.theta**exponent)  # [dim/2]
+    if rope.rope_type == "linear":
+        return inv_freq / float(rope.factor or 1.0), 1.0
+    if rope.rope_type == "llama3":
+        return _llama3(rope, inv_freq), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(rope, dim, max_positions)
+    return inv_freq, 1.0
+
+
+def _llama3(rope: RopeConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Llama 3.1: long wavelengths divided by `factor`, a smooth blend between the two cut-offs."""
+    factor = float(rope.factor or 1.0)
+    old_len = float(rope.original_max_position_embeddings or 8192)
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def _yarn(rope: RopeConfig, dim: int, max_positions: int) -> tuple[torch.Tensor, float]:
+    """YaRN: interpolate low frequencies, keep high ones, ramp between; cos/sin scaled by mscale."""
+    original = float(rope.original_max_position_embeddings or max_positions)
+    factor = float(rope.factor) if rope.factor is not None else max_positions / original
+    if rope.attention_factor is not None:
+        attention = float(rope.attention_factor)
+    elif rope.mscale and rope.mscale_all_dim:
+        attention = _yarn_mscale(factor, float(rope.mscale)) / _yarn_mscale(factor, float(rope.mscale_all_dim))
+    else:
+        attention = _yarn_mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, attention
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] features of x [T, heads, D] (cos/sin [T, 1, rot])."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    if interleaved:
+        # Pairs (x0, x1), (x2, x3)... rotate together; output is de-interleaved, as in the reference model.
+        c, s = cos[..., : rot // 2], sin[..., : rot // 2]
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    else:
+        half = torch.cat([-x_rot[..., rot // 2 :], x_rot[..., : rot // 2]], dim=-1)
+        out = x_rot * cos + half * sin
+    return torch.cat([out, x_pass], dim=-1) if x_pass.shape[-1] else out
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to q/k laid out [T, heads, head_dim] at the batch's token positions."""
+
+    def __init__(self, head_dim: int, rope: RopeConfig, max_positions: int, interleaved: bool = False) -> None:
+        super().__init__()
+        self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
+        self.interleaved = interleaved
+        inv_freq, self.attention_scaling = inverse_frequencies(rope, self.rotary_dim, max_positions)
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)  # [T, rot/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos[:, None, :], sin[:, None, :]  # [T, 1, rot]
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin(positions, q.dtype)
+        return _rotate(q, cos, sin, self.interleaved), _rotate(k, cos, sin, self.interleaved)

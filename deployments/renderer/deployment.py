@@ -1,0 +1,49 @@
+"""The Renderer deployment: a thin Serve wrapper over PromptRenderer (chat template + tokenizer).
+
+Errors a client caused (a template refusal, a malformed message) come back as `RenderRefusal` values
+rather than exceptions, so Ingress can answer 400 without unwrapping Ray's exception types.
+"""
+
+from dataclasses import dataclass
+
+from ray import serve
+
+from deployments.renderer.chat_template import TemplateRenderError
+from deployments.renderer.messages import MessageError
+from deployments.renderer.prompt_renderer import (
+    ChatRenderRequest,
+    PromptRenderer,
+    RenderedPrompt,
+    TokenizerCard,
+)
+
+
+@dataclass
+class RenderRefusal:
+    """Why a chat request cannot be rendered (HTTP 400, param `messages`)."""
+
+    message: str
+
+
+@serve.deployment(name="Renderer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+class Renderer:
+    def __init__(self, checkpoint_dir: str) -> None:
+        self._renderer = PromptRenderer.from_checkpoint(checkpoint_dir)
+
+    def card(self) -> TokenizerCard:
+        return self._renderer.card()
+
+    def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+        try:
+            return self._renderer.render_chat(request)
+        except (TemplateRenderError, MessageError) as exc:
+            return RenderRefusal(str(exc))
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._renderer.tokenize(text, add_special_tokens)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return self._renderer.token_strs(ids)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self._renderer.detokenize(ids)

@@ -1,0 +1,123 @@
+"""The Renderer's pure logic: chat requests to prompt ids, plus tokenize/detokenize (testable without Ray).
+
+The Renderer keeps no per-request state; what it returns is plain dataclasses that travel through Ray.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deployments.renderer.chat_template import ChatTemplate, TemplateRenderError
+from deployments.renderer.messages import demote_later_system, has_later_system, normalise_messages
+from deployments.tokenizer import TokenizerBundle, load_tokenizer
+
+THINK_OPENER = "<think>"
+THINK_CLOSER = "</think>"
+
+
+@dataclass
+class ChatRenderRequest:
+    """What shapes a chat prompt (set by Ingress from the route's body)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+
+
+@dataclass
+class ReplyFormat:
+    """What the reply parser and usage need to know about the reply this prompt asks for."""
+
+    think_opener_id: int | None = None  # the `<think>` token, when the vocabulary has it as one id
+    think_closer_id: int | None = None  # the `</think>` token
+    prompt_opens_thinking: bool = False  # the rendered prompt ends inside an open think block
+    enable_thinking: bool | None = None  # the toggle the template heard, if the request set one
+
+
+@dataclass
+class RenderedPrompt:
+    prompt_token_ids: list[int]
+    prompt_text: str
+    reply: ReplyFormat
+
+
+@dataclass
+class TokenizerCard:
+    """Facts about the tokenizer Ingress checks requests against (asked once per Ingress replica)."""
+
+    vocab_size: int
+    eos_token_ids: list[int]
+    has_chat_template: bool
+
+
+def _thinking_toggle(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`thinking` (true/false or {"type": "enabled"|"disabled"}) is read as enable_thinking when that is absent."""
+    if "enable_thinking" in kwargs or "thinking" not in kwargs:
+        return kwargs
+    value = kwargs["thinking"]
+    if isinstance(value, dict):
+        value = {"enabled": True, "disabled": False}.get(value.get("type"))  # type: ignore[arg-type]
+    if isinstance(value, bool):
+        return {**kwargs, "enable_thinking": value}
+    return kwargs
+
+
+class PromptRenderer:
+    """A checkpoint's tokenizer and chat template (one per Renderer replica)."""
+
+    def __init__(self, bundle: TokenizerBundle) -> None:
+        self.bundle = bundle
+        specials = {"bos_token": bundle.bos_token, "eos_token": bundle.eos_token, "pad_token": bundle.pad_token}
+        specials = {k: v for k, v in specials.items() if v is not None}
+        self.template = ChatTemplate(bundle.chat_template, specials) if bundle.chat_template else None
+        self._opener_id = bundle.token_to_id(THINK_OPENER)
+        self._closer_id = bundle.token_to_id(THINK_CLOSER)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str | Path) -> "PromptRenderer":
+        return cls(load_tokenizer(checkpoint_dir))
+
+    def card(self) -> TokenizerCard:
+        return TokenizerCard(
+            vocab_size=self.bundle.vocab_size,
+            eos_token_ids=list(self.bundle.eos_token_ids),
+            has_chat_template=self.template is not None,
+        )
+
+    def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt:
+        """Prompt ids exactly as the chat route runs them; raises TemplateRenderError/MessageError (HTTP 400)."""
+        text, kwargs = self.render_text(request)
+        ids = self.bundle.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+        enable = kwargs.get("enable_thinking")
+        reply = ReplyFormat(
+            think_opener_id=self._opener_id,
+            think_closer_id=self._closer_id,
+            prompt_opens_thinking=text.rstrip().endswith(THINK_OPENER),
+            enable_thinking=enable if isinstance(enable, bool) else None,
+        )
+        return RenderedPrompt(prompt_token_ids=ids, prompt_text=text, reply=reply)
+
+    def render_text(self, request: ChatRenderRequest) -> tuple[str, dict[str, Any]]:
+        if self.template is None:
+            raise TemplateRenderError("this model has no chat template; use /v1/completions with a raw prompt")
+        messages = normalise_messages(request.messages)
+        kwargs = _thinking_toggle(dict(request.chat_template_kwargs))
+        try:
+            text = self.template.render(messages, request.tools, request.add_generation_prompt, kwargs)
+        except TemplateRenderError:
+            if not has_later_system(messages):
+                raise
+            # Templates that only accept a leading system message get later ones as user messages.
+            text = self.template.render(demote_later_system(messages), request.tools,
+                                        request.add_generation_prompt, kwargs)  # fmt: skip
+        return text, kwargs
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.bundle.encode(text, add_special_tokens=add_special_tokens)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return [self.bundle.tokenizer.id_to_token(i) or "" for i in ids]
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.bundle.decode(ids, skip_special_tokens=False)

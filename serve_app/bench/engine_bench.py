@@ -1,0 +1,152 @@
+"""`tensorfold bench engine`: our engine against transformers' generate on one checkpoint, in one run.
+
+Reports prefill tokens/s, decode tokens/s at 1 and N concurrent requests, and batch-1 decode as a
+fraction of the memory-bandwidth roofline (weight bytes read per token over a measured read bandwidth).
+"""
+
+import argparse
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deployments.config import EngineConfig
+from deployments.scheduler.engine import Engine
+from deployments.types import EngineRequest, SamplingParams
+
+
+@dataclass
+class Figures:
+    prefill_tps: float
+    decode_tps_1: float
+    decode_tps_n: float
+
+
+def add_parser(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("engine", help="engine vs transformers: prefill, decode at 1 and N, roofline")
+    p.add_argument("--checkpoint", help="checkpoint dir (default: a random ~120M Qwen3-shaped bf16 model)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--skip-transformers", action="store_true")
+    p.set_defaults(func=run)
+
+
+def measure_read_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes/s for streaming reads of a buffer larger than the caches (best of 5 sums)."""
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(10, vocab - 10, (length,), generator=generator).tolist() for _ in range(count)]
+
+
+def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int) -> Figures:
+    def run(batch: list[list[int]]) -> tuple[float, float, int]:
+        for i, prompt in enumerate(batch):
+            engine.add_request(
+                EngineRequest(
+                    request_id=f"bench-{time.monotonic_ns()}-{i}",
+                    prompt_token_ids=prompt,
+                    sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+                    max_tokens=decode_tokens,
+                )
+            )
+        prefill = decode = 0.0
+        decoded = 0
+        while engine.has_work():
+            start = time.perf_counter()
+            chunks = engine.step()
+            elapsed = time.perf_counter() - start
+            if engine.last_step_kind == "decode":
+                decode += elapsed
+                decoded += sum(len(c.token_ids) for c in chunks)
+            else:
+                prefill += elapsed
+        return prefill, decode, decoded
+
+    run([prompts[0][:16]])  # warm-up
+    prefill, decode, decoded = run([prompts[0]])
+    prefill_tps = len(prompts[0]) / prefill
+    decode_1 = decoded / decode
+    _, decode, decoded = run([p[:32] for p in prompts[:concurrency]])
+    return Figures(prefill_tps, decode_1, decoded / decode)
+
+
+def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[list[int]], decode_tokens: int, concurrency: int) -> Figures:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+    model.eval()
+
+    def generate(batch: list[list[int]], new_tokens: int) -> float:
+        ids = torch.tensor(batch)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - start
+
+    generate([prompts[0][:16]], 2)  # warm-up
+    prefill = generate([prompts[0]], 1)
+    whole = generate([prompts[0]], decode_tokens)
+    batch = [p[:32] for p in prompts[:concurrency]]
+    batch_prefill = generate(batch, 1)
+    batch_whole = generate(batch, decode_tokens)
+    return Figures(
+        prefill_tps=len(prompts[0]) / prefill,
+        decode_tps_1=(decode_tokens - 1) / (whole - prefill),
+        decode_tps_n=concurrency * (decode_tokens - 1) / (batch_whole - batch_prefill),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = Path(args.checkpoint) if args.checkpoint else _bench_checkpoint(Path(scratch))
+        engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency))
+        vocab = engine.runner_info.vocab_size
+        prompts = _prompts(args.concurrency, args.prompt_tokens, vocab)
+        ours = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency)
+        weight_bytes = engine.runner_info.weight_bytes
+        model_dtype = getattr(torch, engine.runner_info.dtype)
+        engine.shutdown()
+        del engine
+        theirs = None if args.skip_transformers else _transformers_figures(
+            checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency
+        )
+    bandwidth = measure_read_bandwidth()
+    roofline = bandwidth / weight_bytes
+    print(f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  "
+          f"read bandwidth {bandwidth / 1e9:.1f} GB/s  roofline {roofline:.1f} tok/s")
+    print(f"{'figure':34} {'tensorfold':>12} {'transformers':>13} {'ratio':>7}")
+    rows = [
+        (f"prefill tok/s ({args.prompt_tokens}-token prompt)", ours.prefill_tps, theirs and theirs.prefill_tps),
+        ("decode tok/s, 1 request", ours.decode_tps_1, theirs and theirs.decode_tps_1),
+        (f"decode tok/s, {args.concurrency} concurrent", ours.decode_tps_n, theirs and theirs.decode_tps_n),
+    ]
+    for name, mine, other in rows:
+        ratio = f"{mine / other:6.2f}x" if other else "    -"
+        print(f"{name:34} {mine:12.1f} {other or 0:13.1f} {ratio:>7}")
+    print(f"{'batch-1 decode / roofline':34} {ours.decode_tps_1 / roofline:11.0%}")
+    return 0
+
+
+def _bench_checkpoint(scratch: Path) -> Path:
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+    out = scratch / "bench-qwen3"
+    build_random_checkpoint("qwen3", out, size="bench", dtype="bfloat16")
+    build_tokenizer(out, family="qwen")
+    return out
