@@ -50,22 +50,22 @@ class ModelRunner:
 
     def info(self) -> RunnerInfo:
         cfg = self.model.config
-        itemsize = torch.empty((), dtype=cfg.torch_dtype).element_size()
+        itemsize = torch.empty((), dtype=cfg.dtype).element_size()
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return RunnerInfo(
             model_type=cfg.model_type,
-            dtype=str(cfg.torch_dtype).removeprefix("torch."),
+            dtype=str(cfg.dtype).removeprefix("torch."),
             device=self.device.type,
             vocab_size=cfg.vocab_size,
             max_position_embeddings=cfg.max_position_embeddings,
             weight_bytes=self.model.weight_bytes(),
             kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
-            eos_token_ids=list(cfg.eos_token_id),
+            eos_token_ids=list(cfg.eos_token_ids),
             device_name=name,
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        dtype = self.model.config.torch_dtype
+        dtype = self.model.config.dtype
         caches = [spec.allocate(num_blocks, block_size, dtype, self.device) for spec in self.specs]
         self.model.bind_kv_caches(caches)
         self.num_blocks, self.block_size = num_blocks, block_size

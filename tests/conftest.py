@@ -1,0 +1,73 @@
+"""Shared fixtures: checkpoints made offline, one Ray cluster for the whole run, Serve apps from configs.
+
+Ray is started once per session (`ray.init(num_cpus=8)`: logical CPUs, so fractional deployments from
+several apps fit even on a 2-core machine) and Serve once on a free port; each e2e module deploys the
+applications it needs from the repo's Serve config YAMLs and waits for them to report RUNNING.
+"""
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUILTIN_TINY_GLM = REPO / "serve_app" / "builtin" / "tiny-glm"
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's workers and Serve's build task import this checkout (also when it is not pip-installed).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def build_glm_checkpoint(out_dir: Path) -> Path:
+    """A random glm4_moe checkpoint with the GLM tokenizer and tiny-glm's chat template."""
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+    build_tokenizer(out_dir, vocab_size=512, family="glm")
+    build_random_checkpoint("glm4_moe", out_dir, vocab_size=512)
+    template = REPO / "serve_app" / "fixtures" / "tiny_glm" / "chat_template.jinja"
+    (out_dir / "chat_template.jinja").write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def random_glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_glm_checkpoint(tmp_path_factory.mktemp("random-glm"))
+
+
+@pytest.fixture(scope="session")
+def served_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """What the e2e graph serves: builtin:tiny-glm once it is committed, else a random GLM checkpoint."""
+    if (BUILTIN_TINY_GLM / "config.json").exists():
+        return "builtin:tiny-glm"
+    return str(build_glm_checkpoint(tmp_path_factory.mktemp("e2e-glm")))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False)
+    yield
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_url(ray_cluster: None) -> str:
+    """Serve's HTTP proxy on a free port; returns its base URL."""
+    from ray.serve._private.api import serve_start
+
+    port = free_port()
+    serve_start(http_options={"host": "127.0.0.1", "port": port})
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,109 @@
+"""A small test-side driver for `CausalLM`: allocates paged caches from the model's specs, hands out blocks
+sequentially, and builds `ForwardBatch`es for one or several sequences (whole, chunked or decoding)."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec
+from deployments.model_rank.models import CausalLM
+
+
+@dataclass
+class Sequence:
+    tokens: list[int] = field(default_factory=list)  # tokens already in the cache
+    blocks: list[int] = field(default_factory=list)
+
+
+class PagedHarness:
+    def __init__(self, model: CausalLM, block_size: int = 16, num_blocks: int = 128) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.next_block = 0
+        self.seqs: dict[int, Sequence] = {}
+        model.bind_kv_caches(self.allocate(model.kv_cache_specs()))
+
+    def allocate(self, specs: list[LayerCacheSpec]) -> list[tuple[torch.Tensor, ...]]:
+        device = next(self.model.parameters()).device
+        return [s.allocate(self.num_blocks, self.block_size, self.model.config.dtype, device) for s in specs]
+
+    def _blocks_for(self, seq: Sequence, total: int) -> None:
+        while len(seq.blocks) * self.block_size < total:
+            if self.next_block >= self.num_blocks:
+                raise RuntimeError("harness ran out of cache blocks")
+            seq.blocks.append(self.next_block)
+            self.next_block += 1
+
+    def batch(self, chunks: list[tuple[int, list[int]]], all_logits: bool = False) -> ForwardBatch:
+        """One step: for each (sequence id, new tokens), in order. Logits rows: each chunk's last token."""
+        ids, positions, slots, rows = [], [], [], []
+        query_lens, context_lens, tables = [], [], []
+        for seq_id, new in chunks:
+            seq = self.seqs.setdefault(seq_id, Sequence())
+            start = len(seq.tokens)
+            self._blocks_for(seq, start + len(new))
+            for offset, token in enumerate(new):
+                pos = start + offset
+                ids.append(token)
+                positions.append(pos)
+                slots.append(seq.blocks[pos // self.block_size] * self.block_size + pos % self.block_size)
+            rows.extend(range(len(ids) - len(new), len(ids)) if all_logits else [len(ids) - 1])
+            seq.tokens.extend(new)
+            query_lens.append(len(new))
+            context_lens.append(len(seq.tokens))
+            tables.append(list(seq.blocks))
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=tables,
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            logits_indices=torch.tensor(rows, dtype=torch.long),
+            block_size=self.block_size,
+        )
+
+    def step(self, chunks: list[tuple[int, list[int]]], all_logits: bool = False) -> torch.Tensor:
+        """Run one forward; returns logits [R, V] for the rows `batch` selects."""
+        batch = self.batch(chunks, all_logits)
+        hidden = self.model(batch)
+        return self.model.compute_logits(hidden[batch.logits_indices])
+
+    def prefill(self, seq_id: int, prompt: list[int], chunk: int | None = None) -> torch.Tensor:
+        """Feed a prompt whole or in chunks; returns the last token's logits [V]."""
+        size = chunk or len(prompt)
+        logits = None
+        for start in range(0, len(prompt), size):
+            logits = self.step([(seq_id, prompt[start : start + size])])
+        assert logits is not None
+        return logits[0]
+
+    def generate(self, seq_id: int, prompt: list[int], max_new_tokens: int, chunk: int | None = None) -> list[int]:
+        """Greedy continuation: chunked or whole prefill, then one cached decode step per token."""
+        logits = self.prefill(seq_id, prompt, chunk)
+        out = [int(logits.argmax())]
+        while len(out) < max_new_tokens:
+            out.append(int(self.step([(seq_id, [out[-1]])])[0].argmax()))
+        return out
+
+
+def tp_worker(rank: int, world: int, init_file: str, checkpoints: list[str], prompt: list[int], max_new: int, out: str) -> None:
+    """One tensor-parallel rank (spawned by the TP test): logits and a greedy continuation per checkpoint."""
+    import torch.distributed as dist
+
+    from deployments.model_rank.forward_batch import ParallelContext
+    from deployments.model_rank.models import load_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        results = {}
+        for checkpoint in checkpoints:
+            model = load_model(checkpoint, dtype="float32", parallel=ParallelContext(tp_rank=rank, tp_size=world))
+            logits = PagedHarness(model).step([(0, prompt)], all_logits=True)
+            results[checkpoint] = (logits, PagedHarness(model).generate(0, prompt, max_new))
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()

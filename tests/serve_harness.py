@@ -1,0 +1,46 @@
+"""Deploying the repo's Serve config YAMLs into the test session's Serve instance, as `serve run` does."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+APP_START_TIMEOUT_S = 240.0
+
+
+def load_app_config(config_name: str, app_name: str, route_prefix: str, **args: Any) -> dict[str, Any]:
+    """One application of configs/<config_name>, renamed and re-prefixed, its args updated."""
+    config = yaml.safe_load((CONFIGS / config_name).read_text())
+    (app,) = config["applications"]
+    return {**app, "name": app_name, "route_prefix": route_prefix, "args": {**app.get("args", {}), **args}}
+
+
+def deploy_apps(apps: list[dict[str, Any]]) -> None:
+    """Deploy applications declaratively, as `serve run config.yaml` does, and wait for RUNNING."""
+    from ray import serve
+    from ray.serve._private.api import serve_start
+    from ray.serve.schema import ServeDeploySchema
+
+    client = serve_start()  # the running instance
+    client.deploy_apps(ServeDeploySchema(applications=apps))
+    names = {app["name"] for app in apps}
+    deadline = time.monotonic() + APP_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        statuses = {name: serve.status().applications.get(name) for name in names}
+        states = {name: (s.status if s else "MISSING") for name, s in statuses.items()}
+        failed = {n: statuses[n].message for n, st in states.items() if st == "DEPLOY_FAILED"}
+        if failed:
+            raise RuntimeError(f"applications failed to deploy: {failed}")
+        if all(st == "RUNNING" for st in states.values()):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"applications not RUNNING after {APP_START_TIMEOUT_S:.0f} s: {states}")
+
+
+def delete_apps(names: list[str]) -> None:
+    from ray import serve
+
+    for name in names:
+        serve.delete(name)

@@ -1,0 +1,113 @@
+"""AppArgs, the CLI's mapping onto it, the Serve configs and the graph options build_app derives."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from ray.serve.schema import ServeDeploySchema
+
+from serve_app.app import placement_bundles, scheduler_options
+from serve_app.args import AppArgs
+from serve_app.cli import build_parser
+from serve_app.cli_serve import app_args_from
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture()
+def ckpt(tmp_path: Path) -> Path:
+    directory = tmp_path / "my-model"
+    directory.mkdir()
+    return directory
+
+
+def test_unknown_key_is_an_error_naming_it(ckpt: Path) -> None:
+    with pytest.raises(ValidationError) as info:
+        AppArgs(model=str(ckpt), tensor_paralel_size=2)
+    assert "tensor_paralel_size" in str(info.value)
+
+
+def test_missing_checkpoint_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as info:
+        AppArgs(model=str(tmp_path / "nowhere"))
+    assert "nowhere" in str(info.value)
+
+
+def test_unknown_builtin_is_refused() -> None:
+    with pytest.raises(ValidationError, match="unknown builtin"):
+        AppArgs(model="builtin:does-not-exist")
+
+
+def test_names_default_to_the_directory_and_aliases_follow(ckpt: Path) -> None:
+    args = AppArgs(model=str(ckpt), aliases=["a", "my-model", "b", "a"])
+    assert args.served_name == "my-model"
+    assert args.model_ids == ["my-model", "a", "b"]
+    named = AppArgs(model=str(ckpt), name="served", aliases=["x"])
+    assert named.model_ids == ["served", "x"]
+
+
+def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
+    args = AppArgs(model=str(ckpt), context=512, parallel=4, dtype="float32", decode_share=0.5,
+                   prompt_cache_gib=0, tensor_parallel_size=2, default_max_tokens=64)  # fmt: skip
+    config = args.to_engine_config()
+    assert config.model == str(ckpt.resolve())
+    assert (config.context, config.parallel, config.dtype) == (512, 4, "float32")
+    assert (config.decode_share, config.prompt_cache_gib, config.tensor_parallel_size) == (0.5, 0, 2)
+    assert config.default_max_tokens == 64
+
+
+@pytest.mark.parametrize("bad", [{"parallel": 0}, {"decode_share": 1.5}, {"port": 0},
+                                 {"placement_strategy": "SPREAD"}, {"aliases": [""]}])  # fmt: skip
+def test_bad_values_are_refused(ckpt: Path, bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        AppArgs(model=str(ckpt), **bad)
+
+
+def test_cli_flags_build_the_same_args(ckpt: Path) -> None:
+    argv = ["serve", str(ckpt), "--host", "0.0.0.0", "--port", "9000", "--name", "m", "--alias", "a1",
+            "--alias", "a2", "--context", "256", "--parallel", "auto", "--dtype", "bfloat16",
+            "--tensor-parallel-size", "2", "--data-parallel-size", "3", "--prompt-cache-gib", "1.5",
+            "--decode-share", "0.1"]  # fmt: skip
+    args = app_args_from(build_parser().parse_args(argv))
+    assert args == AppArgs(model=str(ckpt), host="0.0.0.0", port=9000, name="m", aliases=["a1", "a2"],
+                           context=256, parallel="auto", dtype="bfloat16", tensor_parallel_size=2,
+                           data_parallel_size=3, prompt_cache_gib=1.5, decode_share=0.1)  # fmt: skip
+    assert app_args_from(build_parser().parse_args(["serve", str(ckpt), "--parallel", "4"])).parallel == 4
+
+
+def test_cli_without_flags_keeps_the_defaults(ckpt: Path) -> None:
+    assert app_args_from(build_parser().parse_args(["serve", str(ckpt)])) == AppArgs(model=str(ckpt))
+
+
+@pytest.mark.parametrize("name", ["glm.yaml", "glm-tp2.yaml", "glm-dp2.yaml"])
+def test_configs_are_valid_serve_configs_with_valid_args(name: str, ckpt: Path) -> None:
+    config = yaml.safe_load((CONFIGS / name).read_text())
+    schema = ServeDeploySchema.model_validate(config)
+    assert schema.http_options.host == "127.0.0.1" and schema.http_options.port == 8080
+    (app,) = schema.applications
+    assert app.import_path == "serve_app.app:build_app"
+    assert app.args["model"] == "builtin:tiny-glm"
+    AppArgs.model_validate({**app.args, "model": str(ckpt)})  # every other key is an AppArgs field
+    for deployment in app.deployments:
+        options = deployment.ray_actor_options
+        assert options is not None and options.num_cpus < 1, "deployments must fit a 2-core machine"
+
+
+def test_tensor_parallel_gets_one_bundle_per_rank(ckpt: Path) -> None:
+    args = AppArgs(model=str(ckpt), tensor_parallel_size=2, scheduler_cpus=0.2, rank_cpus=0.3)
+    assert placement_bundles(args, "cpu") == [{"CPU": 0.2}, {"CPU": 0.3}, {"CPU": 0.3}]
+    assert placement_bundles(args, "cuda") == [{"CPU": 0.2}, {"CPU": 0.3, "GPU": 1}, {"CPU": 0.3, "GPU": 1}]
+    options = scheduler_options(args, "cpu")
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert options["ray_actor_options"]["num_cpus"] == 0.2
+    assert options["ray_actor_options"]["runtime_env"]["env_vars"]["TENSORFOLD_RANK_CPUS"] == "0.3"
+    assert sum(b["CPU"] for b in options["placement_group_bundles"]) < 2
+
+
+def test_data_parallel_is_scheduler_replicas(ckpt: Path) -> None:
+    options = scheduler_options(AppArgs(model=str(ckpt), data_parallel_size=2), "cpu")
+    assert options["num_replicas"] == 2
+    assert "placement_group_bundles" not in options
+    gpu = scheduler_options(AppArgs(model=str(ckpt)), "cuda")
+    assert gpu["ray_actor_options"]["num_gpus"] == 1

@@ -1,0 +1,149 @@
+"""The real graph on Ray Serve, driven over HTTP by the official `openai` SDK (sync, async, streaming).
+
+The application comes from configs/glm.yaml (its model swapped for a random GLM checkpoint until
+builtin:tiny-glm exists), deployed as `serve run` deploys it and started once for the module.
+"""
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from tests.serve_harness import delete_apps, deploy_apps, load_app_config
+
+pytestmark = pytest.mark.e2e
+APP = "e2e-glm"
+PREFIX = "/glm"
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def base_url(serve_url: str, served_model: str) -> str:
+    deploy_apps([load_app_config("glm.yaml", APP, PREFIX, model=served_model, name="tiny", aliases=["glm"])])
+    yield f"{serve_url}{PREFIX}"
+    delete_apps([APP])
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_name_then_aliases(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == ["tiny", "glm"]
+
+
+def test_chat_non_streamed_validates_and_reports_usage(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=USER, max_tokens=12, temperature=0)
+    assert isinstance(reply, ChatCompletion) and reply.object == "chat.completion"
+    ChatCompletion.model_validate(reply.model_dump())
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None and reply.usage.completion_tokens >= 1
+    assert reply.usage.prompt_tokens_details.cached_tokens >= 0
+    assert reply.usage.completion_tokens_details.reasoning_tokens >= 0
+    runtime = reply.model_extra["tensorfold"]
+    assert len(runtime["token_sha"]) == 64 and runtime["time_to_first_token"] > 0
+
+
+def _stream_text(client: openai.OpenAI, include_usage: bool, **request) -> tuple[str, dict, list]:
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": include_usage},
+                                                 **request))  # fmt: skip
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = next(c.usage for c in chunks if c.usage is not None)
+    return text, usage.model_dump(), chunks
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_streamed_text_and_usage_equal_non_streamed(client: openai.OpenAI, include_usage: bool) -> None:
+    request = dict(model="tiny", messages=USER, max_tokens=16, temperature=0.8, seed=1234)
+    whole = client.chat.completions.create(**request)
+    text, usage, chunks = _stream_text(client, include_usage, **request)
+    assert text == whole.choices[0].message.content
+    assert usage == whole.usage.model_dump()
+    if include_usage:
+        assert chunks[-1].choices == []
+
+
+def test_async_client_concurrent_requests(base_url: str) -> None:
+    async def run() -> list[ChatCompletion]:
+        client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        requests = [client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0)
+                    for _ in range(6)]  # fmt: skip
+        stream = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0,
+                                                      stream=True)  # fmt: skip
+        replies = await asyncio.gather(*requests)
+        streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        await client.close()
+        assert streamed == replies[0].choices[0].message.content
+        return replies
+
+    replies = asyncio.run(run())
+    assert len({r.choices[0].message.content for r in replies}) == 1  # greedy: the same reply, batched or not
+
+
+def test_completions_text_and_token_ids(client: openai.OpenAI) -> None:
+    first = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=6,
+                                      temperature=0, extra_body={"return_token_ids": True})  # fmt: skip
+    assert isinstance(first, Completion)
+    prompt_ids = first.choices[0].model_extra["prompt_token_ids"]
+    again = client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=6, temperature=0)
+    assert again.choices[0].text == first.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=prompt_ids, max_tokens=6, temperature=0, stream=True) if c.choices)  # fmt: skip
+    assert streamed == first.choices[0].text
+
+
+def test_tokenize_ids_equal_the_chat_routes_prompt_ids(client: openai.OpenAI, base_url: str) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=USER, max_tokens=1,
+                                           extra_body={"return_token_ids": True})  # fmt: skip
+    tokenized = httpx.post(f"{base_url}/tokenize", json={"messages": USER}).json()
+    assert tokenized["tokens"] == reply.model_extra["prompt_token_ids"]
+    assert httpx.post(f"{base_url}/v1/detokenize", json={"tokens": tokenized["tokens"]}).status_code == 200
+
+
+def test_errors_come_in_openais_envelope(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=10**6)
+    assert info.value.code == "context_length_exceeded" and info.value.param == "max_tokens"
+    assert info.value.body["message"].startswith("This server's maximum context length is")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=USER, stream=True, temperature=True)  # type: ignore[arg-type]
+    assert info.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=USER, n=2)
+    assert info.value.param == "n"
+
+
+def _scheduler_counters(app: str) -> list:
+    from ray import serve
+
+    return serve.get_deployment_handle("Scheduler", app).broadcast("info").results(timeout_s=30)
+
+
+def test_client_disconnect_cancels_the_request(base_url: str) -> None:
+    before = sum(s.counters.requests_aborted_total for s in _scheduler_counters(APP))
+    body = {"model": "tiny", "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
+                break  # one token arrived: leave
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        statuses = _scheduler_counters(APP)
+        aborted = sum(s.counters.requests_aborted_total for s in statuses)
+        if aborted > before and all(s.running == 0 and s.kv_usage == 0 for s in statuses):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"request not cancelled upstream: {statuses}")
+
+
+def test_health_sums_the_replicas(base_url: str) -> None:
+    body = httpx.get(f"{base_url}/health").json()
+    assert body["status"] == "ok" and body["model"] == "tiny" and body["model_ids"] == ["tiny", "glm"]
+    assert body["replicas"] == 1 and body["requests_total"] >= 1
+    assert httpx.get(f"{base_url}/").json()["model"] == "tiny"

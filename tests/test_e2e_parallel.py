@@ -1,0 +1,57 @@
+"""The data-parallel and tensor-parallel configs on Ray Serve: both copies answer; TP2 equals TP1."""
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.serve_harness import delete_apps, deploy_apps, load_app_config
+
+pytestmark = pytest.mark.e2e
+PROMPTS = [[{"role": "user", "content": text}] for text in
+           ("What is the capital of France?", "Hello!", "Write a short answer.", "Tell me about Tokyo.")]  # fmt: skip
+
+
+def _replies(base_url: str, prompts: list, **request) -> list[str]:
+    async def run() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=180)
+        replies = await asyncio.gather(*[client.chat.completions.create(model="m", messages=p, **request)
+                                         for p in prompts])  # fmt: skip
+        await client.close()
+        return [r.choices[0].message.content for r in replies]
+
+    return asyncio.run(run())
+
+
+def test_data_parallel_config_answers_on_both_replicas(serve_url: str, served_model: str) -> None:
+    from ray import serve
+
+    deploy_apps([load_app_config("glm-dp2.yaml", "e2e-dp2", "/dp2", model=served_model)])
+    try:
+        base = f"{serve_url}/dp2"
+        replies = _replies(base, PROMPTS * 4, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+        assert len(replies) == 16 and all(replies)
+        statuses = serve.get_deployment_handle("Scheduler", "e2e-dp2").broadcast("info").results(timeout_s=30)
+        assert len({s.replica for s in statuses}) == 2
+        assert all(s.counters.requests_total > 0 for s in statuses), [s.counters for s in statuses]
+        health = httpx.get(f"{base}/health").json()
+        assert health["replicas"] == 2 and health["requests_total"] == 16
+    finally:
+        delete_apps(["e2e-dp2"])
+
+
+def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, served_model: str) -> None:
+    deploy_apps([
+        load_app_config("glm.yaml", "e2e-tp1", "/tp1", model=served_model),
+        load_app_config("glm-tp2.yaml", "e2e-tp2", "/tp2", model=served_model),
+    ])  # fmt: skip
+    try:
+        request = dict(max_tokens=24, temperature=0)
+        tp1 = _replies(f"{serve_url}/tp1", PROMPTS, **request)
+        tp2 = _replies(f"{serve_url}/tp2", PROMPTS, **request)
+        assert tp2 == tp1
+        seeded = dict(max_tokens=24, temperature=0.8, seed=7)
+        assert _replies(f"{serve_url}/tp2", PROMPTS, **seeded) == _replies(f"{serve_url}/tp1", PROMPTS, **seeded)
+    finally:
+        delete_apps(["e2e-tp1", "e2e-tp2"])

@@ -1,0 +1,190 @@
+"""The Renderer's pure logic: message normalisation, the sandboxed template, prompt ids (no Ray, no model)."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from deployments.renderer.chat_template import ChatTemplate, TemplateRenderError
+from deployments.renderer.messages import MessageError, demote_later_system, normalise_messages
+from deployments.renderer.prompt_renderer import ChatRenderRequest, PromptRenderer
+from deployments.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_GLM_TEMPLATE = REPO / "serve_app" / "fixtures" / "tiny_glm" / "chat_template.jinja"
+VENDOR_TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now <°C>",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+CONVERSATIONS = {
+    "plain": [{"role": "user", "content": "Hello there"}],
+    "system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "multi_turn": [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "add them"},
+        {"role": "user", "content": "And 3+3? «ünïcödé» 日本"},
+    ],
+    "tool_round_trip": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Paris"}}}]},  # fmt: skip
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def glm_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+    out = tmp_path_factory.mktemp("glm-tok")
+    build_tokenizer(out, vocab_size=512, family="glm")
+    (out / "chat_template.jinja").write_text(TINY_GLM_TEMPLATE.read_text(encoding="utf-8"), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(glm_tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(glm_tokenizer_dir))
+
+
+# ---- message normalisation ------------------------------------------------------------------------------
+def test_leading_system_and_developer_merge_in_order() -> None:
+    messages = [
+        {"role": "developer", "content": "A"},
+        {"role": "system", "content": [{"type": "text", "text": "B"}, {"type": "text", "text": "C"}]},
+        {"role": "user", "content": "hi"},
+        {"role": "developer", "content": "later"},
+        {"role": "system", "content": "later too"},
+    ]
+    out = normalise_messages(messages)
+    assert out[0] == {"role": "system", "content": "A\n\nBC"}
+    assert [m["role"] for m in out] == ["system", "user", "system", "system"]
+    assert out[2]["content"] == "later" and out[3]["content"] == "later too"
+
+
+def test_caller_messages_are_not_mutated() -> None:
+    messages = [{"role": "developer", "content": [{"type": "text", "text": "x"}]},
+                {"role": "assistant", "content": "a", "reasoning": "r"}]  # fmt: skip
+    before = copy.deepcopy(messages)
+    out = normalise_messages(messages)
+    assert messages == before
+    assert out[1]["reasoning_content"] == "r"  # `reasoning` on input reaches templates as reasoning_content
+    out[0]["content"] = "changed"
+    assert messages == before
+
+
+def test_text_parts_concatenate_and_other_parts_are_refused() -> None:
+    assert normalise_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                            {"type": "text", "text": "b"}]}])[0]["content"] == "ab"  # fmt: skip
+    with pytest.raises(MessageError, match="only text"):
+        normalise_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(MessageError):
+        normalise_messages([])
+
+
+def test_demote_later_system_only_touches_later_ones() -> None:
+    out = demote_later_system([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                               {"role": "system", "content": "t"}])  # fmt: skip
+    assert [m["role"] for m in out] == ["system", "user", "user"]
+
+
+# ---- the template environment ---------------------------------------------------------------------------
+def test_tojson_matches_json_dumps_not_jinja_html_escaping() -> None:
+    template = ChatTemplate("{{ x | tojson }}|{{ x | tojson(ensure_ascii=True) }}|{{ x | tojson(indent=2) }}")
+    value = {"b": "<é>&'", "a": 1}
+    expected = "|".join([json.dumps(value, ensure_ascii=False), json.dumps(value), json.dumps(value, indent=2,
+                                                                                          ensure_ascii=False)])  # fmt: skip
+    assert template.render([], template_kwargs={"x": value}) == expected
+
+
+def test_trim_and_lstrip_blocks_and_loop_controls() -> None:
+    source = "{% for m in messages %}\n    {% if loop.index > 2 %}{% break %}{% endif %}{{ m.content }}\n{% endfor %}"
+    text = ChatTemplate(source).render([{"role": "user", "content": c} for c in "abc"])
+    assert text == "a\nb\n"
+
+
+def test_raise_exception_and_sandbox_become_render_errors() -> None:
+    with pytest.raises(TemplateRenderError, match="no thanks"):
+        ChatTemplate("{{ raise_exception('no thanks') }}").render([])
+    with pytest.raises(TemplateRenderError):
+        ChatTemplate("{{ ''.__class__.__mro__ }}").render([])
+    with pytest.raises(TemplateRenderError):
+        ChatTemplate("{% set ns = namespace() %}{% set ns._x = 1 %}").render([])
+    with pytest.raises(TemplateRenderError):  # immutable sandbox: no mutating the caller's data
+        ChatTemplate("{{ messages.append(1) }}").render([])
+
+
+def test_generation_block_and_strftime_now() -> None:
+    text = ChatTemplate("{% generation %}[{{ m }}]{% endgeneration %}{{ strftime_now('%Y')|length }}").render(
+        [], template_kwargs={"m": "x"}
+    )
+    assert text == "[x]4"
+
+
+def test_a_template_that_refuses_later_system_gets_them_as_user(glm_tokenizer_dir: Path) -> None:
+    strict = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+              "{{ raise_exception('system only first') }}{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}")  # fmt: skip
+    bundle = load_tokenizer(glm_tokenizer_dir)
+    bundle.chat_template = strict
+    renderer = PromptRenderer(bundle)
+    request = ChatRenderRequest(messages=[{"role": "user", "content": "u"}, {"role": "developer", "content": "d"}])
+    text, _ = renderer.render_text(request)
+    assert text == "<user>u<user>d"
+
+
+# ---- parity with transformers ---------------------------------------------------------------------------
+def _templates() -> dict[str, str]:
+    found = {"tiny-glm": TINY_GLM_TEMPLATE.read_text(encoding="utf-8")}
+    for name in ("GLM-4.6", "GLM-4.7-Flash", "Qwen3"):
+        path = VENDOR_TEMPLATES / f"{name}.jinja"
+        if path.exists():
+            found[name] = path.read_text(encoding="utf-8")
+    return found
+
+
+@pytest.mark.parametrize("template_name", sorted(_templates()))
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("thinking", [None, False])
+def test_same_text_and_ids_as_transformers(hf_tokenizer, glm_tokenizer_dir: Path, template_name: str,
+                                           conversation: str, thinking: bool | None) -> None:  # fmt: skip
+    source = _templates()[template_name]
+    messages = CONVERSATIONS[conversation]
+    tools = [WEATHER_TOOL] if conversation == "tool_round_trip" else None
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    bundle = load_tokenizer(glm_tokenizer_dir)
+    bundle.chat_template = source
+    ours = PromptRenderer(bundle).render_chat(ChatRenderRequest(messages, tools, dict(kwargs)))
+    expected_text = hf_tokenizer.apply_chat_template(
+        normalise_messages(messages), tools=tools, chat_template=source, tokenize=False,
+        add_generation_prompt=True, **kwargs,
+    )  # fmt: skip
+    assert ours.prompt_text == expected_text
+    expected_ids = hf_tokenizer(expected_text, add_special_tokens=False)["input_ids"]
+    assert ours.prompt_token_ids == expected_ids
+
+
+def test_reply_format_sees_an_opened_think_block(glm_tokenizer_dir: Path) -> None:
+    bundle = load_tokenizer(glm_tokenizer_dir)
+    messages = [{"role": "user", "content": "hi"}]
+    renderer = PromptRenderer(bundle)  # tiny-glm: the model opens <think> itself
+    reply = renderer.render_chat(ChatRenderRequest(messages)).reply
+    assert not reply.prompt_opens_thinking and reply.think_closer_id == bundle.token_to_id("</think>")
+    off = renderer.render_chat(ChatRenderRequest(messages, chat_template_kwargs={"thinking": {"type": "disabled"}}))
+    assert off.prompt_text.endswith("<think></think>") and off.reply.enable_thinking is False
+    flash = VENDOR_TEMPLATES / "GLM-4.7-Flash.jinja"
+    if flash.exists():
+        bundle.chat_template = flash.read_text(encoding="utf-8")
+        assert PromptRenderer(bundle).render_chat(ChatRenderRequest(messages)).reply.prompt_opens_thinking
+
+
+def test_tokenize_and_detokenize_round_trip(glm_tokenizer_dir: Path) -> None:
+    renderer = PromptRenderer.from_checkpoint(glm_tokenizer_dir)
+    ids = renderer.tokenize("Hello <|user|> world", add_special_tokens=False)
+    assert renderer.bundle.token_to_id("<|user|>") in ids
+    assert renderer.detokenize(ids) == "Hello <|user|> world"
+    assert len(renderer.token_strs(ids)) == len(ids)
+    assert renderer.card().has_chat_template
