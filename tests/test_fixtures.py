@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from deployments.tokenizer import load_tokenizer  # noqa: E402
 from serve_app.fixtures.tiny_glm import BUILTIN_DIR, TEMPLATE_PATH  # noqa: E402
 from serve_app.fixtures.tiny_glm.corpus import COMPLETIONS, CONVERSATIONS, TOOLS  # noqa: E402
+from serve_app.fixtures import tokenizer_builder  # noqa: E402
 from serve_app.fixtures.tokenizer_builder import FAMILIES, build_tokenizer  # noqa: E402
 
 TEXTS = [
@@ -83,13 +84,16 @@ def test_markup_tokens_survive_skip_special_tokens(tmp_path: Path) -> None:
 def test_build_is_deterministic_across_processes(tmp_path: Path) -> None:
     corpus = ["What is the weather in Paris?", "It is sunny in Paris, 18 °C."]
     build_tokenizer(tmp_path / "here", vocab_size=600, corpus=corpus)
+    # Loaded by path, not through the package, whose __init__ imports torch (seconds of startup).
     script = (
-        "import sys; from serve_app.fixtures.tokenizer_builder import build_tokenizer; "
-        f"build_tokenizer(sys.argv[1], vocab_size=600, corpus={corpus!r})"
+        "import importlib.util, sys; "
+        "spec = importlib.util.spec_from_file_location('builder', sys.argv[1]); "
+        "builder = importlib.util.module_from_spec(spec); spec.loader.exec_module(builder); "
+        f"builder.build_tokenizer(sys.argv[2], vocab_size=600, corpus={corpus!r})"
     )
-    root = Path(__file__).resolve().parents[1]
     env = {"PYTHONHASHSEED": "12345", "PATH": ""}  # another hash seed: set iteration order must not leak
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "there")], check=True, cwd=root, env=env)
+    args = [sys.executable, "-c", script, tokenizer_builder.__file__, str(tmp_path / "there")]
+    subprocess.run(args, check=True, env=env)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / "here" / name).read_bytes() == (tmp_path / "there" / name).read_bytes()
 

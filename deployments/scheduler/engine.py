@@ -8,12 +8,14 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 from deployments.config import EngineConfig
 from deployments.model_rank.executor import Executor, make_executor
+from deployments.model_rank.runner import resolve_device
 from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.kv_blocks import BlockManager
-from deployments.scheduler.memory import GIB, StartupError, plan_pool, read_memory, reserve_bytes
+from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
 from deployments.scheduler.planner import PlannedStep, Planner
 from deployments.scheduler.sequence import Sequence
 from deployments.scheduler.stats import EngineCounters, LiveRates
@@ -49,6 +51,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer: TokenizerBundle = load_tokenizer(config.model)
+        self._check_weights_fit()
         self.executor: Executor = make_executor(config)
         runner = self.executor.info()
         self.runner_info = runner
@@ -84,6 +87,10 @@ class Engine:
         self._outbox: deque[EngineChunk] = deque()
         self.last_step_kind: str | None = None  # "prefill" / "decode" / None: what the latest step ran
         log.info("engine ready: window=%d %s", self.window, self.policy)
+
+    def _check_weights_fit(self) -> None:
+        files = sum(p.stat().st_size for p in Path(self.config.model).glob("*.safetensors"))
+        check_weights_fit(files, resolve_device(self.config.device), self.config.tensor_parallel_size)
 
     def _kv_budget(self, device: str) -> int:
         if self.config.kv_cache_gib is not None:

@@ -89,3 +89,14 @@ def plan_pool(
         window=window,
         reason=f"{num_blocks} blocks of {block_size} tokens ({num_blocks * bytes_per_block / GIB:.2f} GiB)",
     )
+
+
+def check_weights_fit(weight_bytes: int, device: torch.device, tp_size: int = 1) -> None:
+    """Refuse to start when the weights alone would not fit, before loading a byte of them."""
+    reading = read_memory(device)
+    need = weight_bytes // tp_size if not reading.unified else weight_bytes
+    if need > reading.available_bytes:
+        raise StartupError(
+            f"too little memory for the model: its weights need {need / GIB:.2f} GiB, "
+            f"only {reading.available_bytes / GIB:.2f} GiB is available on {device.type}"
+        )
