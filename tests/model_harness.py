@@ -88,7 +88,9 @@ class PagedHarness:
         return out
 
 
-def tp_worker(rank: int, world: int, init_file: str, checkpoints: list[str], prompt: list[int], max_new: int, out: str) -> None:
+def tp_worker(
+    rank: int, world: int, init_file: str, checkpoints: list[str], prompt: list[int], max_new: int, out: str
+) -> None:
     """One tensor-parallel rank (spawned by the TP test): logits and a greedy continuation per checkpoint."""
     import torch.distributed as dist
 

@@ -1,6 +1,5 @@
 """Model code against transformers on tiny random checkpoints, batch invariance, and tensor parallelism."""
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +38,8 @@ def prompt() -> list[int]:
 
 
 def hf_model(path: Path) -> torch.nn.Module:
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    auto = transformers.AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
@@ -101,7 +101,8 @@ def test_glm_mtp_layer_matches_transformers(checkpoints: dict[str, Path], prompt
     with torch.no_grad():
         hidden = reference.model(torch.tensor([tokens])).last_hidden_state
         positions = torch.arange(len(tokens))[None]
-        expected = mtp._project_to_logits(mtp.forward_layer(0, hidden, positions, None, input_ids=torch.tensor([following])))
+        mtp_hidden = mtp.forward_layer(0, hidden, positions, None, input_ids=torch.tensor([following]))
+        expected = mtp._project_to_logits(mtp_hidden)
     model = load_model(path, dtype="float32")
     assert model.config.has_mtp and model.mtp is not None
     harness = PagedHarness(model)
@@ -124,7 +125,10 @@ def test_invariant_linear_rows_do_not_depend_on_row_count(dtype: torch.dtype) ->
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_last_token_logits_are_batch_invariant(arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]) -> None:
+def test_last_token_logits_are_batch_invariant(
+    arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
+) -> None:
+    """Whole prefill, chunks of 1/5/7 with cached decode, and inside a mixed batch: bitwise equal."""
     model = load_model(checkpoints[arch], dtype=dtype)
     whole = PagedHarness(model).prefill(0, prompt)
     for chunk in (1, 5, 7):
@@ -139,7 +143,7 @@ def test_last_token_logits_are_batch_invariant(arch: str, dtype: str, checkpoint
 
 
 def test_tensor_parallel_matches_single_rank(checkpoints: dict[str, Path], prompt: list[int], tmp_path: Path) -> None:
-    names = [str(checkpoints["qwen3"]), str(checkpoints["glm4_moe"])]
+    names = [str(checkpoints[arch]) for arch in ("qwen3", "glm4_moe", "qwen3_moe", "glm4_moe_lite")]
     out = tmp_path / "tp.pt"
     args = (2, str(tmp_path / "tp_init"), names, prompt[:24], 16, str(out))
     mp.spawn(tp_worker, args=args, nprocs=2, join=True)

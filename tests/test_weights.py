@@ -93,9 +93,12 @@ def test_fused_expert_layout_loads_like_per_expert(glm: Path, tmp_path: Path) ->
     def fuse(tensors: dict[str, torch.Tensor]) -> None:
         for layer in (1, 2, 3):
             prefix = f"model.layers.{layer}.mlp.experts"
-            per = {p: [tensors.pop(f"{prefix}.{e}.{p}.weight") for e in range(8)] for p in ("gate_proj", "up_proj", "down_proj")}
-            tensors[f"{prefix}.gate_up_proj"] = torch.cat([torch.stack(per["gate_proj"]), torch.stack(per["up_proj"])], 1)
-            tensors[f"{prefix}.down_proj"] = torch.stack(per["down_proj"])
+            per = {
+                proj: torch.stack([tensors.pop(f"{prefix}.{e}.{proj}.weight") for e in range(8)])
+                for proj in ("gate_proj", "up_proj", "down_proj")
+            }
+            tensors[f"{prefix}.gate_up_proj"] = torch.cat([per["gate_proj"], per["up_proj"]], dim=1)  # [E, 2I, H]
+            tensors[f"{prefix}.down_proj"] = per["down_proj"]  # [E, H, I]
 
     fused = copy(glm, tmp_path / "fused")
     edit_tensors(fused, fuse)
@@ -140,7 +143,9 @@ def test_rope_config_reads_both_key_styles() -> None:
     )
     assert legacy == modern and legacy.theta == 5e5 and legacy.partial_rotary_factor == 0.25
     assert RopeConfig.from_hf({"rope_theta": 1e4}, default_partial=0.5).partial_rotary_factor == 0.5
-    llama3 = RopeConfig.from_hf({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}})
+    llama3 = RopeConfig.from_hf(
+        {"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}
+    )
     assert llama3.original_max_position_embeddings == 4096
     with pytest.raises(ValueError, match="longrope"):
         RopeConfig.from_hf({"rope_scaling": {"rope_type": "longrope"}})
@@ -154,7 +159,8 @@ def test_mtp_layer_loading(glm: Path, tmp_path: Path) -> None:
     assert model.mtp.shared_head.head is model.lm_head
 
     no_copies = copy(glm, tmp_path / "no-copies")
-    edit_tensors(no_copies, lambda t: [t.pop(f"model.layers.3.{n}.weight") for n in ("embed_tokens", "shared_head.head")])
+    copies = ("model.layers.3.embed_tokens.weight", "model.layers.3.shared_head.head.weight")
+    edit_tensors(no_copies, lambda t: [t.pop(n) for n in copies])
     assert load_model(no_copies).mtp is not None
 
     without = copy(glm, tmp_path / "without")
@@ -180,6 +186,11 @@ def test_cache_specs_info_and_tensor_parallel_shapes(glm: Path, qwen3: Path, tmp
     half = load_model(qwen3, parallel=ParallelContext(tp_rank=1, tp_size=2))
     assert half.kv_cache_specs()[0].num_kv_heads == 1
     assert half.model.layers[0].mlp.gate_proj.weight.shape == (64, 64)
+    # 4 ranks over 2 kv heads: ranks 2 and 3 both hold kv head 1 (rows 32:64 of k_proj).
+    quarter = load_model(qwen3, parallel=ParallelContext(tp_rank=3, tp_size=4))
+    full_k = model.model.layers[0].self_attn.k_proj.weight
+    assert torch.equal(quarter.model.layers[0].self_attn.k_proj.weight, full_k[32:64])
+    assert quarter.model.layers[0].self_attn.q_proj.weight.shape == (32, 64)
     lite = load_model(build_random_checkpoint("glm4_moe_lite", tmp_path / "lite"))
     assert {s.kind for s in lite.kv_cache_specs()} == {"latent"} and lite.kv_cache_specs()[0].latent_dim == 32 + 8
 
@@ -192,12 +203,13 @@ def _set(name: str, tensor: torch.Tensor) -> Callable[[dict[str, torch.Tensor]],
     return lambda t: t.update({name: tensor})
 
 
+EXPERT_UP = "model.layers.1.mlp.experts.{}.up_proj.weight"
 TENSOR_CASES = {
     "missing tensor": (_drop("model.norm.weight"), r"model\.safetensors: missing tensors.*model\.norm\.weight"),
-    "missing expert": (_drop("model.layers.1.mlp.experts.3.up_proj.weight"), r"model\.safetensors: missing.*experts \[3\]"),
+    "missing expert": (_drop(EXPERT_UP.format(3)), r"model\.safetensors: missing.*experts \[3\]"),
     "extra tensor": (_set("model.layers.0.self_attn.extra.weight", torch.ones(2)), r"model\.safetensors: unexpected"),
-    "mis-shaped": (_set("model.norm.weight", torch.ones(65)), r"model\.safetensors: tensor 'model\.norm\.weight'.*shape"),
-    "expert beyond count": (_set("model.layers.1.mlp.experts.9.up_proj.weight", torch.ones(32, 64)), r"model\.safetensors.*expert 9"),
+    "mis-shaped": (_set("model.norm.weight", torch.ones(65)), r"model\.safetensors: tensor 'model\.norm\.weight'.*65"),
+    "expert beyond count": (_set(EXPERT_UP.format(9), torch.ones(32, 64)), r"model\.safetensors.*expert 9"),
 }
 
 
@@ -220,23 +232,33 @@ def _index_pointing_at(file: str | None) -> Callable[[Path], None]:
     def edit(path: Path) -> None:
         index = json.loads((path / "model.safetensors.index.json").read_text())
         current = index["weight_map"]["model.norm.weight"]
-        index["weight_map"]["model.norm.weight"] = file or next(f for f in index["weight_map"].values() if f != current)
+        other = next(f for f in index["weight_map"].values() if f != current)
+        index["weight_map"]["model.norm.weight"] = file or other
         (path / "model.safetensors.index.json").write_text(json.dumps(index))
 
     return edit
 
 
+def _config(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    return lambda p: edit_config(p, edit)
+
+
+def _unlink(name: str) -> Callable[[Path], None]:
+    return lambda p: (p / name).unlink()
+
+
+INDEX = "model.safetensors.index.json"
 FILE_CASES = {
-    "no config": (lambda p: (p / "config.json").unlink(), r"config\.json: missing"),
+    "no config": (_unlink("config.json"), r"config\.json: missing"),
     "config not json": (_write("config.json", "{oops"), r"config\.json: not readable JSON"),
-    "unsupported model_type": (lambda p: edit_config(p, lambda c: c.update(model_type="mamba")), r"config\.json: model_type 'mamba'"),
-    "config key missing": (lambda p: edit_config(p, lambda c: c.pop("hidden_size")), r"config\.json: config key 'hidden_size'"),
-    "no weights": (lambda p: (p / "model.safetensors").unlink(), r"no model\.safetensors or model\.safetensors\.index\.json"),
+    "unsupported model_type": (_config(lambda c: c.update(model_type="mamba")), r"config\.json: model_type 'mamba'"),
+    "config key missing": (_config(lambda c: c.pop("hidden_size")), r"config\.json: config key 'hidden_size'"),
+    "no weights": (_unlink("model.safetensors"), r"no model\.safetensors or model\.safetensors\.index\.json"),
     "corrupt safetensors": (_write("model.safetensors", "garbage"), r"model\.safetensors: unreadable"),
-    "index not json": (_write("model.safetensors.index.json", "[1,"), r"model\.safetensors\.index\.json: not readable"),
-    "index without map": (_write("model.safetensors.index.json", "{}"), r"model\.safetensors\.index\.json: needs"),
-    "index names missing shard": (_index_pointing_at("model-00009-of-00009.safetensors"), r"index\.json: shard model-00009"),
-    "shard lacks tensor": (_index_pointing_at(None), r"model-0000\d-of-00003\.safetensors: lacks 'model\.norm\.weight'"),
+    "index not json": (_write(INDEX, "[1,"), r"model\.safetensors\.index\.json: not readable"),
+    "index without map": (_write(INDEX, "{}"), r"model\.safetensors\.index\.json: needs"),
+    "index names missing shard": (_index_pointing_at("model-00009-of-00009.safetensors"), r"index\.json: shard mod"),
+    "shard lacks tensor": (_index_pointing_at(None), r"-of-00003\.safetensors: lacks tensor 'model\.norm\.weight'"),
 }
 
 

@@ -147,6 +147,6 @@ def _bench_checkpoint(scratch: Path) -> Path:
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
     out = scratch / "bench-qwen3"
-    build_random_checkpoint("qwen3", out, size="bench", dtype="bfloat16")
+    build_random_checkpoint("qwen3", out, size="bench", dtype="bfloat16", vocab_size=32768)
     build_tokenizer(out, family="qwen")
     return out

@@ -55,7 +55,8 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(dims.kv_lora_rank, LORA_NORM_EPS)
         kv_b_out = dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim)
         self.kv_b_proj = ColumnParallelLinear(dims.kv_lora_rank, kv_b_out, parallel)
-        self.o_proj = RowParallelLinear(dims.num_heads * dims.v_head_dim, dims.hidden_size, parallel, dims.attention_bias)
+        o_in = dims.num_heads * dims.v_head_dim
+        self.o_proj = RowParallelLinear(o_in, dims.hidden_size, parallel, bias=dims.attention_bias)
         self.spec = LayerCacheSpec(kind="latent", latent_dim=latent)
         self.cache: torch.Tensor | None = None
 

@@ -1,10 +1,10 @@
 """The gated SiLU feed-forward block (dense layers and shared experts)."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.activation import silu
 from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 
@@ -15,7 +15,12 @@ class GatedMLP(nn.Module):
     """
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, parallel: ParallelContext, bias: bool = False, reduce: bool = True
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        parallel: ParallelContext,
+        bias: bool = False,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, parallel, bias=bias)
@@ -23,4 +28,4 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, parallel, bias=bias, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [T, H]
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))  # [T, H]

@@ -8,10 +8,10 @@ own slot order from a [T, k, H] buffer (never scattered into a shared accumulato
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.activation import sigmoid, silu
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
@@ -57,7 +57,7 @@ class Router(nn.Module):
 
     def _grouped_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing
-        scores = invariant_linear(x.float(), self.weight.float()).sigmoid()  # [T, E] float32
+        scores = sigmoid(invariant_linear(x.float(), self.weight.float()))  # [T, E] float32
         choice = scores + self.e_score_correction_bias
         if r.n_group > 1:
             # Keep only the experts of the topk_group groups whose best two experts score highest.
@@ -100,6 +100,7 @@ class Experts(nn.Module):
                 copy_shard(p[expert_id], loaded, shard_dim, self.parallel.tp_rank, self.parallel.tp_size)
 
         param.weight_loader = load
+        param.expert_count = experts  # the weight loader checks every expert arrives
         return param
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -109,7 +110,7 @@ class Experts(nn.Module):
         for expert in torch.unique(ids).tolist():
             tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
             rows = x[tokens]  # [n, H]
-            hidden = F.silu(invariant_linear(rows, self.gate_proj[expert])) * invariant_linear(rows, self.up_proj[expert])
+            hidden = silu(invariant_linear(rows, self.gate_proj[expert])) * invariant_linear(rows, self.up_proj[expert])
             out = invariant_linear(hidden, self.down_proj[expert])  # [n, H]
             slots[tokens, slot] = (out * weights[tokens, slot, None]).to(x.dtype)
         total = slots[:, 0]

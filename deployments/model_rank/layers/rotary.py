@@ -38,10 +38,11 @@ class RopeConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"unsupported rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
         original = raw.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+        partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial))
         return cls(
             rope_type=rope_type,
             theta=float(params.get("rope_theta", raw.get("rope_theta", default_theta))),
-            partial_rotary_factor=float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", default_partial))),
+            partial_rotary_factor=float(partial),
             factor=params.get("factor"),
             original_max_position_embeddings=original or raw.get("max_position_embeddings"),
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),

@@ -1,0 +1,79 @@
+"""Model loading: `load_model(checkpoint_dir, dtype, device, parallel) -> CausalLM` for each supported
+`model_type`; every checkpoint problem is a `CheckpointError` naming the file."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
+from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
+from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
+from deployments.model_rank.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from deployments.model_rank.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from deployments.model_rank.weights import (
+    CONFIG_FILE,
+    CheckpointFiles,
+    load_weights,
+    read_config,
+    read_generation_config,
+    resolve_dtype,
+)
+from deployments.tokenizer import CheckpointError
+
+__all__ = ["CausalLM", "ModelInfo", "SUPPORTED_MODEL_TYPES", "load_model"]
+
+ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
+    "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+
+
+@contextmanager
+def _building_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Create parameters directly on `device` in `dtype` (no float32 staging copy)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_model(
+    checkpoint_dir: str | Path,
+    dtype: str = "auto",
+    device: str | torch.device = "cpu",
+    parallel: ParallelContext = ParallelContext(),
+) -> CausalLM:
+    """Build the checkpoint's architecture for this TP rank and stream its weights in."""
+    directory = Path(checkpoint_dir)
+    raw = read_config(directory)
+    config_path = directory / CONFIG_FILE
+    model_type = raw.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{config_path}: model_type {model_type!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    config_cls, model_cls = ARCHITECTURES[model_type]
+    try:
+        cfg = config_cls.from_hf(raw)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{config_path}: {exc}") from exc
+    files = CheckpointFiles.open(directory)
+    torch_dtype = resolve_dtype(dtype, cfg.dtype, files, config_path)
+    with _building_on(torch.device(device), torch_dtype):
+        model = model_cls(cfg, parallel, torch_dtype, files.names())
+    load_weights(model, files, model.checkpoint_target)
+    model.after_load()
+    extra_eos = id_list(read_generation_config(directory).get("eos_token_id"))
+    model.config.eos_token_ids += [i for i in extra_eos if i not in model.config.eos_token_ids]
+    return model.eval()

@@ -1,0 +1,149 @@
+"""What every model exposes to the runner (`CausalLM`), its summary (`ModelInfo`) and shared config keys."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec
+from deployments.model_rank.layers.decoder import DecoderStack
+from deployments.model_rank.layers.embedding import LMHead
+from deployments.model_rank.layers.rotary import RopeConfig
+from deployments.model_rank.weights import WeightTarget, expert_target
+
+
+@dataclass
+class ModelInfo:
+    """The facts about a loaded model the runner and scheduler need."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    max_position_embeddings: int
+    dtype: torch.dtype  # the weights' and KV cache's dtype
+    eos_token_ids: list[int]  # config.json's end tokens, plus generation_config.json's
+    has_mtp: bool = False  # a multi-token-prediction layer is loaded as `model.mtp`
+
+
+def require(raw: dict[str, Any], key: str, *aliases: str) -> Any:
+    """A key that must be present; `aliases` are other spellings (hub vs transformers-5 saves)."""
+    for name in (key, *aliases):
+        if raw.get(name) is not None:
+            return raw[name]
+    raise ValueError(f"config key {key!r} is missing")
+
+
+def id_list(value: Any) -> list[int]:
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+
+
+@dataclass
+class DecoderConfig:
+    """Keys every supported architecture reads from config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope: RopeConfig
+    eos_token_id: list[int]
+    dtype: str | None  # the checkpoint's declared dtype (`dtype`, or legacy `torch_dtype`)
+
+    @staticmethod
+    def common(
+        raw: dict[str, Any],
+        *,
+        max_positions: int,
+        eps: float,
+        default_head_dim: int | None = None,
+        default_partial: float = 1.0,
+    ) -> dict[str, Any]:
+        """The shared fields as keyword arguments, with the architecture's transformers defaults."""
+        hidden, heads = int(require(raw, "hidden_size")), int(require(raw, "num_attention_heads"))
+        head_dim = raw.get("head_dim") or default_head_dim or hidden // heads
+        return dict(
+            vocab_size=int(require(raw, "vocab_size")),
+            hidden_size=hidden,
+            num_hidden_layers=int(require(raw, "num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            max_position_embeddings=int(raw.get("max_position_embeddings") or max_positions),
+            rms_norm_eps=float(raw.get("rms_norm_eps", eps)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            rope=RopeConfig.from_hf(raw, default_partial=default_partial),
+            eos_token_id=id_list(raw.get("eos_token_id")),
+            dtype=raw.get("dtype") or raw.get("torch_dtype"),
+        )
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model over a paged KV cache (the runner's whole view of the model).
+
+    Subclasses build `self.model` (a DecoderStack named like the checkpoint's `model.*`) and call
+    `finish_init`. `forward` returns final-norm hidden states [T, H]; `compute_logits` projects rows.
+    """
+
+    config: ModelInfo
+    model: DecoderStack
+    lm_head: LMHead
+
+    def finish_init(self, cfg: DecoderConfig, model_type: str, dtype: torch.dtype, has_mtp: bool = False) -> None:
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied_to=tied)
+        self.config = ModelInfo(
+            model_type=model_type,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            max_position_embeddings=cfg.max_position_embeddings,
+            dtype=dtype,
+            eos_token_ids=list(cfg.eos_token_id),
+            has_mtp=has_mtp,
+        )
+
+    def kv_cache_specs(self) -> list[LayerCacheSpec]:
+        """One spec per attention layer, sized for this tensor-parallel rank."""
+        return [layer.cache_spec() for layer in self.model.layers]
+
+    def bind_kv_caches(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
+        """Hand each attention layer its cache tensors (as allocated from `kv_cache_specs()`)."""
+        if len(caches) != len(self.model.layers):
+            raise ValueError(f"got {len(caches)} layer caches for {len(self.model.layers)} attention layers")
+        for layer, cache in zip(self.model.layers, caches):
+            layer.bind_cache(cache)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch)  # [T, H]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [R, V] float32
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+    def after_load(self) -> None:
+        """Hook run once all weights are in (e.g. to drop duplicated tensors)."""
+
+    def checkpoint_target(self, name: str) -> WeightTarget | None:
+        """Map a checkpoint tensor name to a parameter (None: a tensor this model deliberately skips)."""
+        if name.endswith("rotary_emb.inv_freq"):
+            return None  # old exports saved the rotary buffer; it is recomputed
+        if name == "lm_head.weight" and self.lm_head.tied:
+            return None  # tied to the embedding
+        return expert_target(name) or WeightTarget(name)

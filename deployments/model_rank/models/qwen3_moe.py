@@ -1,0 +1,68 @@
+"""Qwen3-MoE: Qwen3 attention with softmax top-k routed experts (no shared expert)."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
+from deployments.model_rank.layers.mlp import GatedMLP
+from deployments.model_rank.layers.moe import RoutingConfig, SparseMoE
+from deployments.model_rank.layers.rotary import RotaryEmbedding
+from deployments.model_rank.models.base import CausalLM, DecoderConfig, require
+from deployments.model_rank.models.qwen3 import qwen3_attention, reject_sliding_window
+
+
+@dataclass
+class Qwen3MoeConfig(DecoderConfig):
+    intermediate_size: int  # dense layers (mlp_only_layers / off the sparse step)
+    moe_intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: list[int]
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> "Qwen3MoeConfig":
+        reject_sliding_window(raw)
+        return cls(
+            **DecoderConfig.common(raw, max_positions=32768, eps=1e-6),
+            intermediate_size=int(raw.get("intermediate_size") or 0),
+            moe_intermediate_size=int(require(raw, "moe_intermediate_size")),
+            num_experts=int(require(raw, "num_experts", "num_local_experts")),
+            num_experts_per_tok=int(require(raw, "num_experts_per_tok")),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
+            mlp_only_layers=[int(i) for i in raw.get("mlp_only_layers") or []],
+        )
+
+    def is_sparse(self, layer: int) -> bool:
+        on_step = (layer + 1) % self.decoder_sparse_step == 0
+        return layer not in self.mlp_only_layers and self.num_experts > 0 and on_step
+
+
+class Qwen3MoeForCausalLM(CausalLM):
+    def __init__(
+        self, cfg: Qwen3MoeConfig, parallel: ParallelContext, dtype: torch.dtype, tensor_names: frozenset[str]
+    ) -> None:
+        super().__init__()
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
+        routing = RoutingConfig(
+            num_experts=cfg.num_experts,
+            top_k=cfg.num_experts_per_tok,
+            scoring="softmax",
+            norm_topk_prob=cfg.norm_topk_prob,
+        )
+        layers = []
+        for i in range(cfg.num_hidden_layers):
+            mlp: nn.Module
+            if cfg.is_sparse(i):
+                mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, routing, parallel)
+            else:
+                mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel)
+            layers.append(DecoderLayer(qwen3_attention(cfg, rotary, parallel), mlp, cfg.hidden_size, cfg.rms_norm_eps))
+        self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)
+        self.finish_init(cfg, "qwen3_moe", dtype)
