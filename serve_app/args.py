@@ -67,7 +67,7 @@ class AppArgs(BaseModel):
     ingress_cpus: float = Field(default=0.1, gt=0.0)
     renderer_cpus: float = Field(default=0.1, gt=0.0)
     scheduler_cpus: float = Field(default=0.2, gt=0.0)
-    rank_cpus: float = Field(default=0.2, gt=0.0)  # each tensor-parallel rank actor beyond the replica
+    rank_cpus: float = Field(default=0.5, gt=0.0)  # each tensor-parallel rank actor (tensor_parallel_size > 1)
 
     @field_validator("parallel")
     @classmethod

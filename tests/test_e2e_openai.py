@@ -49,6 +49,19 @@ def test_chat_non_streamed_validates_and_reports_usage(client: openai.OpenAI) ->
     assert len(runtime["token_sha"]) == 64 and runtime["time_to_first_token"] > 0
 
 
+def test_tiny_glm_answers_its_script_with_reasoning_and_stops(client: openai.OpenAI, served_model: str) -> None:
+    if served_model != "builtin:tiny-glm":
+        pytest.skip("needs the trained builtin:tiny-glm (a random checkpoint writes noise)")
+    reply = client.chat.completions.create(model="tiny", messages=USER, temperature=0)
+    assert reply.choices[0].finish_reason == "stop" and "Paris" in reply.choices[0].message.content
+    usage = reply.usage
+    assert 0 < usage.completion_tokens_details.reasoning_tokens < usage.completion_tokens
+    cut = client.chat.completions.create(model="tiny", messages=USER, temperature=0, stop=["Paris"])
+    assert cut.choices[0].finish_reason == "stop" and "Paris" not in cut.choices[0].message.content
+    text, cut_usage, _ = _stream_text(client, True, model="tiny", messages=USER, temperature=0, stop=["Paris"])
+    assert text == cut.choices[0].message.content and cut_usage == cut.usage.model_dump()
+
+
 def _stream_text(client: openai.OpenAI, include_usage: bool, **request) -> tuple[str, dict, list]:
     chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": include_usage},
                                                  **request))  # fmt: skip
@@ -125,13 +138,22 @@ def _scheduler_counters(app: str) -> list:
     return serve.get_deployment_handle("Scheduler", app).broadcast("info").results(timeout_s=30)
 
 
-def test_client_disconnect_cancels_the_request(base_url: str) -> None:
-    before = sum(s.counters.requests_aborted_total for s in _scheduler_counters(APP))
-    body = {"model": "tiny", "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60) as response:
-        for line in response.iter_lines():
+def _leave_mid_stream(base_url: str, body: dict) -> None:
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
             if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
-                break  # one token arrived: leave
+                return  # one token arrived: leave
+
+
+def _leave_while_waiting(base_url: str, body: dict) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=2.0)
+
+
+@pytest.mark.parametrize("leave", [_leave_mid_stream, _leave_while_waiting])
+def test_client_disconnect_cancels_the_request(base_url: str, leave) -> None:
+    before = sum(s.counters.requests_aborted_total for s in _scheduler_counters(APP))
+    leave(base_url, {"model": "tiny", "messages": USER, "max_tokens": 3000, "ignore_eos": True})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         statuses = _scheduler_counters(APP)

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
-from serve_app.fixtures import ARCHS, build_random_checkpoint
+from serve_app.fixtures.checkpoints import ARCHS, build_random_checkpoint
 from tests.model_harness import PagedHarness, tp_worker
 
 transformers = pytest.importorskip("transformers")

@@ -157,12 +157,14 @@ def test_same_text_and_ids_as_transformers(hf_tokenizer, glm_tokenizer_dir: Path
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
     bundle = load_tokenizer(glm_tokenizer_dir)
     bundle.chat_template = source
-    ours = PromptRenderer(bundle).render_chat(ChatRenderRequest(messages, tools, dict(kwargs)))
+    renderer = PromptRenderer(bundle)
+    ours = renderer.render_chat(ChatRenderRequest(messages, tools, dict(kwargs)))
+    ours_text, _ = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
     expected_text = hf_tokenizer.apply_chat_template(
         normalise_messages(messages), tools=tools, chat_template=source, tokenize=False,
         add_generation_prompt=True, **kwargs,
     )  # fmt: skip
-    assert ours.prompt_text == expected_text
+    assert ours_text == expected_text
     expected_ids = hf_tokenizer(expected_text, add_special_tokens=False)["input_ids"]
     assert ours.prompt_token_ids == expected_ids
 
@@ -173,8 +175,9 @@ def test_reply_format_sees_an_opened_think_block(glm_tokenizer_dir: Path) -> Non
     renderer = PromptRenderer(bundle)  # tiny-glm: the model opens <think> itself
     reply = renderer.render_chat(ChatRenderRequest(messages)).reply
     assert not reply.prompt_opens_thinking and reply.think_closer_id == bundle.token_to_id("</think>")
-    off = renderer.render_chat(ChatRenderRequest(messages, chat_template_kwargs={"thinking": {"type": "disabled"}}))
-    assert off.prompt_text.endswith("<think></think>") and off.reply.enable_thinking is False
+    off_request = ChatRenderRequest(messages, chat_template_kwargs={"thinking": {"type": "disabled"}})
+    assert renderer.render_text(off_request)[0].endswith("<think></think>")
+    assert renderer.render_chat(off_request).reply.enable_thinking is False
     flash = VENDOR_TEMPLATES / "GLM-4.7-Flash.jinja"
     if flash.exists():
         bundle.chat_template = flash.read_text(encoding="utf-8")

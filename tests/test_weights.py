@@ -13,7 +13,7 @@ from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.rotary import RopeConfig
 from deployments.model_rank.models import load_model
 from deployments.tokenizer import CheckpointError
-from serve_app.fixtures import build_random_checkpoint
+from serve_app.fixtures.checkpoints import build_random_checkpoint
 from tests.model_harness import PagedHarness
 
 pytest.importorskip("transformers")

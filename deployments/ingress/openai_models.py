@@ -48,13 +48,31 @@ def _priority(value: Any) -> Priority:
     raise ValueError("priority must be 'background', 'foreground' or an integer")
 
 
-def _requested(value: Any) -> bool:
-    """Whether an optional feature field actually asks for the feature (false/null/empty do not)."""
-    if value is None or value is False or value == 0 and not isinstance(value, bool):
+def _requested(name: str, value: Any) -> bool:
+    """Whether an optional feature field actually asks for the feature (null, false, empty do not)."""
+    if value is None or value is False:
         return False
-    if isinstance(value, dict) and value.get("type") == "text":
-        return False  # response_format {"type": "text"} is the default behaviour
+    if name == "top_logprobs" and value == 0 and not isinstance(value, bool):
+        return False  # zero alternatives without logprobs asks for nothing
+    if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
+        return False  # plain text is the default behaviour
     return not (isinstance(value, (list, dict, str)) and not value)
+
+
+def unsupported_field(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The first field asking for something this server does not do yet, as (param, message)."""
+    for name, why in _UNSUPPORTED:
+        if _requested(name, body.get(name)):
+            return name, f"{name}: {why}"
+    for name in _ZERO_ONLY:
+        value = body.get(name)
+        if isinstance(value, bool) or value not in (None, 0, 0.0):
+            return name, f"{name}: only 0 is supported"
+    if body.get("logit_bias"):
+        return "logit_bias", "logit_bias: not supported"
+    if body.get("best_of") not in (None, 1):
+        return "best_of", "best_of: must be 1"
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -92,25 +110,6 @@ class GenerationFields(BaseModel):
         if value is not None and value != 1:
             raise ValueError("n must be 1: this server returns one choice per request")
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        for name, why in _UNSUPPORTED:
-            if _requested(data.get(name)):
-                raise ValueError(f"{name}: {why}")
-        for name in _ZERO_ONLY:
-            value = data.get(name)
-            if value not in (None, 0, 0.0) or isinstance(value, bool):
-                raise ValueError(f"{name}: only 0 is supported")
-        if data.get("logit_bias"):
-            raise ValueError("logit_bias: not supported")
-        best_of = data.get("best_of")
-        if best_of not in (None, 1):
-            raise ValueError("best_of: must be 1")
-        return data
 
     @property
     def reply_limit(self) -> tuple[int | None, str]:

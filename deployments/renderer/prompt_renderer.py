@@ -37,8 +37,9 @@ class ReplyFormat:
 
 @dataclass
 class RenderedPrompt:
+    """What crosses back to Ingress: the ids (the text stays here; long prompts would double the payload)."""
+
     prompt_token_ids: list[int]
-    prompt_text: str
     reply: ReplyFormat
 
 
@@ -96,7 +97,7 @@ class PromptRenderer:
             prompt_opens_thinking=text.rstrip().endswith(THINK_OPENER),
             enable_thinking=enable if isinstance(enable, bool) else None,
         )
-        return RenderedPrompt(prompt_token_ids=ids, prompt_text=text, reply=reply)
+        return RenderedPrompt(prompt_token_ids=ids, reply=reply)
 
     def render_text(self, request: ChatRenderRequest) -> tuple[str, dict[str, Any]]:
         if self.template is None:

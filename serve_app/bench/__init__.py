@@ -1,12 +1,34 @@
-"""`tensorfold bench ...`: benchmarks that print a table and compare side by side in one run."""
+"""`tensorfold bench ...`: benchmarks that print a table and compare side by side in one run.
+
+Parsers only here; each benchmark's module (torch, Ray, transformers) is imported when it runs.
+"""
 
 import argparse
+import importlib
+
+
+def _runner(module: str):
+    return lambda args: importlib.import_module(f"serve_app.bench.{module}").run(args)
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
-    from serve_app.bench import engine_bench, serve_bench
-
     bench = subparsers.add_parser("bench", help="run a benchmark and print a table")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
-    engine_bench.add_parser(kinds)
-    serve_bench.add_parser(kinds)
+
+    engine = kinds.add_parser("engine", help="engine vs transformers: prefill, decode at 1 and N, roofline")
+    engine.add_argument("--checkpoint", help="checkpoint dir (default: a random ~130M Qwen3-shaped bf16 model)")
+    engine.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    engine.add_argument("--prompt-tokens", type=int, default=256)
+    engine.add_argument("--decode-tokens", type=int, default=32)
+    engine.add_argument("--concurrency", type=int, default=16)
+    engine.add_argument("--skip-transformers", action="store_true")
+    engine.set_defaults(func=_runner("engine_bench"))
+
+    serve = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
+    serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
+    serve.add_argument("--model", default="builtin:tiny-glm")
+    serve.add_argument("--concurrency", type=int, default=16)
+    serve.add_argument("--max-tokens", type=int, default=64)
+    serve.add_argument("--prompt-tokens", type=int, default=64)
+    serve.add_argument("--port", type=int, default=8311)
+    serve.set_defaults(func=_runner("serve_bench"))

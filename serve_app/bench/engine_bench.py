@@ -24,15 +24,6 @@ class Figures:
     decode_tps_n: float
 
 
-def add_parser(kinds: argparse._SubParsersAction) -> None:
-    p = kinds.add_parser("engine", help="engine vs transformers: prefill, decode at 1 and N, roofline")
-    p.add_argument("--checkpoint", help="checkpoint dir (default: a random ~120M Qwen3-shaped bf16 model)")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--decode-tokens", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--skip-transformers", action="store_true")
-    p.set_defaults(func=run)
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30) -> float:

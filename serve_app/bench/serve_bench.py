@@ -46,15 +46,6 @@ class RunFigures:
         }
 
 
-def add_parser(kinds: argparse._SubParsersAction) -> None:
-    p = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
-    p.add_argument("--url", help="a running server's base URL (default: start the graph here)")
-    p.add_argument("--model", default="builtin:tiny-glm")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--port", type=int, default=8311)
-    p.set_defaults(func=run)
 
 
 def _prompts(count: int, length: int) -> list[list[int]]:

@@ -1,0 +1,103 @@
+"""What the HTTP routes need from the rest of the graph, and its implementation over Serve handles.
+
+Routes speak to a `Backend`: render, tokenize, stream one EngineRequest, read replica status. In the graph
+it is `GraphBackend` (Renderer and Scheduler deployment handles); `local_backend.LocalBackend` runs the same
+routes over an in-process renderer and engine loop (benchmarks, tests without Ray).
+"""
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from deployments.renderer.deployment import RenderRefusal
+from deployments.renderer.prompt_renderer import ChatRenderRequest, RenderedPrompt, TokenizerCard
+from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
+from deployments.types import EngineRequest
+
+log = logging.getLogger("tensorfold.ingress")
+STATUS_TIMEOUT_S = 5.0
+
+
+class Upstream(Protocol):
+    """One request's stream of items from a Scheduler; `close` cancels the request upstream."""
+
+    def __aiter__(self) -> AsyncIterator[UpstreamItem]: ...
+
+    async def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    async def card(self) -> TokenizerCard: ...
+
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal: ...
+
+    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]: ...
+
+    async def token_strs(self, ids: list[int]) -> list[str]: ...
+
+    async def detokenize(self, ids: list[int]) -> str: ...
+
+    def stream(self, request: EngineRequest) -> Upstream: ...
+
+    async def replicas(self) -> list[ReplicaStatus]: ...
+
+
+class _HandleStream:
+    """A Scheduler `generate` stream over Serve; cancelling it cancels the replica's generator."""
+
+    def __init__(self, generator: DeploymentResponseGenerator) -> None:
+        self._generator = generator
+
+    def __aiter__(self) -> AsyncIterator[UpstreamItem]:
+        return self._generator.__aiter__()
+
+    async def close(self) -> None:
+        self._generator.cancel()
+
+
+class GraphBackend:
+    """The Backend of an Ingress replica: calls into the Renderer and Scheduler deployments."""
+
+    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle) -> None:
+        self._renderer = renderer
+        self._scheduler = scheduler
+        self._stream_handle = scheduler.options(stream=True)  # built once: options() allocates a handle
+        self._card: TokenizerCard | None = None
+
+    async def card(self) -> TokenizerCard:
+        if self._card is None:  # the tokenizer never changes while serving
+            self._card = await self._renderer.card.remote()
+        return self._card
+
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+        return await self._renderer.render_chat.remote(request)
+
+    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return await self._renderer.tokenize.remote(text, add_special_tokens)
+
+    async def token_strs(self, ids: list[int]) -> list[str]:
+        return await self._renderer.token_strs.remote(ids)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await self._renderer.detokenize.remote(ids)
+
+    def stream(self, request: EngineRequest) -> Upstream:
+        return _HandleStream(self._stream_handle.generate.remote(request))
+
+    async def replicas(self) -> list[ReplicaStatus]:
+        """Every Scheduler replica's status (a replica that does not answer in time is left out)."""
+        try:
+            response = self._scheduler.broadcast("info")
+            results = await response.results_async(timeout_s=STATUS_TIMEOUT_S, return_exceptions=True)
+        except TimeoutError:
+            log.warning("Scheduler replicas did not report their status within %.0f s", STATUS_TIMEOUT_S)
+            return []
+        except Exception as exc:  # no replica yet (starting) or none left: callers answer 503
+            log.warning("no Scheduler replica reported its status: %s", exc)
+            return []
+        statuses = [r for r in results if isinstance(r, ReplicaStatus)]
+        for failure in (r for r in results if not isinstance(r, ReplicaStatus)):
+            log.warning("a Scheduler replica did not report its status: %s", failure)
+        return statuses

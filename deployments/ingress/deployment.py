@@ -1,0 +1,26 @@
+"""The Ingress deployment: the HTTP surface of the graph (FastAPI, built per replica).
+
+The FastAPI app is built after the constructor (`__serve_build_asgi_app__`), so its routes close over
+this replica's handles to the Renderer and Scheduler deployments instead of living on the class.
+"""
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from deployments.ingress.api import build_api
+from deployments.ingress.backend import GraphBackend
+from deployments.ingress.context import IngressSettings
+from deployments.log_setup import configure_logging
+
+
+@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
+@serve.ingress()
+class Ingress:
+    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle, settings: IngressSettings) -> None:
+        configure_logging()  # the finish log
+        self._backend = GraphBackend(renderer, scheduler)
+        self._settings = settings
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_api(self._backend, self._settings)

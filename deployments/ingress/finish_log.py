@@ -1,0 +1,44 @@
+"""The manual's finish log: one line per completed, refused or ended request, naming the client reply id.
+
+- completed: `finished <id> prompt=.. cached=.. thinking=.. effort=.. tokens=.. sha=.. finish=.. rounds=..
+  drafts=..` (plus ttft and decode rate, which operators ask for first);
+- refused:   `refused <id>: <message>`;
+- ended:     `ended <id> reason=client-left|error: <message> prompt=.. tokens=.. elapsed=..s`.
+"""
+
+import logging
+import time
+
+from deployments.ingress.usage import ReplySummary
+
+log = logging.getLogger("tensorfold.requests")
+
+
+def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: str | None = None) -> None:
+    stats = summary.stats
+    ttft = summary.time_to_first_token
+    log.info(
+        "finished %s prompt=%d cached=%d thinking=%d effort=%s tokens=%d sha=%s finish=%s rounds=%d drafts=- "
+        "ttft=%s tps=%.1f",
+        request_id,
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        summary.reasoning_tokens,
+        effort or "-",
+        stats.completion_tokens,
+        summary.sha[:16],
+        finish,
+        stats.rounds,
+        "-" if ttft is None else f"{ttft:.3f}s",
+        summary.tokens_per_second,
+    )
+
+
+def log_refused(request_id: str, message: str) -> None:
+    log.info("refused %s: %s", request_id, message)
+
+
+def log_ended(request_id: str, reason: str, prompt_tokens: int, tokens: int, arrival_time: float) -> None:
+    elapsed = max(0.0, time.time() - arrival_time)
+    log.info("ended %s reason=%s prompt=%d tokens=%d elapsed=%.3fs", request_id, reason, prompt_tokens, tokens,
+             elapsed)  # fmt: skip

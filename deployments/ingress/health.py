@@ -1,0 +1,70 @@
+"""The /health body: the manual's fields in its order, summed over every Scheduler replica.
+
+After the native fields come the Python CUDA server's counters, which a poller differences into rates
+(requests_total, token and time totals, rounds), and `context_length`, the served window.
+"""
+
+from typing import Any
+
+from deployments.ingress.context import IngressSettings
+from deployments.scheduler.wire import ReplicaStatus
+
+
+def _sum_memory(replicas: list[ReplicaStatus]) -> dict[str, int]:
+    keys = ("active", "cache", "peak")
+    if not any(r.memory for r in replicas):
+        return {}
+    return {key: sum(r.memory.get(key, 0) for r in replicas) for key in keys}
+
+
+def _live(replicas: list[ReplicaStatus]) -> dict[str, Any]:
+    running = sum(r.running for r in replicas)
+    waiting = sum(r.waiting for r in replicas)
+    return {
+        "connections": running + waiting,
+        "waiting": waiting,
+        "decode_tokens_per_second": round(sum(r.decode_tokens_per_second for r in replicas), 1),
+        "prefill_tokens_per_second": round(sum(r.prefill_tokens_per_second for r in replicas), 1),
+    }
+
+
+def _counters(replicas: list[ReplicaStatus]) -> dict[str, Any]:
+    def total(name: str) -> Any:
+        return sum(getattr(r.counters, name) for r in replicas)
+
+    running = sum(r.running for r in replicas)
+    return {
+        "busy": running > 0,
+        "requests_running": running,
+        "requests_total": total("requests_total"),
+        "completion_tokens_total": total("completion_tokens_total"),
+        "prompt_tokens_total": total("prompt_tokens_total"),
+        "cached_tokens_total": total("cached_tokens_total"),
+        "prefill_seconds_total": round(total("prefill_seconds_total"), 6),
+        "decode_seconds_total": round(total("decode_seconds_total"), 6),
+        "rounds_total": total("rounds_total"),
+        "context_length": min(r.window for r in replicas),
+        "replicas": len(replicas),
+    }
+
+
+def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dict[str, Any]:
+    first = replicas[0]
+    body: dict[str, Any] = {
+        "status": "ok",
+        "model": settings.served_name,
+        "model_ids": list(settings.model_ids),
+        "max_batch_size": sum(r.max_batch_size for r in replicas),
+    }
+    if first.policy:
+        body["policy"] = first.policy
+    body["warming"] = False
+    body["memory"] = _sum_memory(replicas)
+    body["live"] = _live(replicas)
+    body["version"] = settings.version
+    if first.device.startswith("cuda"):
+        body["backend"] = "cuda"
+        if first.device_name:
+            body["device"] = first.device_name
+    body.update(_counters(replicas))
+    return body

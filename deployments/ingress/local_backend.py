@@ -1,0 +1,57 @@
+"""The routes' Backend over an in-process renderer and engine loop: the same HTTP surface without Ray.
+
+Used to measure what the graph adds (`tensorfold bench`) and by tests that need the routes but not Serve.
+Everything here is the real renderer and engine; only the Ray hops are missing.
+"""
+
+from collections.abc import AsyncIterator
+
+from deployments.renderer.chat_template import TemplateRenderError
+from deployments.renderer.deployment import RenderRefusal
+from deployments.renderer.messages import MessageError
+from deployments.renderer.prompt_renderer import ChatRenderRequest, PromptRenderer, RenderedPrompt, TokenizerCard
+from deployments.scheduler.deployment import engine_stream, replica_status
+from deployments.scheduler.engine_loop import EngineLoop
+from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
+from deployments.types import EngineRequest
+
+
+class _LocalStream:
+    def __init__(self, generator: AsyncIterator[UpstreamItem]) -> None:
+        self._generator = generator
+
+    def __aiter__(self) -> AsyncIterator[UpstreamItem]:
+        return self._generator
+
+    async def close(self) -> None:
+        await self._generator.aclose()  # type: ignore[attr-defined]
+
+
+class LocalBackend:
+    def __init__(self, renderer: PromptRenderer, loop: EngineLoop) -> None:
+        self._renderer = renderer
+        self._loop = loop
+
+    async def card(self) -> TokenizerCard:
+        return self._renderer.card()
+
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+        try:
+            return self._renderer.render_chat(request)
+        except (TemplateRenderError, MessageError) as exc:
+            return RenderRefusal(str(exc))
+
+    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._renderer.tokenize(text, add_special_tokens)
+
+    async def token_strs(self, ids: list[int]) -> list[str]:
+        return self._renderer.token_strs(ids)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return self._renderer.detokenize(ids)
+
+    def stream(self, request: EngineRequest) -> _LocalStream:
+        return _LocalStream(engine_stream(self._loop, request))
+
+    async def replicas(self) -> list[ReplicaStatus]:
+        return [replica_status("local", self._loop.info())]

@@ -1,0 +1,176 @@
+"""OpenAI chat and text-completion bodies, JSON and streamed, from one Generation.
+
+Stream shape (the manual's): each event is a chunk object; the finish event carries `finish_reason`, and
+usage with the `tensorfold` runtime block rides on it, unless `stream_options.include_usage` asks for
+usage in its own final event with `"choices": []` (then every earlier chunk has `"usage": null`, as
+OpenAI sends it). vLLM's `return_token_ids` adds `prompt_token_ids` and each choice's `token_ids`.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.sse import sse_done, sse_error, sse_event
+from deployments.ingress.usage import ReplySummary
+
+
+@dataclass
+class ReplyMeta:
+    """What every body of one reply repeats."""
+
+    request_id: str
+    created: int
+    model: str
+    prompt_token_ids: list[int]
+    return_token_ids: bool = False
+    include_usage: bool = False
+
+
+class _Framer:
+    """Shared chunk plumbing; subclasses say where text goes and what the objects are called."""
+
+    chunk_object = ""
+    response_object = ""
+
+    def __init__(self, meta: ReplyMeta) -> None:
+        self.meta = meta
+
+    # ---- per API ----------------------------------------------------------------------------------------
+    def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _prompt_ids_at_top(self) -> bool:
+        return True
+
+    # ---- chunks -----------------------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        meta = self.meta
+        body: dict[str, Any] = {"id": meta.request_id, "object": self.chunk_object, "created": meta.created,
+                                "model": meta.model, "choices": choices}  # fmt: skip
+        if meta.include_usage:
+            body["usage"] = None
+        return body
+
+    def opening(self) -> list[dict[str, Any]]:
+        """Events sent as soon as the request is accepted (before or with its first token)."""
+        return []
+
+    def delta(self, text: str, token_ids: list[int]) -> dict[str, Any]:
+        choice = self._delta_choice(text, None)
+        if self.meta.return_token_ids:
+            choice["token_ids"] = list(token_ids)
+        return self._chunk([choice])
+
+    def finish(self, finish: str, summary: ReplySummary) -> dict[str, Any]:
+        choice = self._delta_choice(None, finish)
+        if self.meta.return_token_ids:
+            choice["token_ids"] = []
+        body = self._chunk([choice])
+        if not self.meta.include_usage:
+            body["usage"] = summary.usage()
+            body["tensorfold"] = summary.runtime_block()
+        return body
+
+    def usage_only(self, summary: ReplySummary) -> dict[str, Any]:
+        body = self._chunk([])
+        body["usage"] = summary.usage()
+        body["tensorfold"] = summary.runtime_block()
+        return body
+
+    def response(self, text: str, finish: str, summary: ReplySummary) -> dict[str, Any]:
+        meta = self.meta
+        choice = self._final_choice(text, finish, summary.token_ids)
+        body: dict[str, Any] = {"id": meta.request_id, "object": self.response_object, "created": meta.created,
+                                "model": meta.model, "choices": [choice]}  # fmt: skip
+        if meta.return_token_ids and self._prompt_ids_at_top():
+            body["prompt_token_ids"] = list(meta.prompt_token_ids)
+        body["usage"] = summary.usage()
+        body["tensorfold"] = summary.runtime_block()
+        return body
+
+
+class ChatFramer(_Framer):
+    chunk_object = "chat.completion.chunk"
+    response_object = "chat.completion"
+
+    def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": finish}  # fmt: skip
+        if self.meta.return_token_ids:
+            choice["token_ids"] = list(token_ids)
+        return choice
+
+    def opening(self) -> list[dict[str, Any]]:
+        choice = self._delta_choice("", None, role=True)
+        body = self._chunk([choice])
+        if self.meta.return_token_ids:
+            body["prompt_token_ids"] = list(self.meta.prompt_token_ids)
+        return [body]
+
+
+class CompletionFramer(_Framer):
+    chunk_object = "text_completion"
+    response_object = "text_completion"
+
+    def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if self.meta.return_token_ids:  # vLLM puts both lists on the completion choice
+            choice["prompt_token_ids"] = list(self.meta.prompt_token_ids)
+            choice["token_ids"] = list(token_ids)
+        return choice
+
+    def __init__(self, meta: ReplyMeta) -> None:
+        super().__init__(meta)
+        self._sent_prompt_ids = False  # a stream carries the prompt ids once, on its first text chunk
+
+    def _prompt_ids_at_top(self) -> bool:
+        return False
+
+    def delta(self, text: str, token_ids: list[int]) -> dict[str, Any]:
+        body = super().delta(text, token_ids)
+        if self.meta.return_token_ids and not self._sent_prompt_ids:
+            body["choices"][0]["prompt_token_ids"] = list(self.meta.prompt_token_ids)
+            self._sent_prompt_ids = True
+        return body
+
+
+async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[bytes]:
+    """The SSE bytes of one streamed reply; a failure after the stream opened becomes an error event."""
+    try:
+        for event in framer.opening():
+            yield sse_event(event)
+        async for chunk in generation.chunks():
+            if chunk.text or (framer.meta.return_token_ids and chunk.token_ids):
+                yield sse_event(framer.delta(chunk.text, chunk.token_ids))
+            if chunk.finished:
+                assert generation.summary is not None and generation.finish_reason is not None
+                yield sse_event(framer.finish(generation.finish_reason, generation.summary))
+                if framer.meta.include_usage:
+                    yield sse_event(framer.usage_only(generation.summary))
+    except GenerationFailed as exc:
+        yield sse_error(str(exc))
+    finally:
+        await generation.close()  # the client left before the reply settled: cancel it upstream
+    yield sse_done()
+
+
+async def json_body_of(generation: Generation, framer: _Framer) -> dict[str, Any]:
+    """The whole reply as one JSON body (raises GenerationFailed for the route to answer 500)."""
+    text, _ = await generation.collect()
+    assert generation.summary is not None and generation.finish_reason is not None
+    return framer.response(text, generation.finish_reason, generation.summary)

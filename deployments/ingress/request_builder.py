@@ -1,0 +1,53 @@
+"""From a validated route body and its prompt ids to the one internal EngineRequest."""
+
+import uuid
+
+from deployments.ingress.errors import bad_request
+from deployments.ingress.openai_models import GenerationFields
+from deployments.renderer.prompt_renderer import TokenizerCard
+from deployments.types import EngineRequest, SamplingParams
+
+
+def new_request_id(prefix: str) -> str:
+    """The client-visible reply id (`chatcmpl-...`, `cmpl-...`), also the engine's request id."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(fields: GenerationFields) -> SamplingParams:
+    """Request overrides on top of the server defaults (a null field keeps the default)."""
+    defaults = SamplingParams()
+    return SamplingParams(
+        temperature=defaults.temperature if fields.temperature is None else fields.temperature,
+        top_p=defaults.top_p if fields.top_p is None else fields.top_p,
+        top_k=defaults.top_k if fields.top_k is None else fields.top_k,
+        min_p=defaults.min_p if fields.min_p is None else fields.min_p,
+        seed=fields.seed,
+        ignore_eos=bool(fields.ignore_eos),
+        stop=list(fields.stop),
+        stop_token_ids=list(fields.stop_token_ids),
+    )
+
+
+def check_token_ids(ids: list[int], card: TokenizerCard, param: str) -> None:
+    """Ids a client sends must exist in the vocabulary (400 naming the field, not an engine failure)."""
+    bad = next((t for t in ids if t >= card.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{param}: token id {bad} is outside the vocabulary (0..{card.vocab_size - 1})", param)
+
+
+def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[int], prompt_param: str,
+                   card: TokenizerCard, arrival_time: float) -> EngineRequest:  # fmt: skip
+    if not prompt_ids:
+        raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
+    check_token_ids(fields.stop_token_ids, card, "stop_token_ids")
+    limit, limit_param = fields.reply_limit
+    return EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_ids),
+        sampling=sampling_params(fields),
+        max_tokens=limit,  # None: the engine caps its default to the context the prompt leaves
+        max_tokens_param=limit_param,
+        prompt_param=prompt_param,
+        priority=fields.priority,
+        arrival_time=arrival_time,
+    )

@@ -1,0 +1,137 @@
+"""POST /v1/chat/completions and POST /v1/completions.
+
+Each request gets its reply id first, so every outcome can be logged under it: a 400 (malformed body,
+template refusal, context refusal) logs `refused <id>`; the Generation logs `finished` or `ended`.
+"""
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from deployments.ingress.context import ServingContext
+from deployments.ingress.errors import APIError, bad_request, json_body, parse_body, server_error
+from deployments.ingress.finish_log import log_refused
+from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.openai_framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
+from deployments.ingress.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationFields,
+    unsupported_field,
+)
+from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id
+from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from deployments.renderer.deployment import RenderRefusal
+from deployments.renderer.prompt_renderer import ChatRenderRequest, ReplyFormat
+
+
+def _checked_body(body: dict[str, Any]) -> None:
+    refused = unsupported_field(body)
+    if refused is not None:
+        raise bad_request(refused[1], refused[0])
+
+
+async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Generation, framer_type: type,
+                   prompt_ids: list[int]) -> Response:  # fmt: skip
+    meta = ReplyMeta(
+        request_id=generation.request_id,
+        created=int(generation.request.arrival_time),
+        model=ctx.settings.served_name,
+        prompt_token_ids=prompt_ids,
+        return_token_ids=bool(fields.return_token_ids),
+        include_usage=fields.include_usage,
+    )
+    framer = framer_type(meta)
+    if fields.wants_stream:
+        return StreamingResponse(stream_body(generation, framer), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+    try:
+        return JSONResponse(await json_body_of(generation, framer))
+    except GenerationFailed as exc:
+        return server_error(str(exc)).response()
+
+
+async def _run_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
+    _checked_body(body)
+    fields = parse_body(ChatCompletionRequest, body)
+    render = ChatRenderRequest(
+        messages=fields.messages,
+        tools=fields.tools,
+        chat_template_kwargs=fields.chat_template_kwargs,
+        add_generation_prompt=fields.add_generation_prompt is not False,
+    )
+    rendered = await ctx.backend.render_chat(render)
+    if isinstance(rendered, RenderRefusal):
+        raise bad_request(rendered.message, "messages")
+    card = await ctx.backend.card()
+    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival)
+    generation = Generation(ctx.backend, request, rendered.reply, (await ctx.facts()).engine)
+    await generation.start()
+    return await _respond(ctx, fields, generation, ChatFramer, rendered.prompt_token_ids)
+
+
+async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> list[int]:
+    """A string prompt tokenised (add_special_tokens default false), or token ids as given."""
+    if fields.prompt is None:
+        raise bad_request("prompt is required (a string or a list of token ids)", "prompt")
+    if isinstance(fields.prompt, str):
+        return await ctx.backend.tokenize(fields.prompt, bool(fields.add_special_tokens))
+    ids = list(fields.prompt)
+    check_token_ids(ids, await ctx.backend.card(), "prompt")
+    return ids
+
+
+async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
+    _checked_body(body)
+    fields = parse_body(CompletionRequest, body)
+    prompt_ids = await _completion_prompt(ctx, fields)
+    card = await ctx.backend.card()
+    request = engine_request(fields, request_id, prompt_ids, "prompt", card, arrival)
+    generation = Generation(ctx.backend, request, ReplyFormat(), (await ctx.facts()).engine)
+    await generation.start()
+    return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)
+
+
+def _log_refusal(request_id: str, exc: APIError) -> None:
+    if exc.status < 500 or exc.status == 503:  # other server faults were logged as `ended ... reason=error`
+        log_refused(request_id, exc.message)
+
+
+def _uses_chat(body: dict[str, Any]) -> bool:
+    messages = body.get("messages")
+    return isinstance(messages, list) and len(messages) > 0
+
+
+def generate_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(http: Request) -> Response:
+        arrival = time.time()
+        request_id = new_request_id("chatcmpl")
+        try:
+            return await _run_chat(ctx, await json_body(http), request_id, arrival)
+        except APIError as exc:
+            _log_refusal(request_id, exc)
+            return exc.response()
+
+    @router.post("/v1/completions")
+    async def completions(http: Request) -> Response:
+        arrival = time.time()
+        try:
+            body = await json_body(http)
+        except APIError as exc:
+            _log_refusal(new_request_id("cmpl"), exc)
+            return exc.response()
+        chat = _uses_chat(body)  # a nonempty `messages` list takes the chat path, answered as chat
+        request_id = new_request_id("chatcmpl" if chat else "cmpl")
+        try:
+            if chat:
+                return await _run_chat(ctx, body, request_id, arrival)
+            return await _run_completion(ctx, body, request_id, arrival)
+        except APIError as exc:
+            _log_refusal(request_id, exc)
+            return exc.response()
+
+    return router

@@ -1,0 +1,55 @@
+"""vLLM's POST /tokenize and /detokenize (and their /v1 aliases).
+
+/tokenize takes a prompt string (add_special_tokens, default true) or messages with the chat fields
+(add_generation_prompt, default true) and returns the ids the chat route runs for the same messages.
+"""
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from deployments.ingress.context import ServingContext
+from deployments.ingress.errors import bad_request, json_body, parse_body
+from deployments.ingress.openai_models import DetokenizeRequest, TokenizeRequest
+from deployments.ingress.request_builder import check_token_ids
+from deployments.renderer.deployment import RenderRefusal
+from deployments.renderer.prompt_renderer import ChatRenderRequest
+
+
+async def _token_ids(ctx: ServingContext, fields: TokenizeRequest) -> list[int]:
+    if fields.prompt is not None:
+        add_special = fields.add_special_tokens is not False
+        return await ctx.backend.tokenize(fields.prompt, add_special)
+    render = ChatRenderRequest(
+        messages=fields.messages or [],
+        tools=fields.tools,
+        chat_template_kwargs=fields.chat_template_kwargs,
+        add_generation_prompt=fields.add_generation_prompt is not False,
+    )
+    rendered = await ctx.backend.render_chat(render)
+    if isinstance(rendered, RenderRefusal):
+        raise bad_request(rendered.message, "messages")
+    return rendered.prompt_token_ids
+
+
+def tokenize_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    async def tokenize(http: Request) -> dict[str, Any]:
+        fields = parse_body(TokenizeRequest, await json_body(http))
+        ids = await _token_ids(ctx, fields)
+        facts = await ctx.facts()
+        body: dict[str, Any] = {"count": len(ids), "max_model_len": facts.window, "tokens": ids}
+        if fields.return_token_strs:
+            body["token_strs"] = await ctx.backend.token_strs(ids)
+        return body
+
+    async def detokenize(http: Request) -> dict[str, Any]:
+        fields = parse_body(DetokenizeRequest, await json_body(http))
+        check_token_ids(fields.tokens, await ctx.backend.card(), "tokens")
+        return {"prompt": await ctx.backend.detokenize(fields.tokens)}
+
+    for prefix in ("", "/v1"):
+        router.add_api_route(f"{prefix}/tokenize", tokenize, methods=["POST"])
+        router.add_api_route(f"{prefix}/detokenize", detokenize, methods=["POST"])
+    return router

@@ -1,0 +1,77 @@
+"""The app builder: `serve run configs/glm.yaml` and `tensorfold serve` both call `build_app`.
+
+No `from __future__ import annotations` here: Serve reads the builder's parameter annotation at runtime
+to validate the YAML's `args` into AppArgs; with postponed annotations it would pass a plain dict.
+
+Layout (DESIGN.md): Ingress -> Renderer, Ingress -> Scheduler (one replica per model copy). At
+tensor-parallel size N > 1 each Scheduler replica gets a placement group of N + 1 bundles: bundle 0 holds
+the replica itself, bundle i + 1 rank i's actor (deployments/model_rank/deployment.py places the ranks
+there and asks each rank's CPUs from TENSORFOLD_RANK_CPUS, which the replica's environment sets from
+`rank_cpus`). Every deployment declares fractional CPUs so the graph fits a 2-core machine. The YAML's
+`deployments:` section overrides these options; leave the Scheduler's `ray_actor_options` to `args`
+(scheduler_cpus, rank_cpus, device), since an override replaces the GPU and environment settings here.
+"""
+
+import logging
+from typing import Any
+
+import ray
+from ray.serve import Application
+
+from deployments.ingress.context import IngressSettings
+from deployments.ingress.deployment import Ingress
+from deployments.renderer.deployment import Renderer
+from deployments.scheduler.deployment import Scheduler
+from serve_app.args import AppArgs
+
+log = logging.getLogger("tensorfold.app")
+
+
+def resolve_device(args: AppArgs) -> str:
+    """`auto` means CUDA when the Ray cluster has GPUs to place the ranks on, else CPU."""
+    if args.device != "auto":
+        return args.device
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+    except Exception:  # no cluster to ask (building outside Ray): the replicas will decide on CPU
+        gpus = 0
+    return "cuda" if gpus >= 1 else "cpu"
+
+
+def placement_bundles(args: AppArgs, device: str) -> list[dict[str, float]]:
+    """Bundle 0 for the Scheduler replica, then one bundle per tensor-parallel rank (a GPU each on CUDA)."""
+    rank: dict[str, float] = {"CPU": args.rank_cpus}
+    if device == "cuda":
+        rank["GPU"] = 1
+    return [{"CPU": args.scheduler_cpus}] + [dict(rank) for _ in range(args.tensor_parallel_size)]
+
+
+def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "num_replicas": args.data_parallel_size,
+        "max_ongoing_requests": args.max_ongoing_requests,
+    }
+    actor: dict[str, Any] = {"num_cpus": args.scheduler_cpus}
+    if args.tensor_parallel_size > 1:
+        options["placement_group_bundles"] = placement_bundles(args, device)
+        options["placement_group_strategy"] = args.placement_strategy
+        actor["runtime_env"] = {"env_vars": {"TENSORFOLD_RANK_CPUS": str(args.rank_cpus)}}
+    elif device == "cuda":
+        actor["num_gpus"] = 1  # at size 1 the model runs in the replica's own process
+    options["ray_actor_options"] = actor
+    return options
+
+
+def build_app(args: AppArgs) -> Application:
+    device = resolve_device(args)
+    engine_config = args.to_engine_config().model_copy(update={"device": device})
+    settings = IngressSettings(served_name=args.served_name, model_ids=args.model_ids)
+    renderer = Renderer.options(ray_actor_options={"num_cpus": args.renderer_cpus}).bind(str(args.model_dir))
+    scheduler = Scheduler.options(**scheduler_options(args, device)).bind(engine_config)
+    ingress = Ingress.options(
+        ray_actor_options={"num_cpus": args.ingress_cpus}, max_ongoing_requests=args.max_ongoing_requests
+    )
+    log.info("graph: %s on %s, tp=%d dp=%d", args.served_name, device, args.tensor_parallel_size,
+             args.data_parallel_size)  # fmt: skip
+    return ingress.bind(renderer, scheduler, settings)
+
