@@ -6,6 +6,12 @@ Prefill chunks, prefix hits, recomputation after preemption and decode rounds ar
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from deployments.types import LogprobRow
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -18,6 +24,17 @@ class SeqDraw:
     min_p: float
     seed: int  # the request's sampling key
     reply_position: int  # index of the token being drawn within the reply (0 = first reply token)
+    # xgrammar's packed int32 bitmask [ceil(V / 32)] of the tokens the row's grammar allows; None = all.
+    allowed: "torch.Tensor | None" = None
+    want_logprobs: int | None = None  # None: no logprobs; k: the drawn token's logprob and k alternatives
+
+
+@dataclass
+class StepResult:
+    """What a rank returns for one drawn row (rank 0's are used)."""
+
+    token: int
+    logprobs: LogprobRow | None = None  # set when the row's draw asked for logprobs
 
 
 @dataclass

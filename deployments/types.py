@@ -42,6 +42,39 @@ class SamplingParams:
 
 
 @dataclass
+class GrammarSpec:
+    """A constraint on the reply's answer, compiled by the Scheduler with xgrammar (set by Ingress)."""
+
+    kind: str  # "json_schema", "json_object", "regex", "ebnf" (choice lists arrive as a regex or EBNF)
+    source: str  # the schema as JSON text, the regex or the EBNF (empty for json_object)
+    think_opener_id: int | None = None  # thinking on and the prompt not inside a think block: may open one first
+    think_closer_id: int | None = None  # inside a think block, the grammar starts after this token
+    starts_in_think: bool = False  # the rendered prompt ends inside an open think block
+    param: str = "response_format"  # the request field a compile error names
+
+
+@dataclass
+class LogprobRow:
+    """One reply token under the raw target distribution at temperature 1 (before any sampling cut)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (id, logprob) likeliest first, ties by lower id
+
+
+@dataclass
+class ThinkingControls:
+    """How the engine watches a reply's think block (set by Ingress from the rendered prompt's ReplyFormat)."""
+
+    opener_id: int | None = None  # `<think>` as one token: a reply opening with it is thinking
+    closer_id: int | None = None  # `</think>`: the block is closed once the reply holds it
+    prompt_opens: bool = False  # the prompt ends inside an open think block
+    close_ids: list[int] = field(default_factory=list)  # "\n</think>\n\n": what a forced close writes
+    budget: int = 0  # the budget-th reply token while thinking becomes close_ids; 0 = no budget
+    loop_guard: bool = False  # close the block when it loops (deployments.scheduler.thinking)
+
+
+@dataclass
 class EngineRequest:
     """One generation request, the same for every API family (set by Ingress)."""
 
@@ -53,6 +86,10 @@ class EngineRequest:
     prompt_param: str = "messages"  # `messages` for chat, `prompt` for completions
     priority: Priority = Priority.FOREGROUND
     arrival_time: float = field(default_factory=time.time)  # wall clock at the HTTP boundary
+    thinking: ThinkingControls | None = None  # thinking budget / loop guard; None: the reply is not watched
+    key_label: str = "none"  # the API key's label (never the key), for per-key request counts
+    grammar: GrammarSpec | None = None  # structured output or a forced tool call
+    logprobs: int | None = None  # None: no logprob rows; k: each reply token's row with k alternatives
 
 
 @dataclass
@@ -71,6 +108,7 @@ class RequestStats:
     rounds: int = 0  # decode rounds this request took part in
     seed: int = 0  # the sampling key actually used
     prefill_widths: list[int] = field(default_factory=list)  # the chunk sizes its prompt was prefilled in
+    loop_period: int | None = None  # the cycle length the loop guard closed, if it fired
 
 
 @dataclass
@@ -83,6 +121,9 @@ class EngineChunk:
     finish_reason: FinishReason | None = None  # set on the last chunk only
     error: str | None = None  # with FinishReason.ERROR
     stats: RequestStats | None = None  # on the last chunk only
+    # One row per id in token_ids when the request asked for logprobs (None otherwise); rows travel with
+    # their tokens, so Ingress can send each with the text that completes it.
+    logprobs: list[LogprobRow] | None = None
 
     @property
     def finished(self) -> bool:
@@ -92,6 +133,8 @@ class EngineChunk:
         """Fold a later chunk of the same request into this one (coalescing before a yield)."""
         self.token_ids.extend(later.token_ids)
         self.text += later.text
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
         if later.finish_reason is not None:
             self.finish_reason = later.finish_reason
             self.error = later.error

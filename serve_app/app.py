@@ -13,6 +13,7 @@ there and asks each rank's CPUs from TENSORFOLD_RANK_CPUS, which the replica's e
 """
 
 import logging
+import os
 from typing import Any
 
 import ray
@@ -20,7 +21,11 @@ from ray.serve import Application
 
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.deployment import Ingress
+from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
+from deployments.ingress.keys import auth_settings  # digests only: replica args show in Ray's dashboard
 from deployments.renderer.deployment import Renderer
+from deployments.renderer.prompt_renderer import RendererOptions
+from deployments.renderer.template_file import load_template_file
 from deployments.scheduler.deployment import Scheduler
 from serve_app.args import AppArgs
 
@@ -65,8 +70,15 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
 def build_app(args: AppArgs) -> Application:
     device = resolve_device(args)
     engine_config = args.to_engine_config().model_copy(update={"device": device})
-    settings = IngressSettings(served_name=args.served_name, model_ids=args.model_ids)
-    renderer = Renderer.options(ray_actor_options={"num_cpus": args.renderer_cpus}).bind(str(args.model_dir))
+    settings = IngressSettings(served_name=args.served_name, model_ids=args.model_ids,
+                               thinking_budget=args.thinking_budget, loop_guard=args.loop_guard)  # fmt: skip
+    auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
+    settings = settings.model_copy(update={"auth": auth, "max_body_bytes": args.max_body_bytes})
+    settings = settings.model_copy(update={"dashboard": args.dashboard})
+    template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
+    options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
+    renderer_options = {"num_cpus": args.renderer_cpus}
+    renderer = Renderer.options(ray_actor_options=renderer_options).bind(str(args.model_dir), options)
     scheduler = Scheduler.options(**scheduler_options(args, device)).bind(engine_config)
     ingress = Ingress.options(
         ray_actor_options={"num_cpus": args.ingress_cpus}, max_ongoing_requests=args.max_ongoing_requests

@@ -45,6 +45,13 @@ class AppArgs(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
 
+    # Keys (deployments.ingress.keys): added to TENSORFOLD_API_KEY's; prefer a 0600 api_key_file.
+    api_keys: list[str] = Field(default_factory=list, repr=False)  # never printed with the args
+    api_key_file: str | None = None
+    metrics_open: bool = False  # /metrics and /v1/metrics without a key
+    max_body_bytes: int = Field(default=16 << 20, ge=1024)  # larger request bodies get HTTP 413
+    dashboard: bool = False  # GET /dashboard (live page) and GET /stats (its JSON snapshot)
+
     # The engine (see deployments.config.EngineConfig for each knob's meaning).
     context: int | None = Field(default=None, ge=16)
     parallel: int | Literal["auto"] = "auto"
@@ -56,6 +63,12 @@ class AppArgs(BaseModel):
     prompt_cache_gib: float | None = Field(default=None, ge=0.0)
     kv_cache_gib: float | None = Field(default=None, gt=0.0)
     default_max_tokens: int | None = Field(default=None, ge=1)
+
+    # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
+    chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    thinking_budget: int = Field(default=0, ge=0)  # requests without a budget get this one; 0 = none
+    loop_guard: bool = False  # close a think block stuck in a short exact cycle
 
     # The graph: model copies, ranks per copy and how the ranks are placed.
     tensor_parallel_size: int = Field(default=1, ge=1)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # light (torch, Ray and transformers belong inside `func`).
 COMMANDS = (
     ("serve_app.cli_serve", "register"),  # tensorfold serve MODEL [flags]
+    ("serve_app.cli_keys", "register"),  # tensorfold reload-keys [--app NAME]
     ("serve_app.fixtures.cli", "add_fixture_parser"),  # tensorfold fixture ...
     ("serve_app.bench", "add_bench_parser"),  # tensorfold bench ...
 )

@@ -14,7 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
+from deployments.ingress.keys import auth_settings
 from serve_app.args import AppArgs
+from serve_app.listen_checks import exposure_warning, raise_open_file_limit
 
 APP_NAME = "tensorfold"
 log = logging.getLogger("tensorfold.cli")
@@ -33,6 +36,14 @@ _FLAG_FIELDS = {
     "prompt_cache_gib": "prompt_cache_gib",
     "decode_share": "decode_share",
     "default_max_tokens": "default_max_tokens",
+    "chat_template": "chat_template",
+    "reasoning_effort": "reasoning_effort",
+    "thinking_budget": "thinking_budget",
+    "loop_guard": "loop_guard",
+    "api_key_file": "api_key_file",
+    "metrics_open": "metrics_open",
+    "max_body_bytes": "max_body_bytes",
+    "dashboard": "dashboard",
 }
 
 
@@ -57,6 +68,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--prompt-cache-gib", type=float, help="cap on cached prompt blocks; 0 = no reuse")
     parser.add_argument("--decode-share", type=float, help="decode time per prefill chunk (default 0.25)")
     parser.add_argument("--default-max-tokens", type=int, help="reply limit when a request sets none")
+    parser.add_argument("--chat-template", help="a UTF-8 Jinja chat template file replacing the checkpoint's")
+    parser.add_argument("--reasoning-effort", choices=["none", "minimal", "low", "medium", "high", "xhigh", "max"],
+                        help="effort of chat requests that set none (default: the template's own)")
+    parser.add_argument("--thinking-budget", type=int, help="reasoning tokens before a forced close; 0 = none")
+    parser.add_argument("--loop-guard", action="store_true", default=None,
+                        help="close a think block caught in a short exact loop")
+    parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        help="accept this key (repeatable; visible in the process list: prefer --api-key-file)")
+    parser.add_argument("--api-key-file", metavar="PATH", help="a 0600 file of keys: one per line, 'label: key'")
+    parser.add_argument("--metrics-open", action="store_true", default=None, help="serve /metrics without a key")
+    parser.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413 (default 16 MiB)")
+    parser.add_argument("--dashboard", action="store_true", default=None,
+                        help="serve a live /dashboard page and its /stats JSON snapshot")
     parser.set_defaults(func=run)
 
 
@@ -71,20 +95,41 @@ def app_args_from(namespace: argparse.Namespace) -> AppArgs:
         values["parallel"] = namespace.parallel
     if namespace.alias:
         values["aliases"] = list(namespace.alias)
+    if getattr(namespace, "api_key", None):
+        values["api_keys"] = list(namespace.api_key)
     return AppArgs(**values)
 
 
 class _StopSignal:
-    """SIGINT/SIGTERM: during startup, interrupt it; once serving, wake the main thread to shut down."""
+    """SIGINT/SIGTERM: during startup, interrupt it; once serving, wake the main thread to shut down.
+    SIGHUP: wake the main thread to ask every Ingress replica to re-read its key file."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.received: str | None = None
         self.serving = False
+        self.reloads = 0  # SIGHUPs not yet passed on
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, self._reload)
+
+    def _reload(self, _signum: int, _frame: Any) -> None:
+        self.reloads += 1
+        self.event.set()
+
+    def wait_for_stop(self, on_reload: Any) -> None:
+        """Block until SIGINT/SIGTERM, calling `on_reload()` for each SIGHUP meanwhile."""
+        while True:
+            self.event.wait()
+            self.event.clear()
+            while self.reloads:
+                self.reloads -= 1
+                on_reload()
+            if self.received is not None:
+                return
 
     def _handle(self, signum: int, _frame: Any) -> None:
         self.received = signal.Signals(signum).name
@@ -100,6 +145,9 @@ def serve_blocking(args: AppArgs) -> int:
     from serve_app.app import build_app
 
     stop = _StopSignal()
+    limits = raise_open_file_limit()  # before ray.init: the raylet, and so Serve's proxy, inherit it
+    if limits is not None:
+        log.info("open-file limit: soft %d (was %d)", limits[1], limits[0])
     ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve")
     stop.install()  # after ray.init, which installs its own SIGTERM handler (exit without Serve's shutdown)
     try:
@@ -107,7 +155,7 @@ def serve_blocking(args: AppArgs) -> int:
         serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
         stop.serving = True
         print(f"tensorfold: serving {args.served_name} at http://{args.host}:{args.port}/v1", flush=True)
-        stop.event.wait()
+        stop.wait_for_stop(_reload_keys)
         print(f"tensorfold: {stop.received}, shutting down", flush=True)
         return 0
     except KeyboardInterrupt:
@@ -118,6 +166,16 @@ def serve_blocking(args: AppArgs) -> int:
         return 1
     finally:
         _shutdown(serve, ray)
+
+
+def _reload_keys() -> None:
+    from deployments.ingress.key_store import request_reload
+
+    try:
+        for outcome in request_reload(APP_NAME):
+            print(f"tensorfold: SIGHUP, an Ingress replica {outcome}", flush=True)
+    except Exception as exc:  # keep serving: the file's mtime check still picks up the change within a second
+        print(f"tensorfold: SIGHUP, reload request failed: {exc}", file=sys.stderr, flush=True)
 
 
 def _shutdown(serve: Any, ray: Any) -> None:
@@ -135,4 +193,12 @@ def run(namespace: argparse.Namespace) -> int:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:  # a bad key file (mode, content) refuses to start before Ray does
+        auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
+    except ValueError as exc:
+        print(f"tensorfold serve: {exc}", file=sys.stderr)
+        return 2
+    warning = exposure_warning(args.host, auth.enabled)
+    if warning:
+        print(f"tensorfold: {warning}", file=sys.stderr, flush=True)
     return serve_blocking(args)

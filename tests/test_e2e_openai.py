@@ -169,3 +169,34 @@ def test_health_sums_the_replicas(base_url: str) -> None:
     assert body["status"] == "ok" and body["model"] == "tiny" and body["model_ids"] == ["tiny", "glm"]
     assert body["replicas"] == 1 and body["requests_total"] >= 1
     assert httpx.get(f"{base_url}/").json()["model"] == "tiny"
+
+
+def test_reasoning_and_tool_calls_through_the_sdk(client: openai.OpenAI, served_model: str) -> None:
+    """tiny-glm's scripted reasoning and GLM tool calls, split by the reply parser, streamed and not."""
+    if served_model != "builtin:tiny-glm":
+        pytest.skip("needs the trained builtin:tiny-glm (a random checkpoint writes noise)")
+    from serve_app.fixtures.tiny_glm.corpus import TOOLS
+
+    ask = [{"role": "user", "content": "What is the weather like in Tokyo?"}]
+    reply = client.chat.completions.create(model="tiny", messages=ask, tools=TOOLS, temperature=0)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and message.content is None
+    assert message.model_extra["reasoning_content"] == "I should call get_weather for Tokyo."
+    call = message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.function.arguments == '{"city": "Tokyo"}'
+    chunks = list(client.chat.completions.create(model="tiny", messages=ask, tools=TOOLS, temperature=0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    streamed_calls = [tc for d in deltas for tc in d.tool_calls or []]
+    assert reasoning == message.model_extra["reasoning_content"]
+    assert streamed_calls[0].id and streamed_calls[0].function.name == "get_weather"
+    assert "".join(tc.function.arguments or "" for tc in streamed_calls) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The round trip: the call and the tool's answer go back, the next turn answers from them.
+    turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()],
+            "reasoning_content": message.model_extra["reasoning_content"]}  # fmt: skip
+    result = {"role": "tool", "tool_call_id": call.id,
+              "content": '{"city": "Tokyo", "temperature": 12, "condition": "rainy"}'}  # fmt: skip
+    answer = client.chat.completions.create(model="tiny", messages=[*ask, turn, result], tools=TOOLS, temperature=0)
+    assert answer.choices[0].message.content == "It is rainy in Tokyo, 12 °C."
+    assert answer.choices[0].message.model_extra["reasoning_content"] == "The tool says it is rainy and 12 degrees."

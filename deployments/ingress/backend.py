@@ -13,6 +13,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest, RenderedPrompt, TokenizerCard
+from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
 from deployments.types import EngineRequest
 
@@ -42,6 +43,8 @@ class Backend(Protocol):
     def stream(self, request: EngineRequest) -> Upstream: ...
 
     async def replicas(self) -> list[ReplicaStatus]: ...
+
+    async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]: ...
 
 
 class _HandleStream:
@@ -101,3 +104,13 @@ class GraphBackend:
         for failure in (r for r in results if not isinstance(r, ReplicaStatus)):
             log.warning("a Scheduler replica did not report its status: %s", failure)
         return statuses
+
+    async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
+        """Every Scheduler replica's memory snapshot (one that does not answer in time is left out)."""
+        try:
+            response = self._scheduler.broadcast("memory", reset_peak)
+            results = await response.results_async(timeout_s=STATUS_TIMEOUT_S, return_exceptions=True)
+        except Exception as exc:  # no replica yet, or none answered in time: callers answer 503
+            log.warning("no Scheduler replica reported its memory: %s", exc)
+            return []
+        return [r for r in results if isinstance(r, ReplicaMemory)]

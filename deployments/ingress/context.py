@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict
 
 from deployments.ingress.backend import Backend
 from deployments.ingress.errors import APIError
+from deployments.ingress.keys import AuthSettings
+from deployments.ingress.limits import DEFAULT_MAX_BODY_BYTES
 
 
 def package_version() -> str:
@@ -24,7 +26,12 @@ class IngressSettings(BaseModel):
 
     served_name: str
     model_ids: list[str]  # the served name, then each alias
+    thinking_budget: int = 0  # --thinking-budget: requests with an absent or zero budget get it
+    loop_guard: bool = False  # --loop-guard: requests carry it to the engine
     version: str = package_version()
+    auth: AuthSettings = AuthSettings()  # key digests and the key file; no keys: every route open
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies are refused with 413
+    dashboard: bool = False  # serve /dashboard and /stats (404 when off)
 
 
 @dataclass

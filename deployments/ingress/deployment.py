@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.ingress.api import build_api
 from deployments.ingress.backend import GraphBackend
 from deployments.ingress.context import IngressSettings
+from deployments.ingress.key_store import KeyStore
 from deployments.log_setup import configure_logging
 
 
@@ -21,6 +22,11 @@ class Ingress:
         configure_logging()  # the finish log
         self._backend = GraphBackend(renderer, scheduler)
         self._settings = settings
+        self._keys = KeyStore(settings.auth)  # reached by reload_keys as well as by the app's auth
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._backend, self._settings)
+        return build_api(self._backend, self._settings, self._keys)
+
+    async def reload_keys(self) -> str:
+        """Re-read the key file now: SIGHUP to `tensorfold serve` or `tensorfold reload-keys` broadcasts it."""
+        return self._keys.reload()

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.ingress.limits import MAX_JSON_DEPTH, json_depth, lone_surrogate_path
 from deployments.types import ContextLengthError
 
 log = logging.getLogger("tensorfold.ingress")
@@ -75,8 +76,16 @@ async def json_body(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    if json_depth(body) > MAX_JSON_DEPTH:  # templates, schemas and grammars recurse over what we accept
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    surrogate_at = lone_surrogate_path(raw, body)
+    if surrogate_at is not None:  # valid JSON, but not text any tokenizer can encode
+        param = surrogate_at.split(".")[0].split("[")[0]
+        raise bad_request(f"{surrogate_at}: the string holds a lone UTF-16 surrogate", param)
     return body
 
 

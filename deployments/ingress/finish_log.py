@@ -19,7 +19,7 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
     ttft = summary.time_to_first_token
     log.info(
         "finished %s prompt=%d cached=%d thinking=%d effort=%s tokens=%d sha=%s finish=%s rounds=%d drafts=- "
-        "ttft=%s tps=%.1f",
+        "ttft=%s tps=%.1f%s",
         request_id,
         stats.prompt_tokens,
         stats.cached_tokens,
@@ -31,6 +31,7 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
         stats.rounds,
         "-" if ttft is None else f"{ttft:.3f}s",
         summary.tokens_per_second,
+        "" if stats.loop_period is None else f" loop=period:{stats.loop_period}",  # the loop guard closed it
     )
 
 

@@ -127,7 +127,7 @@ class Generation:
         self._settled = True
         self.finish_reason = FinishReason(chunk.finish_reason).value
         self.summary = summarise(self.token_ids, chunk.stats, self.request.sampling, self.reply, self.engine)
-        log_finished(self.request_id, self.summary, self.finish_reason)
+        log_finished(self.request_id, self.summary, self.finish_reason, self.summary.reasoning_effort)
 
     def _fail(self, message: str) -> NoReturn:
         self._settled = True

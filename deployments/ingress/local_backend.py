@@ -12,6 +12,7 @@ from deployments.renderer.messages import MessageError
 from deployments.renderer.prompt_renderer import ChatRenderRequest, PromptRenderer, RenderedPrompt, TokenizerCard
 from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.engine_loop import EngineLoop
+from deployments.scheduler.memory_report import ReplicaMemory, replica_memory
 from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
 from deployments.types import EngineRequest
 
@@ -55,3 +56,6 @@ class LocalBackend:
 
     async def replicas(self) -> list[ReplicaStatus]:
         return [replica_status("local", self._loop.info())]
+
+    async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
+        return [replica_memory("local", self._loop.engine, reset_peak)]

@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.logprobs import LogprobFramer, whole_reply
+from deployments.ingress.reply_framing import ChatReply
+from deployments.ingress.reply_parser import ReplyParser
 from deployments.ingress.sse import sse_done, sse_error, sse_event
 from deployments.ingress.usage import ReplySummary
+from deployments.renderer.prompt_renderer import ReplyFormat
 
 
 @dataclass
@@ -35,6 +39,7 @@ class _Framer:
 
     def __init__(self, meta: ReplyMeta) -> None:
         self.meta = meta
+        self.logprobs: LogprobFramer | None = None  # set by the route when the request asked for logprobs
 
     # ---- per API ----------------------------------------------------------------------------------------
     def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
@@ -58,6 +63,19 @@ class _Framer:
     def opening(self) -> list[dict[str, Any]]:
         """Events sent as soon as the request is accepted (before or with its first token)."""
         return []
+
+    def deltas(self, text: str, token_ids: list[int]) -> list[dict[str, Any]]:
+        """The events one engine chunk produces (none when it shows nothing new)."""
+        if text or (self.meta.return_token_ids and token_ids):
+            return [self.delta(text, token_ids)]
+        return []
+
+    def closing(self, finish: str, summary: ReplySummary) -> list[dict[str, Any]]:
+        """The finish event (and, with include_usage, the usage event)."""
+        events = [self.finish(finish, summary)]
+        if self.meta.include_usage:
+            events.append(self.usage_only(summary))
+        return events
 
     def delta(self, text: str, token_ids: list[int]) -> dict[str, Any]:
         choice = self._delta_choice(text, None)
@@ -97,6 +115,31 @@ class ChatFramer(_Framer):
     chunk_object = "chat.completion.chunk"
     response_object = "chat.completion"
 
+    def __init__(self, meta: ReplyMeta, reply: ChatReply | None = None) -> None:
+        super().__init__(meta)
+        # Splits reasoning, content and tool calls (deployments.ingress.reply_framing); default: plain text.
+        self.reply = reply if reply is not None else ChatReply(ReplyParser(ReplyFormat()))
+
+    def _event(self, delta: dict[str, Any], token_ids: list[int] | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        if token_ids is not None:
+            choice["token_ids"] = list(token_ids)
+        return self._chunk([choice])
+
+    def deltas(self, text: str, token_ids: list[int]) -> list[dict[str, Any]]:
+        parts = self.reply.feed(text)
+        ids = list(token_ids) if self.meta.return_token_ids else None
+        if not parts:
+            return [self._event({}, ids)] if ids else []
+        # The chunk's ids ride on its first event; later events of the same chunk carry an empty list.
+        later = None if ids is None else []
+        return [self._event(part, ids if i == 0 else later) for i, part in enumerate(parts)]
+
+    def closing(self, finish: str, summary: ReplySummary) -> list[dict[str, Any]]:
+        ids = [] if self.meta.return_token_ids else None
+        held = [self._event(part, ids) for part in self.reply.flush(finish, summary.token_ids)]
+        return held + super().closing(self.reply.finish_reason(finish), summary)
+
     def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
         delta: dict[str, Any] = {}
         if role:
@@ -106,8 +149,9 @@ class ChatFramer(_Framer):
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish}  # fmt: skip
+        message = self.reply.message(text, finish, token_ids)
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                  "finish_reason": self.reply.finish_reason(finish)}  # fmt: skip
         if self.meta.return_token_ids:
             choice["token_ids"] = list(token_ids)
         return choice
@@ -155,13 +199,14 @@ async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[
         for event in framer.opening():
             yield sse_event(event)
         async for chunk in generation.chunks():
-            if chunk.text or (framer.meta.return_token_ids and chunk.token_ids):
-                yield sse_event(framer.delta(chunk.text, chunk.token_ids))
+            events = framer.deltas(chunk.text, chunk.token_ids)
             if chunk.finished:
                 assert generation.summary is not None and generation.finish_reason is not None
-                yield sse_event(framer.finish(generation.finish_reason, generation.summary))
-                if framer.meta.include_usage:
-                    yield sse_event(framer.usage_only(generation.summary))
+                events += framer.closing(generation.finish_reason, generation.summary)
+            if framer.logprobs is not None:  # rows ride with the event whose text completes them
+                await framer.logprobs.attach(chunk, events)
+            for event in events:
+                yield sse_event(event)
     except GenerationFailed as exc:
         yield sse_error(str(exc))
     finally:
@@ -171,6 +216,9 @@ async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[
 
 async def json_body_of(generation: Generation, framer: _Framer) -> dict[str, Any]:
     """The whole reply as one JSON body (raises GenerationFailed for the route to answer 500)."""
-    text, _ = await generation.collect()
+    text, chunks = await generation.collect()
     assert generation.summary is not None and generation.finish_reason is not None
-    return framer.response(text, generation.finish_reason, generation.summary)
+    body = framer.response(text, generation.finish_reason, generation.summary)
+    if framer.logprobs is not None:
+        body["choices"][0]["logprobs"] = await whole_reply(framer.logprobs, chunks)
+    return body

@@ -18,19 +18,13 @@ from deployments.ingress.sampling_fields import (
     stop_field,
     token_ids_field,
 )
+from deployments.renderer.effort import check_effort
 from deployments.types import Priority
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
-    ("logprobs", "log probabilities are not supported by this server yet"),
-    ("top_logprobs", "log probabilities are not supported by this server yet"),
+    # logprobs, top_logprobs and the structured-output fields: deployments.ingress.structured_fields
     ("prompt_logprobs", "prompt log probabilities are not supported by this server yet"),
-    ("response_format", "structured output is not supported by this server yet"),
-    ("guided_json", "structured output is not supported by this server yet"),
-    ("guided_regex", "structured output is not supported by this server yet"),
-    ("guided_choice", "structured output is not supported by this server yet"),
-    ("guided_grammar", "structured output is not supported by this server yet"),
-    ("structured_outputs", "structured output is not supported by this server yet"),
     ("echo", "echo is not supported"),
     ("suffix", "suffix is not supported"),
 )
@@ -175,8 +169,39 @@ class ChatFields(BaseModel):
     add_generation_prompt: Annotated[bool | None, BeforeValidator(bool_field("add_generation_prompt"))] = None
 
 
+def _effort(value: Any) -> str | None:
+    return check_effort(value, "reasoning_effort")
+
+
+def _tool_choice(value: Any) -> str | dict[str, Any] | None:
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        return value
+    raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", ...}')
+
+
+def offered_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[str, Any]] | None:
+    """The tools the template sees: none when tool_choice is "none" (the manual: it hides them)."""
+    if choice == "none" or not tools:
+        return None
+    if isinstance(choice, dict):  # a named function is the only tool the template offers
+        name = (choice.get("function") or {}).get("name")
+        return [t for t in tools if isinstance(t, dict) and (t.get("function") or {}).get("name") == name]
+    return tools
+
+
 class ChatCompletionRequest(GenerationFields, ChatFields):
     """POST /v1/chat/completions."""
+
+    reasoning_effort: Annotated[str | None, BeforeValidator(_effort)] = None
+    thinking_budget: Annotated[int | None, BeforeValidator(int_field("thinking_budget", low=0))] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, BeforeValidator(_tool_choice)] = None
+    parallel_tool_calls: Annotated[bool | None, BeforeValidator(bool_field("parallel_tool_calls"))] = None
+
+    @property
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        return offered_tools(self.tools, self.tool_choice)
 
 
 class CompletionRequest(GenerationFields):
@@ -212,6 +237,8 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: Annotated[bool | None, BeforeValidator(bool_field("add_generation_prompt"))] = None
     add_special_tokens: Annotated[bool | None, BeforeValidator(bool_field("add_special_tokens"))] = None
     return_token_strs: Annotated[bool | None, BeforeValidator(bool_field("return_token_strs"))] = None
+    reasoning_effort: Annotated[str | None, BeforeValidator(_effort)] = None  # as chat renders it
+    tool_choice: Annotated[str | dict[str, Any] | None, BeforeValidator(_tool_choice)] = None
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> "TokenizeRequest":

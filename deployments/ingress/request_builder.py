@@ -4,8 +4,9 @@ import uuid
 
 from deployments.ingress.errors import bad_request
 from deployments.ingress.openai_models import GenerationFields
-from deployments.renderer.prompt_renderer import TokenizerCard
-from deployments.types import EngineRequest, SamplingParams
+from deployments.ingress.request_labels import current_key_label
+from deployments.renderer.prompt_renderer import ReplyFormat, TokenizerCard
+from deployments.types import EngineRequest, SamplingParams, ThinkingControls
 
 
 def new_request_id(prefix: str) -> str:
@@ -35,8 +36,25 @@ def check_token_ids(ids: list[int], card: TokenizerCard, param: str) -> None:
         raise bad_request(f"{param}: token id {bad} is outside the vocabulary (0..{card.vocab_size - 1})", param)
 
 
+def thinking_controls(reply: ReplyFormat, budget: int | None, server_budget: int,
+                      loop_guard: bool) -> ThinkingControls | None:  # fmt: skip
+    """The engine's watch over the think block: a request budget of None or 0 takes the server's."""
+    controls = ThinkingControls(
+        opener_id=reply.think_opener_id,
+        closer_id=reply.think_closer_id,
+        prompt_opens=reply.prompt_opens_thinking,
+        close_ids=list(reply.think_close_ids),
+        budget=budget or server_budget,
+        loop_guard=loop_guard,
+    )
+    if reply.enable_thinking is False or reply.think_closer_id is None:
+        return None  # with thinking off the budget is not applied
+    return controls if controls.budget > 0 or controls.loop_guard else None
+
+
 def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[int], prompt_param: str,
-                   card: TokenizerCard, arrival_time: float) -> EngineRequest:  # fmt: skip
+                   card: TokenizerCard, arrival_time: float,
+                   thinking: ThinkingControls | None = None) -> EngineRequest:  # fmt: skip
     if not prompt_ids:
         raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
     check_token_ids(fields.stop_token_ids, card, "stop_token_ids")
@@ -50,4 +68,6 @@ def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[i
         prompt_param=prompt_param,
         priority=fields.priority,
         arrival_time=arrival_time,
+        thinking=thinking,
+        key_label=current_key_label(),
     )

@@ -5,6 +5,7 @@ template refusal, context refusal) logs `refused <id>`; the Generation logs `fin
 """
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,6 +15,7 @@ from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import APIError, bad_request, json_body, parse_body, server_error
 from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.limits import messages_over_window
 from deployments.ingress.openai_framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
 from deployments.ingress.openai_models import (
     ChatCompletionRequest,
@@ -21,8 +23,12 @@ from deployments.ingress.openai_models import (
     GenerationFields,
     unsupported_field,
 )
-from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id
+from deployments.ingress.reply_framing import ChatReply
+from deployments.ingress.reply_parser import ReplyParser
+from deployments.ingress.request_labels import capture_key_label
+from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id, thinking_controls
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from deployments.ingress.structured_fields import generation_extras, logprob_framer
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest, ReplyFormat
 
@@ -33,8 +39,8 @@ def _checked_body(body: dict[str, Any]) -> None:
         raise bad_request(refused[1], refused[0])
 
 
-async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Generation, framer_type: type,
-                   prompt_ids: list[int]) -> Response:  # fmt: skip
+async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Generation,
+                   make_framer: Callable[[ReplyMeta], Any], prompt_ids: list[int]) -> Response:  # fmt: skip
     meta = ReplyMeta(
         request_id=generation.request_id,
         created=int(generation.request.arrival_time),
@@ -43,7 +49,8 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
         return_token_ids=bool(fields.return_token_ids),
         include_usage=fields.include_usage,
     )
-    framer = framer_type(meta)
+    framer = make_framer(meta)
+    framer.logprobs = await logprob_framer(ctx.backend, generation, isinstance(framer, CompletionFramer))
     if fields.wants_stream:
         return StreamingResponse(stream_body(generation, framer), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     try:
@@ -55,20 +62,30 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
 async def _run_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
     _checked_body(body)
     fields = parse_body(ChatCompletionRequest, body)
+    too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
+    if too_many:
+        raise bad_request(too_many, "messages", "context_length_exceeded")
+    tools = fields.offered_tools  # tool_choice "none" hides them from the template and the parser
     render = ChatRenderRequest(
         messages=fields.messages,
-        tools=fields.tools,
+        tools=tools,
         chat_template_kwargs=fields.chat_template_kwargs,
         add_generation_prompt=fields.add_generation_prompt is not False,
+        reasoning_effort=fields.reasoning_effort,
     )
     rendered = await ctx.backend.render_chat(render)
     if isinstance(rendered, RenderRefusal):
         raise bad_request(rendered.message, "messages")
     card = await ctx.backend.card()
-    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival)
+    settings = ctx.settings
+    thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
+    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
+    request.grammar, request.logprobs = generation_extras(body, rendered.reply, chat=True)
     generation = Generation(ctx.backend, request, rendered.reply, (await ctx.facts()).engine)
+    parser = ReplyParser(rendered.reply, tools, parallel_tool_calls=fields.parallel_tool_calls is not False)
+    reply = ChatReply(parser, set(card.eos_token_ids) | set(fields.stop_token_ids))
     await generation.start()
-    return await _respond(ctx, fields, generation, ChatFramer, rendered.prompt_token_ids)
+    return await _respond(ctx, fields, generation, lambda meta: ChatFramer(meta, reply), rendered.prompt_token_ids)
 
 
 async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> list[int]:
@@ -88,6 +105,7 @@ async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id:
     prompt_ids = await _completion_prompt(ctx, fields)
     card = await ctx.backend.card()
     request = engine_request(fields, request_id, prompt_ids, "prompt", card, arrival)
+    request.grammar, request.logprobs = generation_extras(body, ReplyFormat(), chat=False)
     generation = Generation(ctx.backend, request, ReplyFormat(), (await ctx.facts()).engine)
     await generation.start()
     return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)
@@ -109,6 +127,7 @@ def generate_router(ctx: ServingContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Response:
         arrival = time.time()
+        capture_key_label(http)  # per-key request counts (metrics)
         request_id = new_request_id("chatcmpl")
         try:
             return await _run_chat(ctx, await json_body(http), request_id, arrival)
@@ -119,6 +138,7 @@ def generate_router(ctx: ServingContext) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(http: Request) -> Response:
         arrival = time.time()
+        capture_key_label(http)  # per-key request counts (metrics)
         try:
             body = await json_body(http)
         except APIError as exc:

@@ -3,7 +3,7 @@
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from deployments.ingress.context import ServingContext
@@ -21,7 +21,11 @@ def info_router(ctx: ServingContext) -> APIRouter:
                 for model_id in ctx.settings.model_ids]  # fmt: skip
         return {"object": "list", "data": data}
 
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        if getattr(request.state, "health_minimal", False):  # keys configured: liveness only, no details
+            return JSONResponse({"status": "ok"})
+        if request.query_params.get("reset_peak") in ("1", "true"):
+            await ctx.backend.memory(reset_peak=True)  # a new CUDA peak at the current active, every replica
         replicas = await ctx.backend.replicas()
         if not replicas:
             body = error_body("no Scheduler replica answered: the model is not serving", "server_error")

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import bad_request, json_body, parse_body
-from deployments.ingress.openai_models import DetokenizeRequest, TokenizeRequest
+from deployments.ingress.limits import messages_over_window
+from deployments.ingress.openai_models import DetokenizeRequest, TokenizeRequest, offered_tools
 from deployments.ingress.request_builder import check_token_ids
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest
@@ -20,11 +21,15 @@ async def _token_ids(ctx: ServingContext, fields: TokenizeRequest) -> list[int]:
     if fields.prompt is not None:
         add_special = fields.add_special_tokens is not False
         return await ctx.backend.tokenize(fields.prompt, add_special)
+    too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
+    if too_many:
+        raise bad_request(too_many, "messages", "context_length_exceeded")
     render = ChatRenderRequest(
         messages=fields.messages or [],
-        tools=fields.tools,
+        tools=offered_tools(fields.tools, fields.tool_choice),
         chat_template_kwargs=fields.chat_template_kwargs,
         add_generation_prompt=fields.add_generation_prompt is not False,
+        reasoning_effort=fields.reasoning_effort,
     )
     rendered = await ctx.backend.render_chat(render)
     if isinstance(rendered, RenderRefusal):

@@ -48,6 +48,7 @@ class ReplySummary:
     sampling: SamplingParams
     enable_thinking: bool | None = None
     engine: str = "tensorfold"
+    reasoning_effort: str | None = None  # the level the template heard
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -95,6 +96,10 @@ class ReplySummary:
             rounds=stats.rounds,
             preemptions=stats.preemptions,
         )
+        if self.reasoning_effort is not None:
+            block["reasoning_effort"] = self.reasoning_effort
+        if stats.loop_period is not None:  # the loop guard closed the think block
+            block["loop"] = {"period": stats.loop_period}
         block.update(self.extra)
         return block
 
@@ -109,4 +114,5 @@ def summarise(token_ids: list[int], stats: RequestStats, sampling: SamplingParam
         sampling=sampling,
         enable_thinking=reply.enable_thinking if reply is not None else None,
         engine=engine,
+        reasoning_effort=reply.reasoning_effort if reply is not None else None,
     )

@@ -12,7 +12,7 @@ import torch
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.sampler import sample_rows
-from deployments.step_plan import StepPlan
+from deployments.step_plan import StepPlan, StepResult
 
 
 @dataclass
@@ -98,8 +98,8 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> list[int]:
-        """Run one step; returns the drawn token of each sequence whose step ends at its last token."""
+    def execute(self, plan: StepPlan) -> list[StepResult]:
+        """Run one step; returns the drawn row (token, logprobs) of each sequence whose step ends at its last token."""
         batch = self._forward_batch(plan)
         hidden = self.model.forward(batch)  # [T, H]
         draws = [s.draw for s in plan.seqs if s.draw is not None]

@@ -10,7 +10,8 @@ import os
 
 import torch
 
-from deployments.step_plan import SeqDraw
+from deployments.step_plan import SeqDraw, StepResult
+from deployments.types import LogprobRow
 
 _MASK64 = (1 << 64) - 1
 
@@ -64,6 +65,9 @@ def filtered_distribution(logits: torch.Tensor, draw: SeqDraw) -> tuple[torch.Te
     if draw.min_p > 0.0:
         keep = int((probs >= draw.min_p * probs[0]).sum().item())
         ids, probs = ids[: max(keep, 1)], probs[: max(keep, 1)]
+    # Grammar-masked tokens sort last with probability 0: never keep them (not even by cdf rounding).
+    alive = max(int((probs > 0).sum().item()), 1)
+    ids, probs = ids[:alive], probs[:alive]
     return ids, probs / probs.sum()
 
 
@@ -78,8 +82,54 @@ def draw_token(logits: torch.Tensor, draw: SeqDraw) -> int:
     return int(ids[min(index, ids.shape[0] - 1)].item())
 
 
-def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
-    """Draw one token per row of `logits` [R, V]; rows are independent of each other."""
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """xgrammar's packed int32 words [W] to a bool mask [vocab_size] (bit j of word w allows id 32 w + j)."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # [W, 32]
+    flat = bits.reshape(-1).bool()
+    if flat.shape[0] < vocab_size:  # logits wider than the tokenizer: the padding ids are never allowed
+        flat = torch.cat([flat, torch.zeros(vocab_size - flat.shape[0], dtype=torch.bool)])
+    return flat[:vocab_size]
+
+
+def mask_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> torch.Tensor:
+    """Disallowed tokens of each constrained row get -inf (a copy; unconstrained rows are untouched)."""
+    constrained = [i for i, d in enumerate(draws) if d.allowed is not None]
+    if not constrained:
+        return logits
+    masked = logits.clone()
+    for row in constrained:
+        allowed = unpack_bitmask(draws[row].allowed, logits.shape[-1])  # type: ignore[arg-type]
+        if bool(allowed.any()):  # a dead end allows nothing: draw freely, the matcher refuses it, that request ends
+            masked[row].masked_fill_(~allowed, float("-inf"))
+    return masked
+
+
+def logprob_row(logits: torch.Tensor, token: int, top: int) -> LogprobRow:
+    """The raw distribution at temperature 1 (float64 log-softmax); alternatives likeliest first, ties by id."""
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    alternatives: list[tuple[int, float]] = []
+    if top > 0:
+        values, ids = torch.sort(logprobs, descending=True, stable=True)
+        alternatives = [(int(i), float(v)) for i, v in zip(ids[:top].tolist(), values[:top].tolist())]
+    return LogprobRow(token_id=token, logprob=float(logprobs[token].item()), top=alternatives)
+
+
+def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
+    """Draw one token per row of `logits` [R, V]; rows are independent of each other.
+
+    Each row's token depends only on its own (masked) logits, seed and position; logprob rows describe the
+    unmasked logits, so they are the same whatever the sampling settings.
+    """
+    tokens = _draw_tokens(mask_rows(logits, draws), draws)
+    results = [StepResult(token=t) for t in tokens]
+    for row, draw in enumerate(draws):
+        if draw.want_logprobs is not None:
+            results[row].logprobs = logprob_row(logits[row], tokens[row], draw.want_logprobs)
+    return results
+
+
+def _draw_tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
     greedy_rows = [i for i, d in enumerate(draws) if d.temperature <= 0.0]
     tokens: list[int] = [0] * len(draws)
     if greedy_rows:

@@ -14,6 +14,7 @@ from deployments.renderer.prompt_renderer import (
     ChatRenderRequest,
     PromptRenderer,
     RenderedPrompt,
+    RendererOptions,
     TokenizerCard,
 )
 
@@ -27,8 +28,8 @@ class RenderRefusal:
 
 @serve.deployment(name="Renderer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
 class Renderer:
-    def __init__(self, checkpoint_dir: str) -> None:
-        self._renderer = PromptRenderer.from_checkpoint(checkpoint_dir)
+    def __init__(self, checkpoint_dir: str, options: RendererOptions | None = None) -> None:
+        self._renderer = PromptRenderer.from_checkpoint(checkpoint_dir, options)
 
     def card(self) -> TokenizerCard:
         return self._renderer.card()

@@ -8,6 +8,7 @@
 - The caller's messages are never mutated: every function returns new dicts.
 """
 
+import json
 from typing import Any
 
 SYSTEM_ROLES = ("system", "developer")
@@ -38,6 +39,19 @@ def content_text(content: Any, index: int) -> str | None:
     return "".join(pieces)
 
 
+def _decoded_call(call: Any) -> Any:
+    """A call whose `arguments` is a JSON object string gets it as a dict: templates iterate its items (as vLLM)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        decoded = json.loads(arguments)
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": decoded}} if isinstance(decoded, dict) else call
+
+
 def _normalised(message: dict[str, Any], index: int) -> dict[str, Any]:
     """A fresh copy with text content, system role for developer, and reasoning under its standard key."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -46,6 +60,8 @@ def _normalised(message: dict[str, Any], index: int) -> dict[str, Any]:
     out["content"] = content_text(message.get("content"), index)
     if out["role"] == "developer":
         out["role"] = "system"
+    if isinstance(message.get("tool_calls"), list):
+        out["tool_calls"] = [_decoded_call(call) for call in message["tool_calls"]]
     reasoning = next((message[k] for k in _REASONING_KEYS if message.get(k) is not None), None)
     if reasoning is not None:
         # Templates read `reasoning_content`; gpt-oss style templates read `thinking` (as transformers does).

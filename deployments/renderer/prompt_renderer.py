@@ -3,16 +3,28 @@
 The Renderer keeps no per-request state; what it returns is plain dataclasses that travel through Ray.
 """
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deployments.renderer.chat_template import ChatTemplate, TemplateRenderError
+from deployments.renderer.effort import template_kwargs, template_levels
+from deployments.renderer.tool_format import format_of_template
 from deployments.renderer.messages import demote_later_system, has_later_system, normalise_messages
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 
 THINK_OPENER = "<think>"
 THINK_CLOSER = "</think>"
+
+
+@dataclass
+class RendererOptions:
+    """Server-wide rendering settings (from the startup flags)."""
+
+    chat_template: str | None = None  # --chat-template's text; None: the checkpoint's; "": no chat rendering
+    reasoning_effort: str | None = None  # --reasoning-effort: the effort of requests that set none
+    clear_thinking: bool = field(default_factory=lambda: os.environ.get("TF_GLM_CLEAR_THINKING") == "1")
 
 
 @dataclass
@@ -23,6 +35,7 @@ class ChatRenderRequest:
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+    reasoning_effort: str | None = None  # the request's top-level field (validated by Ingress)
 
 
 @dataclass
@@ -33,6 +46,10 @@ class ReplyFormat:
     think_closer_id: int | None = None  # the `</think>` token
     prompt_opens_thinking: bool = False  # the rendered prompt ends inside an open think block
     enable_thinking: bool | None = None  # the toggle the template heard, if the request set one
+    prompt_closes_thinking: bool = False  # the prompt ends with a closed (empty) think block: thinking off
+    tool_format: str | None = None  # the call markup the template teaches (reply_tools.GLM / QWEN_XML / HERMES)
+    think_close_ids: list[int] = field(default_factory=list)  # "\n</think>\n\n": a forced close of the block
+    reasoning_effort: str | None = None  # the level the template heard
 
 
 @dataclass
@@ -52,32 +69,27 @@ class TokenizerCard:
     has_chat_template: bool
 
 
-def _thinking_toggle(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`thinking` (true/false or {"type": "enabled"|"disabled"}) is read as enable_thinking when that is absent."""
-    if "enable_thinking" in kwargs or "thinking" not in kwargs:
-        return kwargs
-    value = kwargs["thinking"]
-    if isinstance(value, dict):
-        value = {"enabled": True, "disabled": False}.get(value.get("type"))  # type: ignore[arg-type]
-    if isinstance(value, bool):
-        return {**kwargs, "enable_thinking": value}
-    return kwargs
-
-
 class PromptRenderer:
     """A checkpoint's tokenizer and chat template (one per Renderer replica)."""
 
-    def __init__(self, bundle: TokenizerBundle) -> None:
+    def __init__(self, bundle: TokenizerBundle, options: RendererOptions | None = None) -> None:
         self.bundle = bundle
+        self.options = options or RendererOptions()
         specials = {"bos_token": bundle.bos_token, "eos_token": bundle.eos_token, "pad_token": bundle.pad_token}
         specials = {k: v for k, v in specials.items() if v is not None}
-        self.template = ChatTemplate(bundle.chat_template, specials) if bundle.chat_template else None
+        # A --chat-template file replaces the checkpoint's; an empty one leaves chat rendering unavailable.
+        source = bundle.chat_template if self.options.chat_template is None else self.options.chat_template
+        self.template = ChatTemplate(source, specials) if source else None
+        self._levels = template_levels(source)
+        self._tool_format = format_of_template(source)
+        self._clears_thinking = bool(source) and "clear_thinking" in source
         self._opener_id = bundle.token_to_id(THINK_OPENER)
         self._closer_id = bundle.token_to_id(THINK_CLOSER)
+        self._close_ids = bundle.encode("\n" + THINK_CLOSER + "\n\n", add_special_tokens=False)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir: str | Path) -> "PromptRenderer":
-        return cls(load_tokenizer(checkpoint_dir))
+    def from_checkpoint(cls, checkpoint_dir: str | Path, options: RendererOptions | None = None) -> "PromptRenderer":
+        return cls(load_tokenizer(checkpoint_dir), options)
 
     def card(self) -> TokenizerCard:
         return TokenizerCard(
@@ -91,11 +103,16 @@ class PromptRenderer:
         text, kwargs = self.render_text(request)
         ids = self.bundle.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         enable = kwargs.get("enable_thinking")
+        tail = text.rstrip()
         reply = ReplyFormat(
             think_opener_id=self._opener_id,
             think_closer_id=self._closer_id,
-            prompt_opens_thinking=text.rstrip().endswith(THINK_OPENER),
+            prompt_opens_thinking=tail.endswith(THINK_OPENER),
             enable_thinking=enable if isinstance(enable, bool) else None,
+            prompt_closes_thinking=tail.endswith(THINK_CLOSER),
+            tool_format=self._tool_format,
+            think_close_ids=list(self._close_ids),
+            reasoning_effort=kwargs.get("reasoning_effort"),
         )
         return RenderedPrompt(prompt_token_ids=ids, reply=reply)
 
@@ -103,7 +120,10 @@ class PromptRenderer:
         if self.template is None:
             raise TemplateRenderError("this model has no chat template; use /v1/completions with a raw prompt")
         messages = normalise_messages(request.messages)
-        kwargs = _thinking_toggle(dict(request.chat_template_kwargs))
+        kwargs = template_kwargs(request.chat_template_kwargs, request.reasoning_effort,
+                                 self.options.reasoning_effort, self._levels)  # fmt: skip
+        if self._clears_thinking and "clear_thinking" not in kwargs:
+            kwargs["clear_thinking"] = self.options.clear_thinking  # keep earlier reasoning unless asked
         try:
             text = self.template.render(messages, request.tools, request.add_generation_prompt, kwargs)
         except TemplateRenderError:

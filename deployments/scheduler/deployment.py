@@ -18,6 +18,8 @@ from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
 from deployments.scheduler.engine import Engine, EngineInfo
 from deployments.scheduler.engine_loop import EngineLoop
+from deployments.scheduler.memory_report import ReplicaMemory, replica_memory
+from deployments.scheduler.ray_metrics import RayMetricsExport
 from deployments.scheduler.wire import ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
 from deployments.types import ContextLengthError, EngineRequest
 
@@ -35,7 +37,7 @@ async def engine_stream(loop: EngineLoop, request: EngineRequest) -> AsyncIterat
     except ValueError as exc:
         if started:
             raise
-        yield InvalidPrompt(str(exc), request.prompt_param)
+        yield InvalidPrompt(str(exc), getattr(exc, "param", request.prompt_param))
     finally:
         # A cancelled stream (the client left) closes this generator: closing the engine's iterator aborts
         # the request there, which frees its KV blocks at the next step.
@@ -59,6 +61,7 @@ def replica_status(replica: str, info: EngineInfo) -> ReplicaStatus:
         model_type=str(info.model_type),
         counters=info.counters,
         memory=_cuda_memory(str(info.device)),
+        prompt_cache=info.prompt_cache,
     )
 
 
@@ -88,11 +91,13 @@ class Scheduler:
         self._loop = EngineLoop(self._engine)
         self._loop.start()
         self._replica = _replica_tag()
+        self._ray_metrics = RayMetricsExport(self._loop.info)  # the readings in Ray's dashboard too
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[UpstreamItem]:
         stream = engine_stream(self._loop, request)
         try:
             async for item in stream:
+                self._ray_metrics.observe(item)
                 yield item
         finally:
             await stream.aclose()
@@ -103,14 +108,20 @@ class Scheduler:
         except ContextLengthError as exc:
             return ContextRefusal.from_error(exc)
         except ValueError as exc:
-            return InvalidPrompt(str(exc), request.prompt_param)
+            return InvalidPrompt(str(exc), getattr(exc, "param", request.prompt_param))
         return None
 
     def info(self) -> ReplicaStatus:
         # The loop's snapshot after its latest step: the engine's own state belongs to its thread.
         return replica_status(self._replica, self._loop.info())
 
+    def memory(self, reset_peak: bool = False) -> ReplicaMemory:
+        return replica_memory(self._replica, self._engine, reset_peak)
+
     def __del__(self) -> None:
         loop = getattr(self, "_loop", None)
         if loop is not None:
             loop.shutdown()
+        export = getattr(self, "_ray_metrics", None)
+        if export is not None:
+            export.stop()

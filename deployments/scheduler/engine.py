@@ -14,12 +14,15 @@ from deployments.config import EngineConfig
 from deployments.model_rank.executor import Executor, make_executor
 from deployments.model_rank.runner import resolve_device
 from deployments.model_rank.sampler import derive_seed, seed_salt
+from deployments.scheduler.grammar import GrammarBackend, follow_written
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
 from deployments.scheduler.planner import PlannedStep, Planner
 from deployments.scheduler.sequence import Sequence
 from deployments.scheduler.stats import EngineCounters, LiveRates
+from deployments.scheduler.thinking import Forced, force_tokens
 from deployments.scheduler.text_output import IncrementalText
+from deployments.step_plan import StepResult
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
@@ -45,6 +48,7 @@ class EngineInfo:
     device_name: str
     model_type: str
     counters: EngineCounters
+    prompt_cache: bool = True  # whether prompt blocks are kept for reuse across requests
 
 
 class Engine:
@@ -78,6 +82,7 @@ class Engine:
         self.rates = LiveRates()
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(runner.eos_token_ids)
         self.salt = seed_salt()
+        self.grammars = GrammarBackend(self.tokenizer, runner.vocab_size, sorted(self.eos_ids))
         self.policy = (
             f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
             f"kv={pool.reason}"
@@ -131,6 +136,8 @@ class Engine:
             raise ContextLengthError(self.window, prompt, None, request.prompt_param)
         if request.max_tokens is not None and prompt + request.max_tokens > self.window:
             raise ContextLengthError(self.window, prompt, request.max_tokens, request.max_tokens_param)
+        if request.grammar is not None:
+            self.grammars.compile(request.grammar)  # a GrammarCompileError is a 400 before any token
 
     def add_request(self, request: EngineRequest) -> None:
         self.validate(request)
@@ -149,6 +156,8 @@ class Engine:
         seq.stats.prompt_tokens = len(request.prompt_token_ids)
         seq.stats.arrival_time = request.arrival_time
         seq.stats.seed = seed
+        seq.grammar = None if request.grammar is None else self.grammars.reply_grammar(request.grammar)
+        seq.logprob_rows = None if request.logprobs is None else []
         self._by_id[request.request_id] = seq
         self.planner.add(seq)
 
@@ -173,21 +182,21 @@ class Engine:
         if planned is not None:
             started = time.perf_counter()
             try:
-                tokens = self.executor.execute(planned.plan)
+                results = self.executor.execute(planned.plan)
             except Exception as exc:  # one failing step must not take the server down
                 log.exception("step failed")
                 self._fail(planned, f"generation failed: {exc}")
             else:
                 seconds = time.perf_counter() - started
                 self.planner.record(planned, seconds)
-                self._apply(planned, tokens, seconds)
+                self._apply(planned, results, seconds)
         chunks = list(self._outbox)
         self._outbox.clear()
         return chunks
 
-    def _apply(self, planned: PlannedStep, tokens: list[int], seconds: float) -> None:
+    def _apply(self, planned: PlannedStep, results: list[StepResult], seconds: float) -> None:
         now = time.time()
-        drawn = iter(tokens)
+        drawn = iter(results)
         is_prefill = planned.plan.kind == "prefill"
         new_tokens = 0
         for seq, step in zip(planned.seqs, planned.plan.seqs):
@@ -200,17 +209,28 @@ class Engine:
             else:
                 seq.stats.rounds += 1
             if step.draw is not None:
-                self._accept(seq, next(drawn), now)
+                result = next(drawn)
+                before = seq.num_reply_tokens
+                if seq.logprob_rows is not None and result.logprobs is not None:
+                    seq.logprob_rows.append(result.logprobs)
+                self._accept(seq, result.token, now)
+                failure = follow_written(seq, before)  # the matcher follows every written token, forced too
+                if failure is not None:
+                    self._finish(seq, FinishReason.ERROR, failure)
         if is_prefill:
             self.rates.prefill_pass(new_tokens, seconds)
         else:
             self.counters.rounds_total += 1
-            self.rates.decoded(len(tokens))
+            self.rates.decoded(len(results))
 
     def _accept(self, seq: Sequence, token: int, now: float) -> None:
         if seq.num_reply_tokens == 0:
             seq.stats.first_token_time = now
             seq.prompt_done_time = now
+        forced = force_tokens(seq.reply_token_ids, token, seq.request.thinking)
+        if forced is not None:  # a thinking budget or the loop guard closes the think block
+            self._write_forced(seq, forced)
+            return
         seq.token_ids.append(token)
         self.counters.completion_tokens_total += 1
         sampling = seq.request.sampling
@@ -227,11 +247,29 @@ class Engine:
         else:
             self._emit(seq)
 
+    def _write_forced(self, seq: Sequence, forced: Forced) -> None:
+        """The forced close joins the reply like drawn tokens; the next step computes its KV."""
+        if forced.loop_period is not None:
+            seq.stats.loop_period = forced.loop_period
+        for token in forced.token_ids:
+            seq.token_ids.append(token)
+            self.counters.completion_tokens_total += 1
+            seq.text.add_token(token)
+            if seq.text.stopped_by is not None:
+                self._finish(seq, FinishReason.STOP)
+                return
+            if seq.num_reply_tokens >= seq.max_tokens:
+                seq.text.flush_pending()
+                self._finish(seq, FinishReason.LENGTH)
+                return
+        self._emit(seq)
+
     def _emit(self, seq: Sequence, final: bool = False) -> None:
         chunk = EngineChunk(
             request_id=seq.request_id,
             token_ids=seq.reply_token_ids[seq.delivered :],
             text=seq.text.take_delta(final),
+            logprobs=None if seq.logprob_rows is None else seq.logprob_rows[seq.delivered :],
         )
         seq.delivered = seq.num_reply_tokens
         if chunk.token_ids or chunk.text or final:
@@ -248,7 +286,7 @@ class Engine:
         stats.completion_tokens = seq.num_reply_tokens
         if seq.prompt_done_time is not None:
             stats.decode_seconds = stats.finish_time - seq.prompt_done_time
-        self.counters.finished(stats, reason)
+        self.counters.finished(stats, reason, seq.request.key_label)
         self._emit(seq, final=True)
         last = self._outbox[-1]
         last.finish_reason, last.error, last.stats = reason, error, stats
@@ -279,6 +317,7 @@ class Engine:
             device_name=self.runner_info.device_name,
             model_type=self.runner_info.model_type,
             counters=self.counters.snapshot(),
+            prompt_cache=self.blocks.max_cached_blocks > 0,
         )
 
     def shutdown(self) -> None:

@@ -2,11 +2,15 @@
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from deployments.scheduler.kv_blocks import BlockTable
 from deployments.scheduler.text_output import IncrementalText
 from deployments.step_plan import SeqDraw
-from deployments.types import EngineRequest, FinishReason, Priority, RequestStats
+from deployments.types import EngineRequest, FinishReason, LogprobRow, Priority, RequestStats
+
+if TYPE_CHECKING:
+    from deployments.scheduler.grammar import ReplyGrammar
 
 
 class SeqStatus(enum.Enum):
@@ -31,6 +35,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     prompt_done_time: float | None = None  # when the prompt pass ended (decode time counts from here)
+    grammar: "ReplyGrammar | None" = None  # the reply's matcher, advanced with each accepted token
+    logprob_rows: list[LogprobRow] | None = None  # one per reply token when the request asked for logprobs
 
     @property
     def request_id(self) -> str:
@@ -71,4 +77,6 @@ class Sequence:
             min_p=s.min_p,
             seed=self.seed,
             reply_position=self.num_reply_tokens,
+            allowed=None if self.grammar is None else self.grammar.allowed(),
+            want_logprobs=self.request.logprobs,
         )

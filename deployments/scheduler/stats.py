@@ -3,8 +3,9 @@
 import copy
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from deployments.scheduler.metrics import RequestHistograms
 from deployments.types import FinishReason, RequestStats
 
 RATE_WINDOW_SECONDS = 2.0
@@ -22,9 +23,15 @@ class EngineCounters:
     decode_seconds_total: float = 0.0
     rounds_total: int = 0  # decode rounds run
     preemptions_total: int = 0
+    generation_tokens_total: int = 0  # reply tokens of finished requests
+    requests_by_key: dict[str, int] = field(default_factory=dict)  # finished requests per API-key label
+    histograms: RequestHistograms = field(default_factory=RequestHistograms)
 
-    def finished(self, stats: RequestStats, reason: FinishReason) -> None:
+    def finished(self, stats: RequestStats, reason: FinishReason, key_label: str = "none") -> None:
         self.requests_total += 1
+        self.requests_by_key[key_label] = self.requests_by_key.get(key_label, 0) + 1
+        self.generation_tokens_total += stats.completion_tokens
+        self.histograms.observe(stats, reason)
         if reason == FinishReason.ABORT:
             self.requests_aborted_total += 1
         elif reason == FinishReason.ERROR:
@@ -35,7 +42,11 @@ class EngineCounters:
         self.decode_seconds_total += stats.decode_seconds
 
     def snapshot(self) -> "EngineCounters":
-        return copy.copy(self)
+        # Runs after every step: copy the mutable parts by hand rather than deepcopy the lot.
+        copied = copy.copy(self)
+        copied.requests_by_key = dict(self.requests_by_key)
+        copied.histograms = self.histograms.snapshot()
+        return copied
 
 
 class LiveRates:

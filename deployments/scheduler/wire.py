@@ -58,3 +58,4 @@ class ReplicaStatus:
     model_type: str
     counters: EngineCounters
     memory: dict[str, int] = field(default_factory=dict)  # CUDA: active, cache, peak bytes; {} elsewhere
+    prompt_cache: bool = True  # prompt blocks are kept across requests (prefix-cache metrics apply)

@@ -1,66 +1,19 @@
-"""Paged attention (the torch path) and the grouped-query self-attention block built on it.
+"""Paged attention and the grouped-query self-attention block built on it.
 
-Batch invariance: each sequence attends on its own; float32 models score in float64 (so a row's result
-does not move with how many rows or masked keys share the call), bf16/fp16 models run QK^T and PV in their
-own dtype with a float32 softmax, which was measured invariant to query chunking.
+The attention itself runs through `kernels.dispatch`: Triton kernels on CUDA, the batch-invariant torch
+path (kernels/attention_torch.py: each sequence on its own, float32 scored in float64) elsewhere.
 """
-
-import math
 
 import torch
 from torch import nn
+
+from kernels import dispatch
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
 from deployments.model_rank.layers.norm import RMSNorm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RotaryEmbedding
-
-
-def write_cache(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store the new tokens' rows (values [T, ...]) at their slots of cache [blocks, block_size, ...]."""
-    flat = cache.view(-1, *cache.shape[2:])  # [blocks * block_size, ...]
-    flat.index_copy_(0, slot_mapping, values.to(cache.dtype))
-
-
-def gather_cache(cache: torch.Tensor, block_table: list[int], length: int) -> torch.Tensor:
-    """The first `length` cached rows of one sequence, in order: [length, ...]."""
-    block_size = cache.shape[1]
-    num_blocks = math.ceil(length / block_size)
-    if num_blocks > len(block_table):
-        raise ValueError(f"context of {length} tokens needs {num_blocks} blocks, block table has {len(block_table)}")
-    index = torch.tensor(block_table[:num_blocks], dtype=torch.long, device=cache.device)
-    rows = cache.index_select(0, index)  # [n, block_size, ...]
-    return rows.reshape(num_blocks * block_size, *cache.shape[2:])[:length]
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of one sequence's new queries over its whole context.
-
-    q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> [Tq, Hq, Dv]; query j sits at position Tk - Tq + j.
-    """
-    num_q, num_heads = q.shape[0], q.shape[1]
-    num_k, group = k.shape[0], num_heads // k.shape[1]
-    compute = torch.float64 if q.dtype == torch.float32 else q.dtype
-    qh = q.to(compute).transpose(0, 1)  # [Hq, Tq, D]
-    kh = k.to(compute).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Tk, D]
-    vh = v.to(compute).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Tk, Dv]
-    scores = torch.matmul(qh, kh.transpose(1, 2)) * scale  # [Hq, Tq, Tk]
-    future = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).triu(num_k - num_q + 1)  # [Tq, Tk]
-    scores = scores.masked_fill(future, float("-inf"))
-    softmax_dtype = torch.float64 if compute == torch.float64 else torch.float32
-    probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(compute)  # [Hq, Tq, Tk]
-    out = torch.matmul(probs, vh)  # [Hq, Tq, Dv]
-    return out.transpose(0, 1).to(q.dtype)
-
-
-def sequence_spans(batch: ForwardBatch) -> list[tuple[int, int]]:
-    """(start, end) of each sequence's new tokens in the flat token dimension."""
-    spans, start = [], 0
-    for n in batch.query_lens:
-        spans.append((start, start + n))
-        start += n
-    return spans
 
 
 class PagedAttention(nn.Module):
@@ -86,16 +39,9 @@ class PagedAttention(nn.Module):
         if self.cache is None:
             raise RuntimeError("KV caches are not bound: call bind_kv_caches() before forward()")
         k_cache, v_cache = self.cache
-        write_cache(k_cache, k, batch.slot_mapping)
-        write_cache(v_cache, v, batch.slot_mapping)
-        out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])  # [T, Hq, Dv]
-        for (start, end), length, table in zip(sequence_spans(batch), batch.context_lens, batch.block_tables):
-            if end == start:
-                continue
-            keys = gather_cache(k_cache, table, length)  # [ctx, Hkv, D]
-            values = gather_cache(v_cache, table, length)  # [ctx, Hkv, Dv]
-            out[start:end] = causal_attention(q[start:end], keys, values, self.scale)
-        return out
+        dispatch.write_cache(k_cache, k, batch.slot_mapping)
+        dispatch.write_cache(v_cache, v, batch.slot_mapping)
+        return dispatch.paged_attention(q, k_cache, v_cache, batch, self.scale)  # [T, Hq, Dv]
 
 
 def kv_head_sharding(num_kv_heads: int, parallel: ParallelContext) -> tuple[int, int, int]:

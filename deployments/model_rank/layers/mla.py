@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import dispatch
+
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
-from deployments.model_rank.layers.attention import causal_attention, gather_cache, sequence_spans, write_cache
 from deployments.model_rank.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from deployments.model_rank.layers.norm import RMSNorm
 from deployments.model_rank.layers.parallel import divide
@@ -76,15 +77,6 @@ class MLAAttention(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
         return q.view(hidden.shape[0], self.local_heads, self.dims.qk_head_dim)  # [T, Hl, nope + rope]
 
-    def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached latents [ctx, kv_lora + rope] -> keys [ctx, Hl, nope + rope], values [ctx, Hl, v]."""
-        d = self.dims
-        kv_nope, k_rot = latent.split([d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
-        kv = self.kv_b_proj(kv_nope).view(latent.shape[0], self.local_heads, d.qk_nope_head_dim + d.v_head_dim)
-        k_nope, values = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
-        k_rot = k_rot[:, None, :].expand(-1, self.local_heads, -1)  # shared by all heads
-        return torch.cat([k_nope, k_rot], dim=-1), values
-
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.cache is None:
             raise RuntimeError("KV caches are not bound: call bind_kv_caches() before forward()")
@@ -92,12 +84,9 @@ class MLAAttention(nn.Module):
         q_nope, q_rot = self._queries(hidden).split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
         kv_nope, k_rot = self.kv_a_proj_with_mqa(hidden).split([d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
         q_rot, k_rot = self.rotary(batch.positions, q_rot, k_rot[:, None, :])  # [T, Hl, rope], [T, 1, rope]
-        write_cache(self.cache, torch.cat([self.kv_a_layernorm(kv_nope), k_rot[:, 0]], dim=-1), batch.slot_mapping)
-        q = torch.cat([q_nope, q_rot], dim=-1)  # [T, Hl, nope + rope]
-        out = hidden.new_empty(hidden.shape[0], self.local_heads, d.v_head_dim)  # [T, Hl, v]
-        for (start, end), length, table in zip(sequence_spans(batch), batch.context_lens, batch.block_tables):
-            if end == start:
-                continue
-            keys, values = self._expand(gather_cache(self.cache, table, length))
-            out[start:end] = causal_attention(q[start:end], keys, values, self.scale)
+        latents = torch.cat([self.kv_a_layernorm(kv_nope), k_rot[:, 0]], dim=-1)  # [T, kv_lora + rope]
+        dispatch.write_cache(self.cache, latents, batch.slot_mapping)
+        out = dispatch.mla_attention(
+            q_nope, q_rot, self.cache, batch, self.scale, self.kv_b_proj.weight, d.v_head_dim, kv_b=self.kv_b_proj
+        )  # [T, Hl, v]
         return self.o_proj(out.reshape(hidden.shape[0], self.local_heads * d.v_head_dim))  # [T, H]

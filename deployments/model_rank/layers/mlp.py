@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.layers.activation import silu
+from kernels.activation import silu
 from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import dispatch
+
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.layers.activation import sigmoid, silu
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
@@ -57,21 +58,11 @@ class Router(nn.Module):
 
     def _grouped_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing
-        scores = sigmoid(invariant_linear(x.float(), self.weight.float()))  # [T, E] float32
-        choice = scores + self.e_score_correction_bias
-        if r.n_group > 1:
-            # Keep only the experts of the topk_group groups whose best two experts score highest.
-            grouped = choice.view(-1, r.n_group, r.num_experts // r.n_group)  # [T, G, E/G]
-            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
-            keep = torch.zeros_like(group_scores, dtype=torch.bool)
-            keep.scatter_(1, group_scores.topk(r.topk_group, dim=-1).indices, True)
-            keep = keep[:, :, None].expand_as(grouped).reshape(-1, r.num_experts)  # [T, E]
-            choice = choice.masked_fill(~keep, float("-inf"))
-        ids = choice.topk(r.top_k, dim=-1).indices  # [T, k]
-        weights = scores.gather(1, ids)  # [T, k] float32
-        if r.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * r.routed_scaling_factor, ids
+        logits = invariant_linear(x.float(), self.weight.float())  # [T, E] float32
+        return dispatch.grouped_topk(
+            logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group, r.norm_topk_prob,
+            r.routed_scaling_factor,
+        )  # fmt: skip
 
 
 class Experts(nn.Module):
@@ -105,18 +96,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, H], weights/ids [T, k] -> [T, H] (this rank's partial sum under TP)."""
-        top_k = ids.shape[1]
-        slots = torch.zeros(x.shape[0], top_k, x.shape[1], dtype=x.dtype, device=x.device)  # [T, k, H]
-        for expert in torch.unique(ids).tolist():
-            tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
-            rows = x[tokens]  # [n, H]
-            hidden = silu(invariant_linear(rows, self.gate_proj[expert])) * invariant_linear(rows, self.up_proj[expert])
-            out = invariant_linear(hidden, self.down_proj[expert])  # [n, H]
-            slots[tokens, slot] = (out * weights[tokens, slot, None]).to(x.dtype)
-        total = slots[:, 0]
-        for j in range(1, top_k):
-            total = total + slots[:, j]  # fixed per-token order
-        return total
+        return dispatch.moe_experts(x, weights, ids, self.gate_proj, self.up_proj, self.down_proj, invariant_linear)
 
 
 class SparseMoE(nn.Module):

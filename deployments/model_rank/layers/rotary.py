@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels import dispatch
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -122,21 +124,6 @@ def _yarn(rope: RopeConfig, dim: int, max_positions: int) -> tuple[torch.Tensor,
     return inv_freq, attention
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotate the first cos.shape[-1] features of x [T, heads, D] (cos/sin [T, 1, rot])."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    if interleaved:
-        # Pairs (x0, x1), (x2, x3)... rotate together; output is de-interleaved, as in the reference model.
-        c, s = cos[..., : rot // 2], sin[..., : rot // 2]
-        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
-        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-    else:
-        half = torch.cat([-x_rot[..., rot // 2 :], x_rot[..., : rot // 2]], dim=-1)
-        out = x_rot * cos + half * sin
-    return torch.cat([out, x_pass], dim=-1) if x_pass.shape[-1] else out
-
-
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q/k laid out [T, heads, head_dim] at the batch's token positions."""
 
@@ -147,13 +134,5 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_scaling = inverse_frequencies(rope, self.rotary_dim, max_positions)
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)  # [T, rot/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]
-        cos = (emb.cos() * self.attention_scaling).to(dtype)
-        sin = (emb.sin() * self.attention_scaling).to(dtype)
-        return cos[:, None, :], sin[:, None, :]  # [T, 1, rot]
-
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return _rotate(q, cos, sin, self.interleaved), _rotate(k, cos, sin, self.interleaved)
+        return dispatch.apply_rotary(positions, q, k, self.inv_freq, self.attention_scaling, self.interleaved)

@@ -1,0 +1,109 @@
+"""A Scheduler replica's read-only memory snapshot for GET /memory: per replica, per rank.
+
+Importable without torch (Ingress unpickles these types); torch is imported only where a CUDA device is
+read. A figure this process cannot read (another rank's RSS, a device it does not hold) is left out
+(None), never reported as zero.
+"""
+
+import os
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DeviceMemory:
+    """CUDA memory of this process: torch's allocated bytes, reserved bytes, the peak and the card's total."""
+
+    name: str
+    active_bytes: int
+    reserved_bytes: int
+    peak_bytes: int
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass
+class RankMemory:
+    rank: int
+    weights_bytes: int  # this rank's shard of the weights
+    kv_pool_bytes: int  # this rank's KV tensors
+    process_rss_bytes: int | None = None  # only for the rank running in this replica's process
+    device: DeviceMemory | None = None
+
+
+@dataclass
+class ReplicaMemory:
+    replica: str
+    block_size: int
+    kv_blocks_total: int
+    kv_blocks_used: int  # referenced by a running request
+    prompt_cache_blocks: int  # blocks holding named prompt tokens (reusable by a later prompt)
+    kv_bytes_per_block: int  # per rank
+    process_rss_bytes: int
+    ranks: list[RankMemory] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def process_rss_bytes() -> int:
+    """This process's resident set (Linux /proc; elsewhere the peak getrusage reports)."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if os.uname().sysname == "Darwin" else int(peak) * 1024
+
+
+def device_memory(device: str, reset_peak: bool = False) -> DeviceMemory | None:
+    """This process's CUDA reading; `reset_peak` starts a new peak at the current allocation first."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():  # tensor-parallel ranks hold the GPUs, not this process
+        return None
+    if reset_peak:
+        torch.cuda.reset_peak_memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    return DeviceMemory(
+        name=torch.cuda.get_device_name(),
+        active_bytes=int(torch.cuda.memory_allocated()),
+        reserved_bytes=int(torch.cuda.memory_reserved()),
+        peak_bytes=int(torch.cuda.max_memory_allocated()),
+        free_bytes=int(free),
+        total_bytes=int(total),
+    )
+
+
+def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> ReplicaMemory:
+    """The snapshot of one engine (read off its thread: only sizes and lengths, each read atomically)."""
+    runner, blocks = engine.runner_info, engine.blocks
+    per_block = runner.kv_bytes_per_token * blocks.block_size
+    tp_size = engine.config.tensor_parallel_size
+    device = device_memory(str(runner.device), reset_peak)
+    rss = process_rss_bytes()
+    ranks = [
+        RankMemory(
+            rank=rank,
+            weights_bytes=runner.weight_bytes,
+            kv_pool_bytes=per_block * blocks.num_blocks,
+            process_rss_bytes=rss if tp_size == 1 else None,
+            device=device if tp_size == 1 else None,
+        )
+        for rank in range(tp_size)
+    ]
+    return ReplicaMemory(
+        replica=replica,
+        block_size=blocks.block_size,
+        kv_blocks_total=blocks.num_blocks,
+        kv_blocks_used=blocks.num_used,
+        prompt_cache_blocks=len(blocks.by_hash),
+        kv_bytes_per_block=per_block,
+        process_rss_bytes=rss,
+        ranks=ranks,
+    )

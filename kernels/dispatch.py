@@ -1,0 +1,174 @@
+"""What the model layers call: each function takes the arguments of the torch code it replaces and runs
+the Triton kernel when its tensors are on CUDA (and Triton imports), else the plain-torch path, which
+computes exactly what the layers computed before (so CPU results keep their bits).
+
+`TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
+GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests).
+"""
+
+import os
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from kernels import attention_torch, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+from kernels._triton import HAS_TRITON
+from kernels.paged_decode_attention import paged_decode_attention
+from kernels.paged_meta import DECODE_MAX_QUERY, PagedMeta, build_paged_meta
+from kernels.paged_prefill_attention import paged_prefill_attention
+
+MODES = ("auto", "torch", "triton")
+
+
+class StepLayout(Protocol):
+    """The parts of deployments.model_rank.forward_batch.ForwardBatch that attention reads."""
+
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+    slot_mapping: torch.Tensor
+
+
+def mode() -> str:
+    value = os.environ.get("TENSORFOLD_KERNELS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"TENSORFOLD_KERNELS={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def backend(*tensors: torch.Tensor) -> str:
+    """ "triton" or "torch" for a call on these tensors."""
+    chosen = mode()
+    if chosen == "torch":
+        return "torch"
+    if chosen == "triton":
+        if not HAS_TRITON:
+            raise RuntimeError("TENSORFOLD_KERNELS=triton but Triton is not installed")
+        return "triton"
+    return "triton" if HAS_TRITON and all(t.is_cuda for t in tensors) else "torch"
+
+
+# The last step's metadata per row limit: every attention layer of a forward pass shares one batch.
+_META: dict[int, tuple[weakref.ref, torch.Tensor, PagedMeta]] = {}
+
+
+def step_meta(batch: StepLayout, block_size: int, device: torch.device, row_query_limit: int) -> PagedMeta:
+    """The batch's kernel metadata, built once per step (keyed on the batch object and its slot mapping)."""
+    hit = _META.get(row_query_limit)
+    if hit is not None and hit[0]() is batch and hit[1] is batch.slot_mapping:
+        return hit[2]
+    meta = build_paged_meta(
+        batch.query_lens, batch.context_lens, batch.block_tables, block_size, device, row_query_limit
+    )
+    _META[row_query_limit] = (weakref.ref(batch), batch.slot_mapping, meta)
+    return meta
+
+
+def write_cache(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Replaces layers/attention.py write_cache(cache, values, slot_mapping)."""
+    if backend(cache, values) == "triton":
+        kv_write.write_cache(cache, values, slot_mapping)
+    else:
+        kv_write.write_cache_torch(cache, values, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepLayout, scale: float
+) -> torch.Tensor:
+    """Replaces PagedAttention.forward's per-sequence loop: q [T, Hq, D] -> [T, Hq, Dv] (K/V already written)."""
+    if backend(q, k_cache) == "torch":
+        return attention_torch.paged_attention_torch(
+            q, k_cache, v_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale
+        )
+    meta = step_meta(batch, k_cache.shape[1], q.device, DECODE_MAX_QUERY)
+    out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[3], dtype=q.dtype, device=q.device)
+    paged_decode_attention(q, k_cache, v_cache, meta, scale, out)
+    paged_prefill_attention(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def mla_attention(
+    q_nope: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent_cache: torch.Tensor,
+    batch: StepLayout,
+    scale: float,
+    kv_b_weight: torch.Tensor,
+    v_dim: int,
+    kv_b: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Replaces MLAAttention.forward's per-sequence loop: -> [T, H, v] (latents already written).
+
+    kv_b: the layer's kv_b_proj (the torch path expands latents with it); Triton absorbs kv_b_weight.
+    """
+    if backend(q_nope, latent_cache) == "torch":
+        expand = kv_b if kv_b is not None else mla_decode.default_kv_b(kv_b_weight)
+        return mla_decode.mla_attention_torch(
+            q_nope, q_rot, latent_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale, expand, v_dim
+        )
+    meta = step_meta(batch, latent_cache.shape[1], q_nope.device, row_query_limit=2**31 - 1)
+    return mla_decode.mla_attention_triton(q_nope, q_rot, latent_cache, meta, scale, kv_b_weight, v_dim)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Replaces RMSNorm.forward's body."""
+    if backend(x, weight) == "triton":
+        return rmsnorm.rms_norm(x, weight, eps)
+    return rmsnorm.rms_norm_torch(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual): replaces `h = h + out` followed by `norm(h)`."""
+    if backend(x, residual, weight) == "triton":
+        return rmsnorm.add_rms_norm(x, residual, weight, eps)
+    return rmsnorm.add_rms_norm_torch(x, residual, weight, eps)
+
+
+def apply_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float,
+    interleaved: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RotaryEmbedding.forward: q [T, Hq, D], k [T, Hk, D] rotated at their positions."""
+    if backend(q, k) == "triton":
+        return rotary.rotary(positions, q, k, inv_freq, attention_scaling, interleaved)
+    return rotary.rotary_torch(positions, q, k, inv_freq, attention_scaling, interleaved)
+
+
+def grouped_topk(
+    logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replaces Router._grouped_sigmoid after its router GEMM: logits [T, E] float32 -> weights, ids [T, k]."""
+    args = (logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
+    if backend(logits) == "triton":
+        return moe_routing.grouped_topk(*args)
+    return moe_routing.grouped_topk_torch(*args)
+
+
+def moe_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate_proj: torch.Tensor,
+    up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
+) -> torch.Tensor:
+    """Replaces Experts.forward: x [T, H], weights/ids [T, k] -> [T, H]; `linear` is used by the torch path."""
+    if backend(x, gate_proj) == "triton":
+        return fused_moe.fused_moe(x, weights, ids, gate_proj, up_proj, down_proj)
+    return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear)

@@ -1,0 +1,26 @@
+"""The real renderer and engine behind the routes' Backend, in-process (no Ray), for route-level tests."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from deployments.config import EngineConfig
+from deployments.ingress.local_backend import LocalBackend
+from deployments.renderer.prompt_renderer import PromptRenderer
+
+WINDOW = 160
+
+
+@contextmanager
+def local_backend(served_model: str, window: int = WINDOW) -> Iterator[LocalBackend]:
+    from deployments.scheduler.engine import Engine
+    from deployments.scheduler.engine_loop import EngineLoop
+    from serve_app.args import AppArgs
+
+    model_dir = AppArgs(model=served_model).model_dir
+    engine = Engine(EngineConfig(model=str(model_dir), context=window, kv_cache_gib=0.05, device="cpu"))
+    loop = EngineLoop(engine)
+    loop.start()
+    try:
+        yield LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
+    finally:
+        loop.shutdown()

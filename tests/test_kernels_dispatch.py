@@ -1,0 +1,229 @@
+"""kernels.dispatch: the torch path on CPU (bit for bit what the layers compute), the env override, and
+the Triton route (forced on CPU under the interpreter) over a step mixing decode, drafts and prefill."""
+
+import pytest
+import torch
+
+from kernels.testing import assert_close, case_generator, kernel_test_device, paged_cache, paged_tables, randn
+
+DEVICE = kernel_test_device()  # turns the interpreter on before Triton is imported
+
+from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext  # noqa: E402
+from deployments.model_rank.layers import attention as layer_attention  # noqa: E402
+from deployments.model_rank.layers.linear import invariant_linear  # noqa: E402
+from deployments.model_rank.layers.mla import MLAAttention, MLADims  # noqa: E402
+from deployments.model_rank.layers.moe import Experts, Router, RoutingConfig  # noqa: E402
+from deployments.model_rank.layers.norm import RMSNorm  # noqa: E402
+from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding  # noqa: E402
+from kernels import attention_torch, dispatch, mla_decode  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def make_batch(query_lens, context_lens, block_size, gen, device=CPU):
+    tables, num_blocks = paged_tables(context_lens, block_size, gen)
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(query_lens, context_lens)])
+    slots = torch.tensor(
+        [
+            t[p // block_size] * block_size + p % block_size
+            for t, q, c in zip(tables, query_lens, context_lens)
+            for p in range(c - q, c)
+        ]
+    )
+    batch = ForwardBatch(
+        input_ids=torch.zeros(sum(query_lens), dtype=torch.long),
+        positions=positions,
+        query_lens=query_lens,
+        context_lens=context_lens,
+        block_tables=tables,
+        slot_mapping=slots.to(device),
+        logits_indices=torch.zeros(0, dtype=torch.long),
+        block_size=block_size,
+    )
+    return batch, num_blocks
+
+
+def test_backend_choice(monkeypatch):
+    x = torch.ones(2)
+    monkeypatch.delenv("TENSORFOLD_KERNELS", raising=False)
+    assert dispatch.backend(x) == "torch"  # CPU tensors
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "torch")
+    assert dispatch.backend(x) == "torch"
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "Triton")
+    if dispatch.HAS_TRITON:
+        assert dispatch.backend(x) == "triton"
+    else:
+        with pytest.raises(RuntimeError, match="not installed"):
+            dispatch.backend(x)
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="TENSORFOLD_KERNELS"):
+        dispatch.backend(x)
+
+
+@pytest.fixture
+def no_triton(monkeypatch):
+    """Every Triton entry point dispatch uses raises: a CPU call must not reach one."""
+    monkeypatch.delenv("TENSORFOLD_KERNELS", raising=False)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("dispatch took the Triton path for CPU tensors")
+
+    for module, name in [
+        (dispatch.kv_write, "write_cache"),
+        (dispatch.rmsnorm, "rms_norm"),
+        (dispatch.rmsnorm, "add_rms_norm"),
+        (dispatch.rotary, "rotary"),
+        (dispatch.moe_routing, "grouped_topk"),
+        (dispatch.fused_moe, "fused_moe"),
+        (dispatch.mla_decode, "mla_attention_triton"),
+        (dispatch, "paged_decode_attention"),
+        (dispatch, "paged_prefill_attention"),
+    ]:
+        monkeypatch.setattr(module, name, boom)
+
+
+def test_cpu_attention_is_the_layer_path(no_triton):
+    gen = case_generator("dispatch attention")
+    batch, num_blocks = make_batch([1, 4, 0], [9, 21, 3], 8, gen)
+    layer = layer_attention.PagedAttention(num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25)
+    caches = [layer.spec.allocate(num_blocks, 8, torch.float32, CPU) for _ in range(2)]
+    for cache in caches:
+        for t in cache:
+            t.copy_(randn(*t.shape, dtype=torch.float32, device=CPU, gen=case_generator("cache")))
+    layer.bind_cache(caches[0])
+    q, k, v = (randn(5, h, 16, dtype=torch.float32, device=CPU, gen=gen) for h in (4, 2, 2))
+    expected = layer(q, k, v, batch)
+    k_cache, v_cache = caches[1]
+    dispatch.write_cache(k_cache, k, batch.slot_mapping)
+    dispatch.write_cache(v_cache, v, batch.slot_mapping)
+    assert torch.equal(k_cache, caches[0][0]) and torch.equal(v_cache, caches[0][1])
+    assert torch.equal(dispatch.paged_attention(q, k_cache, v_cache, batch, 0.25), expected)
+
+
+def test_cpu_norm_rotary_and_moe_are_the_layer_path(no_triton):
+    gen = case_generator("dispatch layers")
+    norm = RMSNorm(24, 1e-5)
+    norm.weight.copy_(randn(24, dtype=torch.float32, device=CPU, gen=gen))
+    x = randn(3, 24, dtype=torch.float32, device=CPU, gen=gen)
+    assert torch.equal(dispatch.rms_norm(x, norm.weight, norm.eps), norm(x))
+    normed, summed = dispatch.add_rms_norm(x, x * 0.5, norm.weight, norm.eps)
+    assert torch.equal(summed, x + x * 0.5) and torch.equal(normed, norm(x + x * 0.5))
+
+    rope = RotaryEmbedding(32, RopeConfig(partial_rotary_factor=0.5), 4096)
+    q, k = (
+        randn(3, 4, 32, dtype=torch.bfloat16, device=CPU, gen=gen),
+        randn(3, 1, 32, dtype=torch.bfloat16, device=CPU, gen=gen),
+    )
+    positions = torch.tensor([0, 5, 900])
+    got = dispatch.apply_rotary(positions, q, k, rope.inv_freq, rope.attention_scaling, rope.interleaved)
+    want = rope(positions, q, k)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+    routing = RoutingConfig(
+        num_experts=8,
+        top_k=2,
+        scoring="sigmoid",
+        norm_topk_prob=True,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+    )
+    router = Router(24, routing)
+    router.weight.copy_(randn(8, 24, dtype=torch.float32, device=CPU, gen=gen))
+    router.e_score_correction_bias.copy_(randn(8, dtype=torch.float32, device=CPU, gen=gen, scale=0.1))
+    logits = invariant_linear(x.float(), router.weight.float())
+    got = dispatch.grouped_topk(logits, router.e_score_correction_bias, 2, 2, 1, True, 1.5)
+    assert all(torch.equal(a, b) for a, b in zip(got, router(x)))
+
+    experts = Experts(8, 24, 16, ParallelContext())
+    for p in (experts.gate_proj, experts.up_proj, experts.down_proj):
+        p.copy_(randn(*p.shape, dtype=torch.float32, device=CPU, gen=gen, scale=0.2))
+    weights, ids = router(x)
+    got = dispatch.moe_experts(x, weights, ids, experts.gate_proj, experts.up_proj, experts.down_proj, invariant_linear)
+    assert torch.equal(got, experts(x, weights, ids))
+
+
+def test_cpu_mla_is_the_layer_path(no_triton):
+    gen = case_generator("dispatch mla")
+    dims = MLADims(
+        hidden_size=32,
+        num_heads=2,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+    )
+    layer = MLAAttention(dims, RotaryEmbedding(4, RopeConfig(), 4096, interleaved=True), 0.3, ParallelContext())
+    layer.kv_b_proj.weight.copy_(randn(*layer.kv_b_proj.weight.shape, dtype=torch.float32, device=CPU, gen=gen))
+    batch, num_blocks = make_batch([1, 3], [6, 11], 4, gen)
+    tables, lens = batch.block_tables, batch.context_lens
+    (cache,) = layer.spec.allocate(num_blocks, 4, torch.float32, CPU)
+    cache.copy_(randn(*cache.shape, dtype=torch.float32, device=CPU, gen=gen))
+    q_nope, q_rot = (
+        randn(4, 2, 8, dtype=torch.float32, device=CPU, gen=gen),
+        randn(4, 2, 4, dtype=torch.float32, device=CPU, gen=gen),
+    )
+    q = torch.cat([q_nope, q_rot], dim=-1)
+
+
+    def expand(latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The layer's own math: kv_b_proj expands the latent; the rope key is shared by every head.
+        kv_nope, k_rot = latent.split([16, 4], dim=-1)
+        k_nope, values = layer.kv_b_proj(kv_nope).view(latent.shape[0], 2, 16).split([8, 8], dim=-1)
+        return torch.cat([k_nope, k_rot[:, None, :].expand(-1, 2, -1)], dim=-1), values
+
+    expected = torch.cat([
+        attention_torch.causal_attention(q[s:e], *expand(attention_torch.gather_cache(cache, t, n)), 0.3)
+        for (s, e), n, t in zip(attention_torch.sequence_spans(batch.query_lens), lens, tables)
+    ])  # fmt: skip
+    got = dispatch.mla_attention(q_nope, q_rot, cache, batch, 0.3, layer.kv_b_proj.weight, 8, kv_b=layer.kv_b_proj)
+    assert torch.equal(got, expected)
+
+
+@pytest.fixture
+def forced_triton(monkeypatch):
+    pytest.importorskip("triton", reason="Triton is not importable", exc_type=ImportError)
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "triton")
+
+
+def test_triton_route_over_a_mixed_step(forced_triton):
+    """Decode (1 new token), drafts (3), a prefill chunk over a prefix (20) and an idle sequence (0)."""
+    gen = case_generator("dispatch triton")
+    query_lens, context_lens, block_size = [1, 3, 20, 0], [30, 20, 37, 5], 8
+    batch, num_blocks = make_batch(query_lens, context_lens, block_size, gen, DEVICE)
+    tables = batch.block_tables
+    k_cache = paged_cache((1, 32), tables, context_lens, num_blocks, block_size, torch.bfloat16, DEVICE, gen)
+    v_cache = paged_cache((1, 32), tables, context_lens, num_blocks, block_size, torch.bfloat16, DEVICE, gen)
+    k_new = randn(24, 1, 32, dtype=torch.bfloat16, device=DEVICE, gen=gen)
+    dispatch.write_cache(k_cache, k_new, batch.slot_mapping)  # overwrite the new tokens' slots
+    assert torch.equal(k_cache.view(-1, 1, 32)[batch.slot_mapping], k_new)
+    q = randn(24, 4, 32, dtype=torch.bfloat16, device=DEVICE, gen=gen)
+    out = dispatch.paged_attention(q, k_cache, v_cache, batch, 32**-0.5)
+    ref = attention_torch.paged_attention_torch(
+        q.double(), k_cache.double(), v_cache.double(), query_lens, context_lens, tables, 32**-0.5
+    )
+    assert_close(out, ref, torch.bfloat16)
+    meta = dispatch.step_meta(batch, block_size, DEVICE, dispatch.DECODE_MAX_QUERY)
+    assert (meta.num_rows, meta.num_prefill) == (4, 1)
+    assert dispatch.step_meta(batch, block_size, DEVICE, dispatch.DECODE_MAX_QUERY) is meta  # built once per step
+
+    latent = paged_cache((24,), tables, context_lens, num_blocks, block_size, torch.float32, DEVICE, gen)
+    q_nope, q_rot = (
+        randn(24, 2, 8, dtype=torch.float32, device=DEVICE, gen=gen),
+        randn(24, 2, 8, dtype=torch.float32, device=DEVICE, gen=gen),
+    )
+    w = randn(2 * (8 + 16), 16, dtype=torch.float32, device=DEVICE, gen=gen, scale=0.25)
+    out = dispatch.mla_attention(q_nope, q_rot, latent, batch, 0.25, w, 16)
+    ref = mla_decode.mla_attention_torch(
+        q_nope.double(),
+        q_rot.double(),
+        latent.double(),
+        query_lens,
+        context_lens,
+        tables,
+        0.25,
+        mla_decode.default_kv_b(w.double()),
+        16,
+    )
+    assert_close(out, ref, torch.float32)
