@@ -28,7 +28,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """
     num_q, num_heads = q.shape[0], q.shape[1]
     num_k, group = k.shape[0], num_heads // k.shape[1]
-    compute = torch.float64 if q.dtype == torch.float32 else q.dtype
+    # float64 keeps a row's result independent of how many queries and keys share the call (float32
+    # kernels here change bits with the row count), and this CPU's bf16/fp16 matmuls are ~30x slower anyway.
+    compute = torch.float64 if q.device.type == "cpu" or q.dtype == torch.float32 else q.dtype
     qh = q.to(compute).transpose(0, 1)  # [Hq, Tq, D]
     kh = k.to(compute).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Tk, D]
     vh = v.to(compute).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Tk, Dv]

@@ -1,7 +1,7 @@
 """Paged attention and the grouped-query self-attention block built on it.
 
 The attention itself runs through `kernels.dispatch`: Triton kernels on CUDA, the batch-invariant torch
-path (kernels/attention_torch.py: each sequence on its own, float32 scored in float64) elsewhere.
+path (kernels/attention_torch.py: each sequence on its own, scored in float64 on CPU) elsewhere.
 """
 
 import torch
