@@ -23,8 +23,6 @@ def client(served_model: str) -> TestClient:
     from deployments.scheduler.engine_loop import EngineLoop
     from serve_app.args import AppArgs
 
-    if served_model != "builtin:tiny-glm":
-        pytest.skip("needs the trained tiny-glm (serve_app/builtin/tiny-glm)")
     model_dir = AppArgs(model=served_model).model_dir
     loop = EngineLoop(Engine(EngineConfig(model=str(model_dir), context=640, kv_cache_gib=0.05, device="cpu")))
     loop.start()

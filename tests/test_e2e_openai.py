@@ -50,8 +50,6 @@ def test_chat_non_streamed_validates_and_reports_usage(client: openai.OpenAI) ->
 
 
 def test_tiny_glm_answers_its_script_with_reasoning_and_stops(client: openai.OpenAI, served_model: str) -> None:
-    if served_model != "builtin:tiny-glm":
-        pytest.skip("needs the trained builtin:tiny-glm (a random checkpoint writes noise)")
     reply = client.chat.completions.create(model="tiny", messages=USER, temperature=0)
     assert reply.choices[0].finish_reason == "stop" and "Paris" in reply.choices[0].message.content
     usage = reply.usage
@@ -173,8 +171,6 @@ def test_health_sums_the_replicas(base_url: str) -> None:
 
 def test_reasoning_and_tool_calls_through_the_sdk(client: openai.OpenAI, served_model: str) -> None:
     """tiny-glm's scripted reasoning and GLM tool calls, split by the reply parser, streamed and not."""
-    if served_model != "builtin:tiny-glm":
-        pytest.skip("needs the trained builtin:tiny-glm (a random checkpoint writes noise)")
     from serve_app.fixtures.tiny_glm.corpus import TOOLS
 
     ask = [{"role": "user", "content": "What is the weather like in Tokyo?"}]

@@ -17,6 +17,7 @@ from deployments.config import EngineConfig
 from deployments.model_rank.sampler import sample_rows, unpack_bitmask
 from deployments.scheduler.engine import Engine
 from deployments.scheduler.grammar import GrammarBackend, GrammarCompileError
+from deployments.step_plan import SeqDraw
 from deployments.types import EngineRequest, FinishReason, GrammarSpec, SamplingParams
 from tests.conftest import build_glm_checkpoint
 from tests.engine_harness import run_to_end
@@ -145,7 +146,5 @@ def test_a_refused_token_ends_only_that_request(engine: Engine) -> None:
     assert [r.token for r in sample_rows(logits, draws)] == logits.argmax(dim=-1).tolist()
 
 
-def _draw(allowed: torch.Tensor | None) -> "SeqDraw":
-    from deployments.step_plan import SeqDraw
-
+def _draw(allowed: torch.Tensor | None) -> SeqDraw:
     return SeqDraw(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=1, reply_position=0, allowed=allowed)

@@ -7,7 +7,6 @@ throughput side by side, so the cost the graph adds (Ray hops, HTTP, SSE framing
 import argparse
 import asyncio
 import json
-import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
