@@ -160,7 +160,8 @@ def test_reasoning_tokens_count_through_the_closer(ids: list[int], reply: ReplyF
 
 def _status(name: str, running: int, waiting: int, decode: float, requests: int) -> ReplicaStatus:
     counters = EngineCounters(requests_total=requests, prompt_tokens_total=10 * requests)
-    return ReplicaStatus(replica=name, window=4096, max_batch_size=8, policy="p", kv_usage=0.1, running=running,
+    return ReplicaStatus(replica=name, window=4096, max_batch_size=8, policy="p", block_size=16, num_blocks=64,
+                         kv_usage=0.1, running=running,
                          waiting=waiting, decode_tokens_per_second=decode, prefill_tokens_per_second=0.0,
                          dtype="float32", device="cpu", device_name="cpu", model_type="glm4_moe",
                          counters=counters)  # fmt: skip

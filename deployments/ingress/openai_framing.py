@@ -6,6 +6,7 @@ usage in its own final event with `"choices": []` (then every earlier chunk has 
 OpenAI sends it). vLLM's `return_token_ids` adds `prompt_token_ids` and each choice's `token_ids`.
 """
 
+import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ class ReplyMeta:
     include_usage: bool = False
 
 
-class _Framer:
+class _Framer(abc.ABC):
     """Shared chunk plumbing; subclasses say where text goes and what the objects are called."""
 
     chunk_object = ""
@@ -42,11 +43,11 @@ class _Framer:
         self.logprobs: LogprobFramer | None = None  # set by the route when the request asked for logprobs
 
     # ---- per API ----------------------------------------------------------------------------------------
-    def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _delta_choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]: ...
 
-    def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]: ...
 
     def _prompt_ids_at_top(self) -> bool:
         return True

@@ -10,17 +10,18 @@ At tensor-parallel size N > 1 the replica sits in a placement group whose bundle
 """
 
 import os
+from dataclasses import fields
 from collections.abc import AsyncIterator
 
 from ray import serve
 
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
-from deployments.scheduler.engine import Engine, EngineInfo
+from deployments.scheduler.engine import Engine
 from deployments.scheduler.engine_loop import EngineLoop
 from deployments.scheduler.memory_report import ReplicaMemory, replica_memory
 from deployments.scheduler.ray_metrics import RayMetricsExport
-from deployments.scheduler.wire import ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
+from deployments.scheduler.wire import EngineInfo, ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
 from deployments.types import ContextLengthError, EngineRequest
 
 
@@ -45,24 +46,8 @@ async def engine_stream(loop: EngineLoop, request: EngineRequest) -> AsyncIterat
 
 
 def replica_status(replica: str, info: EngineInfo) -> ReplicaStatus:
-    return ReplicaStatus(
-        replica=replica,
-        window=info.window,
-        max_batch_size=info.max_batch_size,
-        policy=info.policy,
-        kv_usage=info.kv_usage,
-        running=info.running,
-        waiting=info.waiting,
-        decode_tokens_per_second=info.decode_tokens_per_second,
-        prefill_tokens_per_second=info.prefill_tokens_per_second,
-        dtype=str(info.dtype),
-        device=str(info.device),
-        device_name=str(info.device_name),
-        model_type=str(info.model_type),
-        counters=info.counters,
-        memory=_cuda_memory(str(info.device)),
-        prompt_cache=info.prompt_cache,
-    )
+    snapshot = {f.name: getattr(info, f.name) for f in fields(EngineInfo)}
+    return ReplicaStatus(**snapshot, replica=replica, memory=_cuda_memory(str(info.device)))
 
 
 def _replica_tag() -> str:

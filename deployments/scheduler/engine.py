@@ -7,7 +7,6 @@ import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from deployments.config import EngineConfig
@@ -22,33 +21,12 @@ from deployments.scheduler.sequence import Sequence
 from deployments.scheduler.stats import EngineCounters, LiveRates
 from deployments.scheduler.thinking import Forced, force_tokens
 from deployments.scheduler.text_output import IncrementalText
+from deployments.scheduler.wire import EngineInfo
 from deployments.step_plan import StepResult
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
 log = logging.getLogger("tensorfold.engine")
-
-
-@dataclass
-class EngineInfo:
-    """A snapshot for /health, /metrics and the finish log (read on any thread)."""
-
-    window: int
-    max_batch_size: int
-    policy: str
-    block_size: int
-    num_blocks: int
-    kv_usage: float
-    running: int
-    waiting: int
-    decode_tokens_per_second: float
-    prefill_tokens_per_second: float
-    dtype: str
-    device: str
-    device_name: str
-    model_type: str
-    counters: EngineCounters
-    prompt_cache: bool = True  # whether prompt blocks are kept for reuse across requests
 
 
 class Engine:

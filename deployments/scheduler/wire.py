@@ -40,13 +40,14 @@ UpstreamItem = EngineChunk | ContextRefusal | InvalidPrompt
 
 
 @dataclass
-class ReplicaStatus:
-    """One Scheduler replica's snapshot for /health and the runtime block (summed over replicas by Ingress)."""
+class EngineInfo:
+    """A snapshot for /health, /metrics and the finish log (read on any thread)."""
 
-    replica: str  # Serve's replica id, so a caller can tell the model copies apart
     window: int
     max_batch_size: int
     policy: str
+    block_size: int
+    num_blocks: int
     kv_usage: float
     running: int
     waiting: int
@@ -57,5 +58,12 @@ class ReplicaStatus:
     device_name: str
     model_type: str
     counters: EngineCounters
+    prompt_cache: bool = True  # whether prompt blocks are kept for reuse across requests
+
+
+@dataclass
+class ReplicaStatus(EngineInfo):
+    """One Scheduler replica's snapshot for /health and the runtime block (summed over replicas by Ingress)."""
+
+    replica: str = ""  # Serve's replica id, so a caller can tell the model copies apart
     memory: dict[str, int] = field(default_factory=dict)  # CUDA: active, cache, peak bytes; {} elsewhere
-    prompt_cache: bool = True  # prompt blocks are kept across requests (prefix-cache metrics apply)
