@@ -11,33 +11,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deployments.ingress.chat_path import checked_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import APIError, bad_request, json_body, parse_body, server_error
 from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import Generation, GenerationFailed
-from deployments.ingress.limits import messages_over_window
 from deployments.ingress.openai_framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
-from deployments.ingress.openai_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationFields,
-    unsupported_field,
-)
-from deployments.ingress.reply_framing import ChatReply
-from deployments.ingress.reply_parser import ReplyParser
+from deployments.ingress.openai_models import CompletionRequest, GenerationFields
 from deployments.ingress.request_labels import capture_key_label
-from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id, thinking_controls
+from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.ingress.structured_fields import generation_extras, logprob_framer
-from deployments.renderer.deployment import RenderRefusal
-from deployments.renderer.prompt_renderer import ChatRenderRequest, ReplyFormat
-
-
-def _checked_body(body: dict[str, Any]) -> None:
-    refused = unsupported_field(body)
-    if refused is not None:
-        raise bad_request(refused[1], refused[0])
-
+from deployments.renderer.prompt_renderer import ReplyFormat
 
 async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Generation,
                    make_framer: Callable[[ReplyMeta], Any], prompt_ids: list[int]) -> Response:  # fmt: skip
@@ -60,32 +45,9 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
 
 
 async def _run_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
-    _checked_body(body)
-    fields = parse_body(ChatCompletionRequest, body)
-    too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
-    if too_many:
-        raise bad_request(too_many, "messages", "context_length_exceeded")
-    tools = fields.offered_tools  # tool_choice "none" hides them from the template and the parser
-    render = ChatRenderRequest(
-        messages=fields.messages,
-        tools=tools,
-        chat_template_kwargs=fields.chat_template_kwargs,
-        add_generation_prompt=fields.add_generation_prompt is not False,
-        reasoning_effort=fields.reasoning_effort,
-    )
-    rendered = await ctx.backend.render_chat(render)
-    if isinstance(rendered, RenderRefusal):
-        raise bad_request(rendered.message, "messages")
-    card = await ctx.backend.card()
-    settings = ctx.settings
-    thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
-    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
-    request.grammar, request.logprobs = generation_extras(body, rendered.reply, chat=True)
-    generation = Generation(ctx.backend, request, rendered.reply, (await ctx.facts()).engine)
-    parser = ReplyParser(rendered.reply, tools, parallel_tool_calls=fields.parallel_tool_calls is not False)
-    reply = ChatReply(parser, set(card.eos_token_ids) | set(fields.stop_token_ids))
-    await generation.start()
-    return await _respond(ctx, fields, generation, lambda meta: ChatFramer(meta, reply), rendered.prompt_token_ids)
+    run = await start_chat(ctx, body, request_id, arrival)
+    return await _respond(ctx, run.fields, run.generation, lambda meta: ChatFramer(meta, run.reply),
+                          run.prompt_token_ids)  # fmt: skip
 
 
 async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> list[int]:
@@ -100,7 +62,7 @@ async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> 
 
 
 async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
-    _checked_body(body)
+    checked_body(body)
     fields = parse_body(CompletionRequest, body)
     prompt_ids = await _completion_prompt(ctx, fields)
     card = await ctx.backend.card()
