@@ -27,6 +27,7 @@ class SeqDraw:
     # xgrammar's packed int32 bitmask [ceil(V / 32)] of the tokens the row's grammar allows; None = all.
     allowed: "torch.Tensor | None" = None
     want_logprobs: int | None = None  # None: no logprobs; k: the drawn token's logprob and k alternatives
+    score_ids: list[int] | None = None  # a scoring request: these ids' raw log-probabilities are wanted
 
 
 @dataclass
@@ -35,6 +36,7 @@ class StepResult:
 
     token: int
     logprobs: LogprobRow | None = None  # set when the row's draw asked for logprobs
+    scores: list[float] | None = None  # the raw log-probability of each of the draw's score_ids
 
 
 @dataclass

@@ -90,6 +90,8 @@ class EngineRequest:
     key_label: str = "none"  # the API key's label (never the key), for per-key request counts
     grammar: GrammarSpec | None = None  # structured output or a forced tool call
     logprobs: int | None = None  # None: no logprob rows; k: each reply token's row with k alternatives
+    # Score these ids as the next token after the prompt (raw log-softmax); no reply is generated.
+    score_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -109,6 +111,7 @@ class RequestStats:
     seed: int = 0  # the sampling key actually used
     prefill_widths: list[int] = field(default_factory=list)  # the chunk sizes its prompt was prefilled in
     loop_period: int | None = None  # the cycle length the loop guard closed, if it fired
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
 
 
 @dataclass
@@ -124,6 +127,8 @@ class EngineChunk:
     # One row per id in token_ids when the request asked for logprobs (None otherwise); rows travel with
     # their tokens, so Ingress can send each with the text that completes it.
     logprobs: list[LogprobRow] | None = None
+    # A scoring request's final chunk: the log-probability of each of its score_token_ids, in order.
+    scores: list[float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -135,6 +140,8 @@ class EngineChunk:
         self.text += later.text
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
+        if later.scores is not None:
+            self.scores = later.scores
         if later.finish_reason is not None:
             self.finish_reason = later.finish_reason
             self.error = later.error

@@ -3,7 +3,8 @@
 No `from __future__ import annotations` here: Serve reads the builder's parameter annotation at runtime
 to validate the YAML's `args` into AppArgs; with postponed annotations it would pass a plain dict.
 
-Layout (DESIGN.md): Ingress -> Renderer, Ingress -> Scheduler (one replica per model copy). At
+Layout (DESIGN.md): Ingress -> Renderer, Ingress -> Scheduler (one replica per model copy), Ingress ->
+ResponseStore (one replica: stored Responses, shared by every Ingress replica). At
 tensor-parallel size N > 1 each Scheduler replica gets a placement group of N + 1 bundles: bundle 0 holds
 the replica itself, bundle i + 1 rank i's actor (deployments/model_rank/deployment.py places the ranks
 there and asks each rank's CPUs from TENSORFOLD_RANK_CPUS, which the replica's environment sets from
@@ -23,6 +24,7 @@ from deployments.ingress.context import IngressSettings
 from deployments.ingress.deployment import Ingress
 from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.keys import auth_settings  # digests only: replica args show in Ray's dashboard
+from deployments.ingress.responses.store_deployment import ResponseStoreDeployment
 from deployments.renderer.deployment import Renderer
 from deployments.renderer.prompt_renderer import RendererOptions
 from deployments.renderer.template_file import load_template_file
@@ -85,5 +87,6 @@ def build_app(args: AppArgs) -> Application:
     )
     log.info("graph: %s on %s, tp=%d dp=%d", args.served_name, device, args.tensor_parallel_size,
              args.data_parallel_size)  # fmt: skip
-    return ingress.bind(renderer, scheduler, settings)
+    responses = ResponseStoreDeployment.bind()
+    return ingress.bind(renderer, scheduler, settings, responses)
 

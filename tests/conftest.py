@@ -70,3 +70,16 @@ def serve_url(ray_cluster: None) -> str:
     port = free_port()
     serve_start(http_options={"host": "127.0.0.1", "port": port})
     return f"http://127.0.0.1:{port}"
+
+
+GLM_APP = "e2e-glm"
+
+
+@pytest.fixture(scope="session")
+def glm_base_url(serve_url: str, served_model: str) -> Iterator[str]:
+    """configs/glm.yaml serving tiny-glm (aliases `glm`), deployed once for every module that uses it."""
+    from tests.serve_harness import delete_apps, deploy_apps, load_app_config
+
+    deploy_apps([load_app_config("glm.yaml", GLM_APP, "/glm", model=served_model, name="tiny", aliases=["glm"])])
+    yield f"{serve_url}/glm"
+    delete_apps([GLM_APP])

@@ -1,7 +1,7 @@
 """The real graph on Ray Serve, driven over HTTP by the official `openai` SDK (sync, async, streaming).
 
-The application comes from configs/glm.yaml (its model swapped for a random GLM checkpoint until
-builtin:tiny-glm exists), deployed as `serve run` deploys it and started once for the module.
+The application comes from configs/glm.yaml serving builtin:tiny-glm, deployed as `serve run` deploys it
+and started once per session (conftest.glm_base_url, shared with tests/test_e2e_families.py).
 """
 
 import asyncio
@@ -13,19 +13,15 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from tests.serve_harness import delete_apps, deploy_apps, load_app_config
+from tests.conftest import GLM_APP as APP
 
 pytestmark = pytest.mark.e2e
-APP = "e2e-glm"
-PREFIX = "/glm"
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def base_url(serve_url: str, served_model: str) -> str:
-    deploy_apps([load_app_config("glm.yaml", APP, PREFIX, model=served_model, name="tiny", aliases=["glm"])])
-    yield f"{serve_url}{PREFIX}"
-    delete_apps([APP])
+def base_url(glm_base_url: str) -> str:
+    return glm_base_url
 
 
 @pytest.fixture(scope="module")

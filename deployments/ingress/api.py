@@ -6,12 +6,15 @@ from deployments.ingress.auth import AuthMiddleware
 from deployments.ingress.backend import Backend
 from deployments.ingress.context import IngressSettings, ServingContext
 from deployments.ingress.dashboard import dashboard_router
+from deployments.ingress.decisions.route import decisions_router
 from deployments.ingress.memory_route import memory_router
+from deployments.ingress.messages.route import messages_router
 from deployments.ingress.metrics import metrics_router
 from deployments.ingress.errors import install_error_handlers
 from deployments.ingress.key_store import KeyStore
 from deployments.ingress.limits import BodyLimitMiddleware
 from deployments.ingress.openapi_bodies import document_bodies
+from deployments.ingress.responses.route import responses_router
 from deployments.ingress.routes_generate import generate_router
 from deployments.ingress.routes_info import info_router
 from deployments.ingress.routes_tokenize import tokenize_router
@@ -23,7 +26,10 @@ def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None
     install_error_handlers(app)
     app.include_router(info_router(ctx))
     app.include_router(generate_router(ctx))
+    app.include_router(responses_router(ctx))
+    app.include_router(messages_router(ctx))
     app.include_router(tokenize_router(ctx))
+    app.include_router(decisions_router(ctx))
     app.include_router(metrics_router(ctx))
     app.include_router(memory_router(ctx))
     app.include_router(dashboard_router(ctx))

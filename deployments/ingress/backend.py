@@ -1,8 +1,8 @@
 """What the HTTP routes need from the rest of the graph, and its implementation over Serve handles.
 
-Routes speak to a `Backend`: render, tokenize, stream one EngineRequest, read replica status. In the graph
-it is `GraphBackend` (Renderer and Scheduler deployment handles); `local_backend.LocalBackend` runs the same
-routes over an in-process renderer and engine loop (benchmarks, tests without Ray).
+Routes speak to a `Backend`: render, tokenize, stream one EngineRequest, read replica status, keep stored
+responses. In the graph it is `GraphBackend` (Renderer, Scheduler and ResponseStore deployment handles);
+`local_backend.LocalBackend` runs the same routes over an in-process renderer and engine loop (benchmarks, tests without Ray).
 """
 
 import logging
@@ -11,6 +11,7 @@ from typing import Protocol
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from deployments.ingress.responses.store import StoredResponse
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest, RenderedPrompt, TokenizerCard
 from deployments.scheduler.memory_report import ReplicaMemory
@@ -46,6 +47,12 @@ class Backend(Protocol):
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]: ...
 
+    async def save_response(self, entry: StoredResponse) -> None: ...
+
+    async def load_response(self, response_id: str) -> StoredResponse | None: ...
+
+    async def delete_response(self, response_id: str) -> bool: ...
+
 
 class _HandleStream:
     """A Scheduler `generate` stream over Serve; cancelling it cancels the replica's generator."""
@@ -63,9 +70,10 @@ class _HandleStream:
 class GraphBackend:
     """The Backend of an Ingress replica: calls into the Renderer and Scheduler deployments."""
 
-    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle) -> None:
+    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle, responses: DeploymentHandle) -> None:
         self._renderer = renderer
         self._scheduler = scheduler
+        self._responses = responses  # one ResponseStore replica shared by every Ingress replica
         self._stream_handle = scheduler.options(stream=True)  # built once: options() allocates a handle
         self._card: TokenizerCard | None = None
 
@@ -114,3 +122,12 @@ class GraphBackend:
             log.warning("no Scheduler replica reported its memory: %s", exc)
             return []
         return [r for r in results if isinstance(r, ReplicaMemory)]
+
+    async def save_response(self, entry: StoredResponse) -> None:
+        await self._responses.save.remote(entry)
+
+    async def load_response(self, response_id: str) -> StoredResponse | None:
+        return await self._responses.load.remote(response_id)
+
+    async def delete_response(self, response_id: str) -> bool:
+        return await self._responses.delete.remote(response_id)

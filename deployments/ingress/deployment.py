@@ -1,7 +1,7 @@
 """The Ingress deployment: the HTTP surface of the graph (FastAPI, built per replica).
 
 The FastAPI app is built after the constructor (`__serve_build_asgi_app__`), so its routes close over
-this replica's handles to the Renderer and Scheduler deployments instead of living on the class.
+this replica's handles to the Renderer, Scheduler and ResponseStore deployments instead of living on the class.
 """
 
 from fastapi import FastAPI
@@ -18,9 +18,10 @@ from deployments.log_setup import configure_logging
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
 @serve.ingress()
 class Ingress:
-    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle, settings: IngressSettings) -> None:
+    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle, settings: IngressSettings,
+                 responses: DeploymentHandle) -> None:  # fmt: skip
         configure_logging()  # the finish log
-        self._backend = GraphBackend(renderer, scheduler)
+        self._backend = GraphBackend(renderer, scheduler, responses)
         self._settings = settings
         self._keys = KeyStore(settings.auth)  # reached by reload_keys as well as by the app's auth
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments.ingress.limits import MAX_JSON_DEPTH, json_depth, lone_surrogate_path
+from deployments.ingress.limits import MAX_JSON_DEPTH, is_anthropic, json_depth, lone_surrogate_path, route_path
 from deployments.types import ContextLengthError
 
 log = logging.getLogger("tensorfold.ingress")
@@ -96,19 +96,29 @@ def parse_body(model: type[M], body: dict[str, Any]) -> M:
         raise from_validation_error(exc) from None
 
 
+def _envelope(request: Request, status: int, message: str, type: str) -> JSONResponse:
+    """OpenAI's envelope, or Anthropic's on the Messages routes (whose error types differ)."""
+    if is_anthropic(route_path(request.scope)):
+        kind = {404: "not_found_error", 405: "invalid_request_error", 500: "api_error"}.get(status, type)
+        return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+    return JSONResponse(error_body(message, type), status_code=status)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every error FastAPI or a handler raises through the envelope."""
+    """Route every error FastAPI or a handler raises through the route's envelope."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if is_anthropic(route_path(request.scope)):
+            return _envelope(request, exc.status, exc.message, exc.type)
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return _envelope(request, exc.status_code, str(exc.detail), kind)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in a route")
-        return JSONResponse(error_body(f"internal server error: {exc}", "server_error"), status_code=500)
+        return _envelope(request, 500, f"internal server error: {exc}", "server_error")

@@ -35,8 +35,10 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
     )
 
 
-def log_refused(request_id: str, message: str) -> None:
-    log.info("refused %s: %s", request_id, message)
+def log_refused(request_id: str, status: int, message: str) -> None:
+    """A request answered with an error before it ran; other server faults were logged as `ended`."""
+    if status < 500 or status == 503:
+        log.info("refused %s: %s", request_id, message)
 
 
 def log_ended(request_id: str, reason: str, prompt_tokens: int, tokens: int, arrival_time: float) -> None:

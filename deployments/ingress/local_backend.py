@@ -6,6 +6,7 @@ Everything here is the real renderer and engine; only the Ray hops are missing.
 
 from collections.abc import AsyncIterator
 
+from deployments.ingress.responses.store import ResponseStore, StoredResponse
 from deployments.renderer.chat_template import TemplateRenderError
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.messages import MessageError
@@ -32,6 +33,7 @@ class LocalBackend:
     def __init__(self, renderer: PromptRenderer, loop: EngineLoop) -> None:
         self._renderer = renderer
         self._loop = loop
+        self._responses = ResponseStore()  # one process, so the store lives here
 
     async def card(self) -> TokenizerCard:
         return self._renderer.card()
@@ -59,3 +61,12 @@ class LocalBackend:
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
         return [replica_memory("local", self._loop.engine, reset_peak)]
+
+    async def save_response(self, entry: StoredResponse) -> None:
+        self._responses.save(entry)
+
+    async def load_response(self, response_id: str) -> StoredResponse | None:
+        return self._responses.load(response_id)
+
+    async def delete_response(self, response_id: str) -> bool:
+        return self._responses.delete(response_id)

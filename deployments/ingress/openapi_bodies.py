@@ -11,15 +11,23 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from deployments.ingress import openai_models as oa
+from deployments.ingress.responses.models import ResponsesRequest
+from deployments.ingress.decisions.models import DecisionRequest
+from deployments.ingress.messages.models import CountTokensRequest, MessagesRequest
 
 BODY_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": oa.ChatCompletionRequest,
     "/v1/completions": oa.CompletionRequest,
+    "/v1/responses": ResponsesRequest,
     "/tokenize": oa.TokenizeRequest,
     "/v1/tokenize": oa.TokenizeRequest,
     "/detokenize": oa.DetokenizeRequest,
     "/v1/detokenize": oa.DetokenizeRequest,
+    "/v1/decisions": DecisionRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
 }
+_CHAT_MESSAGES = (oa.ChatCompletionRequest, oa.CompletionRequest, oa.TokenizeRequest)  # bodies whose `messages` are chat messages
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}  # fmt: skip
 # What the routes accept as a message (openai_models._check_messages), which `list[dict]` leaves unsaid.
@@ -45,7 +53,7 @@ def _with_bodies(spec: dict[str, Any], keys: bool) -> dict[str, Any]:
             continue
         schema = model.model_json_schema(mode="validation", ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
-        if "messages" in schema.get("properties", {}):
+        if model in _CHAT_MESSAGES:
             schema["properties"]["messages"] = {"type": "array", "minItems": 1, "items": MESSAGE_SCHEMA}
         components[model.__name__] = schema
         content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}

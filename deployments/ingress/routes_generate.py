@@ -73,11 +73,6 @@ async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id:
     return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)
 
 
-def _log_refusal(request_id: str, exc: APIError) -> None:
-    if exc.status < 500 or exc.status == 503:  # other server faults were logged as `ended ... reason=error`
-        log_refused(request_id, exc.message)
-
-
 def _uses_chat(body: dict[str, Any]) -> bool:
     messages = body.get("messages")
     return isinstance(messages, list) and len(messages) > 0
@@ -94,7 +89,7 @@ def generate_router(ctx: ServingContext) -> APIRouter:
         try:
             return await _run_chat(ctx, await json_body(http), request_id, arrival)
         except APIError as exc:
-            _log_refusal(request_id, exc)
+            log_refused(request_id, exc.status, exc.message)
             return exc.response()
 
     @router.post("/v1/completions")
@@ -104,7 +99,7 @@ def generate_router(ctx: ServingContext) -> APIRouter:
         try:
             body = await json_body(http)
         except APIError as exc:
-            _log_refusal(new_request_id("cmpl"), exc)
+            log_refused(new_request_id("cmpl"), exc.status, exc.message)
             return exc.response()
         chat = _uses_chat(body)  # a nonempty `messages` list takes the chat path, answered as chat
         request_id = new_request_id("chatcmpl" if chat else "cmpl")
@@ -113,7 +108,7 @@ def generate_router(ctx: ServingContext) -> APIRouter:
                 return await _run_chat(ctx, body, request_id, arrival)
             return await _run_completion(ctx, body, request_id, arrival)
         except APIError as exc:
-            _log_refusal(request_id, exc)
+            log_refused(request_id, exc.status, exc.message)
             return exc.response()
 
     return router

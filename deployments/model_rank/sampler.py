@@ -115,17 +115,25 @@ def logprob_row(logits: torch.Tensor, token: int, top: int) -> LogprobRow:
     return LogprobRow(token_id=token, logprob=float(logprobs[token].item()), top=alternatives)
 
 
+def score_row(logits: torch.Tensor, ids: list[int]) -> list[float]:
+    """The raw log-probabilities (float64 log-softmax over the whole vocabulary) of `ids`, in order."""
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    return [float(v) for v in logprobs[torch.tensor(ids, dtype=torch.long)].tolist()]
+
+
 def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
     """Draw one token per row of `logits` [R, V]; rows are independent of each other.
 
-    Each row's token depends only on its own (masked) logits, seed and position; logprob rows describe the
-    unmasked logits, so they are the same whatever the sampling settings.
+    Each row's token depends only on its own (masked) logits, seed and position; logprob rows and scores
+    describe the unmasked logits, so they are the same whatever the sampling settings.
     """
     tokens = _draw_tokens(mask_rows(logits, draws), draws)
     results = [StepResult(token=t) for t in tokens]
     for row, draw in enumerate(draws):
         if draw.want_logprobs is not None:
             results[row].logprobs = logprob_row(logits[row], tokens[row], draw.want_logprobs)
+        if draw.score_ids is not None:
+            results[row].scores = score_row(logits[row], draw.score_ids)
     return results
 
 

@@ -17,6 +17,7 @@ from deployments.scheduler.grammar import GrammarBackend, follow_written
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
 from deployments.scheduler.planner import PlannedStep, Planner
+from deployments.scheduler.scoring import check_scoring
 from deployments.scheduler.sequence import Sequence
 from deployments.scheduler.stats import EngineCounters, LiveRates
 from deployments.scheduler.thinking import Forced, force_tokens
@@ -114,6 +115,7 @@ class Engine:
             raise ContextLengthError(self.window, prompt, None, request.prompt_param)
         if request.max_tokens is not None and prompt + request.max_tokens > self.window:
             raise ContextLengthError(self.window, prompt, request.max_tokens, request.max_tokens_param)
+        check_scoring(request, vocab)
         if request.grammar is not None:
             self.grammars.compile(request.grammar)  # a GrammarCompileError is a 400 before any token
 
@@ -188,6 +190,9 @@ class Engine:
                 seq.stats.rounds += 1
             if step.draw is not None:
                 result = next(drawn)
+                if seq.request.score_token_ids is not None:
+                    self._scored(seq, result, now)
+                    continue
                 before = seq.num_reply_tokens
                 if seq.logprob_rows is not None and result.logprobs is not None:
                     seq.logprob_rows.append(result.logprobs)
@@ -200,6 +205,15 @@ class Engine:
         else:
             self.counters.rounds_total += 1
             self.rates.decoded(len(results))
+
+    def _scored(self, seq: Sequence, result: StepResult, now: float) -> None:
+        """A scoring request ends with its prompt pass: the drawn token is dropped, no reply token is written."""
+        seq.prompt_done_time = now
+        if result.scores is None:
+            self._finish(seq, FinishReason.ERROR, "the model rank returned no scores")
+            return
+        seq.scores = result.scores
+        self._finish(seq, FinishReason.STOP)
 
     def _accept(self, seq: Sequence, token: int, now: float) -> None:
         if seq.num_reply_tokens == 0:
@@ -262,12 +276,14 @@ class Engine:
         stats = seq.stats
         stats.finish_time = time.time()
         stats.completion_tokens = seq.num_reply_tokens
+        stats.stop_string = seq.text.stopped_by
         if seq.prompt_done_time is not None:
             stats.decode_seconds = stats.finish_time - seq.prompt_done_time
         self.counters.finished(stats, reason, seq.request.key_label)
         self._emit(seq, final=True)
         last = self._outbox[-1]
         last.finish_reason, last.error, last.stats = reason, error, stats
+        last.scores = seq.scores
 
     def _fail(self, planned: PlannedStep, message: str) -> None:
         for seq in planned.seqs:

@@ -37,6 +37,7 @@ class Sequence:
     prompt_done_time: float | None = None  # when the prompt pass ended (decode time counts from here)
     grammar: "ReplyGrammar | None" = None  # the reply's matcher, advanced with each accepted token
     logprob_rows: list[LogprobRow] | None = None  # one per reply token when the request asked for logprobs
+    scores: list[float] | None = None  # a scoring request's result, set at the end of its prompt pass
 
     @property
     def request_id(self) -> str:
@@ -79,4 +80,5 @@ class Sequence:
             reply_position=self.num_reply_tokens,
             allowed=None if self.grammar is None else self.grammar.allowed(),
             want_logprobs=self.request.logprobs,
+            score_ids=self.request.score_token_ids,
         )

@@ -1,0 +1,83 @@
+"""POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's API on the one chat path.
+
+Every failure answers in Anthropic's envelope, `{"type": "error", "error": {"type", "message"}}`, with the
+error type Anthropic uses for the status; a failure after a stream opened is an `error` event.
+"""
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from deployments.ingress.chat_path import render_chat_body, start_chat
+from deployments.ingress.context import ServingContext
+from deployments.ingress.errors import APIError, context_error, json_body, parse_body
+from deployments.ingress.finish_log import log_refused
+from deployments.ingress.generation import GenerationFailed
+from deployments.ingress.messages.framing import MessagesFramer
+from deployments.ingress.messages.models import CountTokensRequest, MessagesRequest
+from deployments.ingress.messages.translate import chat_body, prompt_fields
+from deployments.ingress.openai_models import ChatCompletionRequest
+from deployments.ingress.request_labels import capture_key_label
+from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from deployments.types import ContextLengthError
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+# Chat fields an error may name, as the Messages field the client sent.
+_FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "response_format": "output_config.format",
+           "reasoning_effort": "output_config.effort", "thinking_budget": "thinking.budget_tokens"}  # fmt: skip
+
+
+def anthropic_error(exc: APIError) -> JSONResponse:
+    message = exc.message
+    for chat_name, name in _FIELDS.items():
+        if message.startswith(chat_name):
+            message = name + message[len(chat_name) :]
+    error_type = _TYPES.get(exc.status, "api_error")
+    return JSONResponse({"type": "error", "error": {"type": error_type, "message": message}}, status_code=exc.status)
+
+
+def _message_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def messages_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(http: Request) -> Response:
+        arrival = time.time()
+        capture_key_label(http)  # per-key request counts (metrics)
+        request_id = _message_id()
+        try:
+            fields = parse_body(MessagesRequest, await json_body(http))
+            run = await start_chat(ctx, chat_body(fields), request_id, arrival)
+        except APIError as exc:
+            log_refused(request_id, exc.status, exc.message)
+            return anthropic_error(exc)
+        framer = MessagesFramer(run, ctx.settings.served_name)
+        if fields.stream:
+            return StreamingResponse(framer.stream(), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+        try:
+            return JSONResponse(await framer.body())
+        except GenerationFailed as exc:
+            return anthropic_error(APIError(500, str(exc), "server_error"))
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(http: Request) -> Response:
+        """The prompt the same body would run, counted without generating."""
+        try:
+            fields = parse_body(CountTokensRequest, await json_body(http))
+            chat = parse_body(ChatCompletionRequest, {k: v for k, v in prompt_fields(fields).items() if v is not None})
+            rendered = await render_chat_body(ctx, chat)
+            count = len(rendered.prompt_token_ids)
+            window = (await ctx.facts()).window
+            if fields.max_tokens is not None and count + fields.max_tokens > window:  # as /v1/messages would refuse
+                raise context_error(ContextLengthError(window, count, fields.max_tokens, "max_tokens"))
+        except APIError as exc:
+            return anthropic_error(exc)
+        return JSONResponse({"input_tokens": count})
+
+    return router

@@ -1,0 +1,253 @@
+"""A Responses body as the chat completion body it runs as, and a finished reply as the turn it adds.
+
+Input items become chat messages the way a chat client would write them: `instructions` is a leading
+system message (never stored, so it is not carried to a later turn); a reasoning item's text becomes the
+next assistant message's `reasoning_content`; function calls join the assistant message before them; a
+function_call_output is a tool message. A continuation is the stored messages followed by the new
+input, so its prompt repeats the earlier one and the prompt cache resumes the shared prefix.
+"""
+
+from typing import Any
+
+from deployments.ingress.errors import APIError, bad_request
+from deployments.ingress.responses.models import ResponsesRequest
+
+INPUT_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+# A refusal naming a chat field names the Responses field it came from.
+_CHAT_TO_RESPONSES = {
+    "messages": "input",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text",
+    "reasoning_effort": "reasoning",
+}
+_PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos", "thinking_budget",
+           "chat_template_kwargs", "priority", "draft", "parallel_tool_calls")  # fmt: skip
+
+
+def _refuse(where: str, why: str, param: str = "input") -> APIError:
+    return bad_request(f"{where}: {why}", param)
+
+
+def _part_text(part: Any, where: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+        return part["text"]
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return part["refusal"]
+    if kind == "input_image":
+        raise _refuse(where, "image input needs a vision model, and this server serves none")
+    if kind == "input_file" or (isinstance(part, dict) and "file_id" in part):
+        raise _refuse(where, "input_file parts and file IDs are not supported")
+    raise _refuse(where, f"content parts of type {kind!r} are not supported (send input_text)")
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _refuse(where, "content must be a string or a list of parts")
+    return "".join(_part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
+
+
+class _Messages:
+    """Input items, in order, folded into chat messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.reasoning: list[str] | None = None  # reasoning items waiting for the next assistant message
+        self.joinable = False  # the last message is an assistant turn a function call may join
+
+    def _assistant(self, content: str) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.reasoning is not None:
+            message["reasoning_content"] = "\n".join(self.reasoning)
+            self.reasoning = None
+        self.messages.append(message)
+        self.joinable = True
+        return message
+
+    def add(self, item: Any, where: str) -> None:
+        if not isinstance(item, dict):
+            raise _refuse(where, "an input item must be an object")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            self._message(item, where)
+        elif kind == "function_call":
+            self._call(item, where)
+        elif kind == "function_call_output":
+            self._call_output(item, where)
+        elif kind == "reasoning":
+            self._reasoning(item, where)
+        elif kind == "item_reference":
+            raise _refuse(where, "item_reference items are not supported: send the item, or use previous_response_id")
+        else:
+            raise _refuse(where, f"input items of type {kind!r} are not supported")
+
+    def _message(self, item: dict[str, Any], where: str) -> None:
+        role = item.get("role")
+        if role not in INPUT_ROLES:
+            raise _refuse(f"{where}.role", f"must be one of {', '.join(INPUT_ROLES)}, got {role!r}")
+        text = _content_text(item.get("content"), f"{where}.content")
+        if role == "assistant":
+            self._assistant(text)
+            return
+        self.messages.append({"role": role, "content": text})
+        self.joinable = False
+
+    def _call(self, item: dict[str, Any], where: str) -> None:
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise _refuse(f"{where}.{key}", "must be a string")
+        call = {"id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+        message = self.messages[-1] if self.joinable else self._assistant("")
+        message.setdefault("tool_calls", []).append(call)
+
+    def _call_output(self, item: dict[str, Any], where: str) -> None:
+        if not isinstance(item.get("call_id"), str):
+            raise _refuse(f"{where}.call_id", "must be a string")
+        text = _content_text(item.get("output"), f"{where}.output")
+        self.messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+        self.joinable = False
+
+    def _reasoning(self, item: dict[str, Any], where: str) -> None:
+        if item.get("encrypted_content") is not None:
+            raise _refuse(f"{where}.encrypted_content", "encrypted reasoning is not supported (send its content)")
+        content = item.get("content") or []
+        if not isinstance(content, list):
+            raise _refuse(f"{where}.content", "must be a list of reasoning_text parts")
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        if not all(isinstance(t, str) for t in texts):
+            raise _refuse(f"{where}.content", "every part needs its text")
+        self.reasoning = (self.reasoning or []) + ["".join(texts)]  # type: ignore[arg-type]
+
+
+def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as chat messages (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    folded = _Messages()
+    for index, item in enumerate(value):
+        folded.add(item, f"input[{index}]")
+    return folded.messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools in chat's shape; any built-in tool is refused."""
+    if tools is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise _refuse(f"tools[{index}]", f"built-in tools ({kind!r}) are not supported; send function tools",
+                          "tools")  # fmt: skip
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise _refuse(f"tools[{index}].name", "a function tool needs a nonempty name", "tools")
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
+    mode, allowed = choice.get("mode"), choice.get("tools")
+    if mode not in ("auto", "required") or not isinstance(allowed, list):
+        raise _refuse("tool_choice", 'allowed_tools needs mode "auto" or "required" and a list of tools', "tool_choice")
+    names = set()
+    for tool in allowed:
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise _refuse("tool_choice.tools", 'only {"type": "function", "name": ...} entries are supported',
+                          "tool_choice")  # fmt: skip
+        names.add(tool["name"])
+    return mode, [t for t in tools or [] if t["function"]["name"] in names]
+
+
+def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, list[dict[str, Any]] | None]:
+    """tool_choice in chat's shape, and the tools it leaves offered."""
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice, tools
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        if not isinstance(choice.get("name"), str):
+            raise _refuse("tool_choice.name", "must be a string", "tool_choice")
+        return {"type": "function", "function": {"name": choice["name"]}}, tools
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return _allowed(choice, tools)
+    what = choice.get("type") if isinstance(choice, dict) else choice
+    raise _refuse("tool_choice", f'{what!r} is not supported: use "none", "auto", "required", a function or '
+                  "allowed_tools", "tool_choice")  # fmt: skip
+
+
+def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """text.format as chat's response_format (plain text: none)."""
+    fmt = (text or {}).get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        inner = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        return {"type": "json_schema", "json_schema": inner}
+    raise _refuse("text.format.type", 'must be "text", "json_object" or "json_schema"', "text")
+
+
+def _effort(reasoning: dict[str, Any] | None) -> Any:
+    return (reasoning or {}).get("effort")
+
+
+def chat_body(fields: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The chat body to run, and the conversation without instructions (what a stored response keeps)."""
+    if fields.input is None:
+        raise bad_request("input is required (a string or a list of items)", "input")
+    conversation = history + input_messages(fields.input)
+    system = [{"role": "system", "content": fields.instructions}] if fields.instructions else []
+    body: dict[str, Any] = {"messages": system + conversation}
+    for name in _PASSED:
+        value = getattr(fields, name)
+        if value is not None:
+            body[name] = value
+    if fields.max_output_tokens is not None:
+        body["max_completion_tokens"] = fields.max_output_tokens
+    if _effort(fields.reasoning) is not None:
+        body["reasoning_effort"] = _effort(fields.reasoning)
+    tools = chat_tools(fields.tools)
+    choice, tools = chat_tool_choice(fields.tool_choice, tools)
+    if tools is not None:
+        body["tools"] = tools
+    if choice is not None:
+        body["tool_choice"] = choice
+    fmt = response_format(fields.text)
+    if fmt is not None:
+        body["response_format"] = fmt
+    return body, conversation
+
+
+def responses_error(exc: APIError) -> APIError:
+    """A chat refusal with its param (and the field named in its message) renamed to the Responses field."""
+    param = _CHAT_TO_RESPONSES.get(exc.param or "", exc.param)
+    message = exc.message
+    if exc.param in _CHAT_TO_RESPONSES and exc.param != "messages":
+        message = message.replace(exc.param, _CHAT_TO_RESPONSES[exc.param])
+    return APIError(exc.status, message, exc.type, param, exc.code)
+
+
+def assistant_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A response's output as the one assistant message a chat client would send back."""
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    calls: list[dict[str, Any]] = []
+    for item in output:
+        if item["type"] == "reasoning":
+            texts = "".join(part["text"] for part in item.get("content") or [])
+            message["reasoning_content"] = message.get("reasoning_content", "") + texts
+        elif item["type"] == "message":
+            message["content"] += "".join(part["text"] for part in item["content"])
+        elif item["type"] == "function_call":
+            calls.append({"id": item["call_id"], "type": "function",
+                          "function": {"name": item["name"], "arguments": item["arguments"]}})  # fmt: skip
+    if calls:
+        message["tool_calls"] = calls
+    return message
