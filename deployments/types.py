@@ -63,6 +63,16 @@ class LogprobRow:
 
 
 @dataclass
+class PromptLogprobRow:
+    """One prompt token (the second onward) under the raw distribution the tokens before it give."""
+
+    token_id: int  # the prompt token itself
+    logprob: float
+    rank: int  # vocabulary tokens whose logprob is at least this one's, itself included (vLLM's rank)
+    top: list[tuple[int, float]] = field(default_factory=list)  # (id, logprob) likeliest first, ties by lower id
+
+
+@dataclass
 class ThinkingControls:
     """How the engine watches a reply's think block (set by Ingress from the rendered prompt's ReplyFormat)."""
 
@@ -92,6 +102,9 @@ class EngineRequest:
     logprobs: int | None = None  # None: no logprob rows; k: each reply token's row with k alternatives
     # Score these ids as the next token after the prompt (raw log-softmax); no reply is generated.
     score_token_ids: list[int] | None = None
+    # None: no prompt rows; k: a row with k best tokens for each prompt token after the first (vLLM's
+    # prompt_logprobs). Such a request never resumes from the prefix cache: its whole prompt is computed.
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -129,6 +142,8 @@ class EngineChunk:
     logprobs: list[LogprobRow] | None = None
     # A scoring request's final chunk: the log-probability of each of its score_token_ids, in order.
     scores: list[float] | None = None
+    # The final chunk of a request that asked for prompt_logprobs: one row per prompt token after the first.
+    prompt_logprobs: list[PromptLogprobRow] | None = None
 
     @property
     def finished(self) -> bool:
@@ -142,6 +157,8 @@ class EngineChunk:
             self.logprobs = (self.logprobs or []) + later.logprobs
         if later.scores is not None:
             self.scores = later.scores
+        if later.prompt_logprobs is not None:
+            self.prompt_logprobs = later.prompt_logprobs
         if later.finish_reason is not None:
             self.finish_reason = later.finish_reason
             self.error = later.error

@@ -20,15 +20,34 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
-def build_glm_checkpoint(out_dir: Path) -> Path:
-    """A random glm4_moe checkpoint with the GLM tokenizer and tiny-glm's chat template."""
+def build_glm_checkpoint(out_dir: Path, *, seed: int = 0, corpus: list[str] | None = None) -> Path:
+    """A random glm4_moe checkpoint with the GLM tokenizer and tiny-glm's chat template.
+
+    `seed` picks the weights; `corpus` adds tokenizer training text (to make chosen words single tokens).
+    """
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    build_tokenizer(out_dir, vocab_size=512, family="glm")
-    build_random_checkpoint("glm4_moe", out_dir, vocab_size=512)
+    build_tokenizer(out_dir, vocab_size=512, family="glm", corpus=corpus)
+    build_random_checkpoint("glm4_moe", out_dir, vocab_size=512, seed=seed)
     template = REPO / "serve_app" / "fixtures" / "tiny_glm" / "chat_template.jinja"
     (out_dir / "chat_template.jinja").write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
+    return out_dir
+
+
+def use_tokenizer_end_token(out_dir: Path) -> Path:
+    """Make the tokenizer's end token the checkpoint's (a random checkpoint's id 1 is the `"` byte)."""
+    import json
+
+    end = json.loads((out_dir / "tokenizer_config.json").read_text())["eos_token"]
+    tokenizer = json.loads((out_dir / "tokenizer.json").read_text())
+    end_id = tokenizer["model"]["vocab"].get(end)
+    if end_id is None:
+        end_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == end)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((out_dir / name).read_text())
+        config["eos_token_id"] = end_id
+        (out_dir / name).write_text(json.dumps(config))
     return out_dir
 
 

@@ -2,11 +2,13 @@
 
 Refusals are 400s naming the field; the prompt is format version 1 rendered with thinking off; and the
 probabilities and label mass equal a float64 softmax of transformers' logits for the same checkpoint and
-prompt. tiny-glm spells "yes" and "no" in two tokens each, so its yes/no questions are refused.
+prompt. tiny-glm spells "yes" and "no" in two tokens each, so its yes/no questions are refused; a random
+GLM checkpoint whose tokenizer learned both as single tokens proves yes/no answers the same way.
 """
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from deployments.ingress.context import IngressSettings
 from deployments.ingress.decisions.answer import answer_body
 from deployments.ingress.decisions.models import parse_decisions
 from deployments.ingress.decisions.prompt import question_prompt
+from tests.conftest import build_glm_checkpoint
 from tests.local_app import local_backend
 
 INPUT = "The capital of France is Paris."
@@ -151,15 +154,28 @@ def test_questions_together_equal_each_alone(client: TestClient) -> None:
     assert together["sure"] == _decide(client, [SURE], temperature=0.7)["answers"]["sure"]
 
 
+def _reference_model(model_dir: Path | str) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    auto = transformers.AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def _expected(model: torch.nn.Module, prompt_ids: list[int], label_ids: list[int], temperature: float
+              ) -> tuple[list[float], float]:  # fmt: skip
+    """The labels' softmax at `temperature` and their share of the whole next-token distribution, in float64."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids])).logits[0, -1].to(torch.float64)
+    probabilities = torch.softmax(logits[label_ids] / temperature, dim=0).tolist()
+    return probabilities, torch.softmax(logits, dim=0)[label_ids].sum().item()
+
+
 @pytest.fixture(scope="module")
 def reference(served_model: str) -> tuple[torch.nn.Module, object]:
     transformers = pytest.importorskip("transformers")
     from serve_app.args import AppArgs
 
     model_dir = AppArgs(model=served_model).model_dir
-    auto = transformers.AutoModelForCausalLM
-    model = auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    return model, transformers.AutoTokenizer.from_pretrained(model_dir)
+    return _reference_model(model_dir), transformers.AutoTokenizer.from_pretrained(model_dir)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -169,9 +185,60 @@ def test_probabilities_equal_transformers_softmax(client: TestClient, reference:
     for qid, labels in (("city", ["A", "B", "C"]), ("sure", ["0", "1", "2"])):
         answer = answers[qid]
         label_ids = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
-        with torch.no_grad():
-            logits = model(torch.tensor([answer["prompt_token_ids"]])).logits[0, -1].to(torch.float64)
-        expected = torch.softmax(logits[label_ids] / temperature, dim=0).tolist()
-        mass = torch.softmax(logits, dim=0)[label_ids].sum().item()
+        expected, mass = _expected(model, answer["prompt_token_ids"], label_ids, temperature)
         assert list(answer["probabilities"].values()) == pytest.approx(expected, abs=1e-4)
         assert answer["label_mass"] == pytest.approx(mass, abs=1e-4)
+
+
+# ---- yes / no on a checkpoint whose vocabulary has "yes" and "no" -----------------------------------------
+YES_NO_CORPUS = ["yes\nno\n" * 200]  # frequent enough that BPE merges each into one token
+BARE = {"id": "bare", "type": "yes_no", "question": "Rome is in France."}
+
+
+@pytest.fixture(scope="module")
+def yes_no_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_glm_checkpoint(tmp_path_factory.mktemp("yes-no-glm"), corpus=YES_NO_CORPUS)
+
+
+@pytest.fixture(scope="module")
+def yes_no_client(yes_no_dir: Path) -> Iterator[TestClient]:
+    with local_backend(str(yes_no_dir), window=WINDOW) as backend:
+        app = build_api(backend, IngressSettings(served_name="yes-no", model_ids=["yes-no"]))
+        with TestClient(app) as test_client:
+            yield test_client
+
+
+@pytest.fixture(scope="module")
+def yes_no_ids(yes_no_client: TestClient) -> list[int]:
+    """"yes" and "no" tokenized on their own, as the route checks its labels: one token each."""
+    ids = []
+    for label in ("yes", "no"):
+        tokens = yes_no_client.post("/tokenize", json={"prompt": label, "add_special_tokens": False}).json()["tokens"]
+        assert len(tokens) == 1, (label, tokens)
+        ids.append(tokens[0])
+    return ids
+
+
+@pytest.fixture(scope="module")
+def yes_no_reference(yes_no_dir: Path) -> torch.nn.Module:
+    return _reference_model(yes_no_dir)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_yes_no_probabilities_equal_transformers_softmax(
+    yes_no_client: TestClient, yes_no_reference: torch.nn.Module, yes_no_ids: list[int], temperature: float
+) -> None:
+    body = _decide(yes_no_client, [TRUE, BARE], temperature=temperature, return_prompt_token_ids=True)
+    for question in (TRUE, BARE):
+        answer = body["answers"][question["id"]]
+        assert answer["type"] == "yes_no" and list(answer["probabilities"]) == ["yes", "no"]
+        assert answer["choice"] == max(answer["probabilities"], key=answer["probabilities"].get)
+        # The prompt is the worded question (descriptions included) rendered with thinking off.
+        text = question_prompt(INPUT, parse_decisions({"input": INPUT, "questions": [question]}).questions[0]).text
+        asked = {"messages": [{"role": "user", "content": text}], "chat_template_kwargs": {"enable_thinking": False}}
+        assert answer["prompt_token_ids"] == yes_no_client.post("/tokenize", json=asked).json()["tokens"]
+        probabilities, mass = _expected(yes_no_reference, answer["prompt_token_ids"], yes_no_ids, temperature)
+        assert list(answer["probabilities"].values()) == pytest.approx(probabilities, abs=1e-4)
+        # A random model spreads its mass over the vocabulary (~0.003 here): compare it relatively too.
+        assert answer["label_mass"] == pytest.approx(mass, abs=1e-4)
+        assert math.log(answer["label_mass"]) == pytest.approx(math.log(mass), abs=1e-4)

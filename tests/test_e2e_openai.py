@@ -5,6 +5,7 @@ and started once per session (conftest.glm_base_url, shared with tests/test_e2e_
 """
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -17,6 +18,7 @@ from tests.conftest import GLM_APP as APP
 
 pytestmark = pytest.mark.e2e
 USER = [{"role": "user", "content": "What is the capital of France?"}]
+NO_THINK = {"enable_thinking": False}
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +194,21 @@ def test_reasoning_and_tool_calls_through_the_sdk(client: openai.OpenAI, served_
     answer = client.chat.completions.create(model="tiny", messages=[*ask, turn, result], tools=TOOLS, temperature=0)
     assert answer.choices[0].message.content == "It is rainy in Tokyo, 12 °C."
     assert answer.choices[0].message.model_extra["reasoning_content"] == "The tool says it is rainy and 12 degrees."
+
+
+def test_structured_outputs_through_the_graph(client: openai.OpenAI) -> None:
+    """A json_schema response_format (whole) and a guided choice (streamed) hold through Ray and the SDK."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                               "sunny": {"type": "boolean"}}, "required": ["city", "sunny"]}  # fmt: skip
+    reply = client.chat.completions.create(
+        model="tiny", messages=USER, temperature=0, max_tokens=80, extra_body={"chat_template_kwargs": NO_THINK},
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}},
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "stop"
+    value = json.loads(reply.choices[0].message.content)
+    assert set(value) == {"city", "sunny"} and len(value["city"]) <= 10 and isinstance(value["sunny"], bool)
+    choices = ["Paris", "Rome", "Lyon"]
+    chunks = list(client.chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=80,
+                                                 stream=True, extra_body={"structured_outputs": {"choice": choices}}))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text in choices and chunks[-1].choices[0].finish_reason == "stop"

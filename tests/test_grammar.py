@@ -19,7 +19,7 @@ from deployments.scheduler.engine import Engine
 from deployments.scheduler.grammar import GrammarBackend, GrammarCompileError
 from deployments.step_plan import SeqDraw
 from deployments.types import EngineRequest, FinishReason, GrammarSpec, SamplingParams
-from tests.conftest import build_glm_checkpoint
+from tests.conftest import build_glm_checkpoint, use_tokenizer_end_token
 from tests.engine_harness import run_to_end
 
 SCHEMA = {  # small on purpose: a random model fills every gap with up to 32 blanks
@@ -30,18 +30,8 @@ SCHEMA = {  # small on purpose: a random model fills every gap with up to 32 bla
 
 
 def end_token_checkpoint(out_dir: Path) -> Path:
-    """A random GLM checkpoint whose end token is the tokenizer's (the fixture's id 1 is the `"` byte)."""
-    build_glm_checkpoint(out_dir)
-    end = json.loads((out_dir / "tokenizer_config.json").read_text())["eos_token"]
-    end_id = json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"].get(end)
-    if end_id is None:
-        added = json.loads((out_dir / "tokenizer.json").read_text())["added_tokens"]
-        end_id = next(t["id"] for t in added if t["content"] == end)
-    for name in ("config.json", "generation_config.json"):
-        config = json.loads((out_dir / name).read_text())
-        config["eos_token_id"] = end_id
-        (out_dir / name).write_text(json.dumps(config))
-    return out_dir
+    """A random GLM checkpoint whose end token is the tokenizer's."""
+    return use_tokenizer_end_token(build_glm_checkpoint(out_dir))
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +56,36 @@ def test_json_schema_replies_validate_and_batched_equals_solo(engine: Engine) ->
         jsonschema.validate(json.loads(batched[rid].text), SCHEMA)
     solo = run_to_end(engine, [_request("solo", spec, seed=1, max_tokens=45)])["solo"]
     assert solo.token_ids == batched["j1"].token_ids
+
+
+PROOF_SCHEMAS: list[dict] = [  # nested objects, arrays with item bounds, enums, bounded numbers; each ends fast
+    {"type": "object", "properties": {"at": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -5, "maximum": 5}, "y": {"type": "integer", "minimum": 0, "maximum": 20}},
+        "required": ["x", "y"]}}, "required": ["at"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
+                                               "minItems": 1, "maxItems": 3}}, "required": ["tags"]},
+    {"type": "object", "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"},
+                                      "level": {"type": "integer", "minimum": 1, "maximum": 3}},
+     "required": ["mode", "on", "level"]},
+    {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["u", "v"]},
+     "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["k", "n"]}, "minItems": 1, "maxItems": 2},
+    {"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1},
+                                      "q": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 4},
+                                            "minItems": 2, "maxItems": 2}}, "required": ["p", "q"]},
+]  # fmt: skip
+
+
+def test_fifty_batched_schema_replies_all_validate(engine: Engine) -> None:
+    """5 schemas x 10 seeds (greedy every third seed, sampled otherwise), all in the engine together."""
+    requests = [_request(f"s{k}-{seed}", GrammarSpec("json_schema", json.dumps(schema)), seed=seed, max_tokens=400)
+                for k, schema in enumerate(PROOF_SCHEMAS) for seed in range(10)]  # fmt: skip
+    replies = run_to_end(engine, requests)
+    assert len(replies) == 50
+    for k, schema in enumerate(PROOF_SCHEMAS):
+        for seed in range(10):
+            reply = replies[f"s{k}-{seed}"]
+            assert reply.finish_reason == FinishReason.STOP, (k, seed, reply.text)
+            jsonschema.validate(json.loads(reply.text), schema)
 
 
 def test_regex_choice_and_ebnf_replies_match(engine: Engine) -> None:

@@ -13,6 +13,7 @@ from deployments.ingress.errors import bad_request, parse_body
 from deployments.ingress.generation import Generation
 from deployments.ingress.limits import messages_over_window
 from deployments.ingress.openai_models import ChatCompletionRequest, unsupported_field
+from deployments.ingress.prompt_logprobs import refuse_on_chat
 from deployments.ingress.reply_framing import ChatReply
 from deployments.ingress.reply_parser import ReplyParser
 from deployments.ingress.request_builder import engine_request, thinking_controls
@@ -58,6 +59,7 @@ async def render_chat_body(ctx: ServingContext, fields: ChatCompletionRequest) -
 async def start_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> ChatRun:
     """Validate and render a chat body, then start its generation; every refusal is an APIError first."""
     checked_body(body)
+    refuse_on_chat(body)
     fields = parse_body(ChatCompletionRequest, body)
     rendered = await render_chat_body(ctx, fields)
     card = await ctx.backend.card()

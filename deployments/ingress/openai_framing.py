@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.ingress.backend import Backend
 from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.logprobs import LogprobFramer, whole_reply
+from deployments.ingress.prompt_logprobs import framed_prompt_logprobs
 from deployments.ingress.reply_framing import ChatReply
 from deployments.ingress.reply_parser import ReplyParser
 from deployments.ingress.sse import sse_done, sse_error, sse_event
@@ -41,6 +43,8 @@ class _Framer(abc.ABC):
     def __init__(self, meta: ReplyMeta) -> None:
         self.meta = meta
         self.logprobs: LogprobFramer | None = None  # set by the route when the request asked for logprobs
+        # Set by the completions route when the request asked for prompt_logprobs: names the rows' tokens.
+        self.prompt_logprobs: Backend | None = None
 
     # ---- per API ----------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -222,4 +226,7 @@ async def json_body_of(generation: Generation, framer: _Framer) -> dict[str, Any
     body = framer.response(text, generation.finish_reason, generation.summary)
     if framer.logprobs is not None:
         body["choices"][0]["logprobs"] = await whole_reply(framer.logprobs, chunks)
+    if framer.prompt_logprobs is not None:
+        rows = chunks[-1].prompt_logprobs
+        body["choices"][0]["prompt_logprobs"] = await framed_prompt_logprobs(framer.prompt_logprobs, rows)
     return body

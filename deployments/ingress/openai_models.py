@@ -24,7 +24,7 @@ from deployments.types import Priority
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
     # logprobs, top_logprobs and the structured-output fields: deployments.ingress.structured_fields
-    ("prompt_logprobs", "prompt log probabilities are not supported by this server yet"),
+    # prompt_logprobs: deployments.ingress.prompt_logprobs (completions only)
     ("echo", "echo is not supported"),
     ("suffix", "suffix is not supported"),
 )

@@ -36,7 +36,7 @@ class ChatReply:
         return finish == "stop" and bool(token_ids) and token_ids[-1] in self.end_token_ids
 
     def finish_reason(self, finish: str) -> str:
-        return "tool_calls" if self.has_calls else finish
+        return "tool_calls" if self.has_calls and finish != "length" else finish  # a cut reply stays "length"
 
     # ---- streamed ---------------------------------------------------------------------------------------
     def feed(self, text: str) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.openai_framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
 from deployments.ingress.openai_models import CompletionRequest, GenerationFields
+from deployments.ingress.prompt_logprobs import completion_prompt_logprobs
 from deployments.ingress.request_labels import capture_key_label
 from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -36,6 +37,8 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
     )
     framer = make_framer(meta)
     framer.logprobs = await logprob_framer(ctx.backend, generation, isinstance(framer, CompletionFramer))
+    if generation.request.prompt_logprobs is not None:
+        framer.prompt_logprobs = ctx.backend
     if fields.wants_stream:
         return StreamingResponse(stream_body(generation, framer), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     try:
@@ -68,6 +71,7 @@ async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id:
     card = await ctx.backend.card()
     request = engine_request(fields, request_id, prompt_ids, "prompt", card, arrival)
     request.grammar, request.logprobs = generation_extras(body, ReplyFormat(), chat=False)
+    request.prompt_logprobs = completion_prompt_logprobs(body)
     generation = Generation(ctx.backend, request, ReplyFormat(), (await ctx.facts()).engine)
     await generation.start()
     return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)

@@ -15,9 +15,15 @@ import xgrammar as xgr
 
 from deployments.renderer.tool_format import GLM, HERMES, QWEN_XML
 
+MAX_JSON_BLANKS = 32  # as for response_format: a model cannot fill an unfinished value with blanks
+
 
 def _lit(*pieces: str) -> xgr.Grammar:
     return xgr.Grammar.from_ebnf("root ::= " + " ".join(json.dumps(p, ensure_ascii=False) for p in pieces))
+
+
+def _json(schema: Any) -> xgr.Grammar:
+    return xgr.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=MAX_JSON_BLANKS)
 
 
 def _ebnf(text: str) -> xgr.Grammar:
@@ -27,8 +33,9 @@ def _ebnf(text: str) -> xgr.Grammar:
 def _value(schema: Any) -> xgr.Grammar:
     """An XML-markup argument: raw text for strings, JSON for anything else."""
     if isinstance(schema, dict) and schema.get("type") == "string" and not ({"enum", "const"} & schema.keys()):
-        return _ebnf("[^<]*")
-    return xgr.Grammar.from_json_schema(json.dumps(schema if isinstance(schema, dict) else {}))
+        low, high = int(schema.get("minLength", 0)), schema.get("maxLength")  # length bounds hold on raw text too
+        return _ebnf("[^<]*" if high is None and not low else f"[^<]{{{low},{'' if high is None else int(high)}}}")
+    return _json(schema if isinstance(schema, dict) else {})
 
 
 def _arguments(parameters: dict[str, Any], markup: str) -> list[xgr.Grammar]:
@@ -52,7 +59,7 @@ def _call(tool: dict[str, Any], markup: str) -> xgr.Grammar:
     if markup == HERMES:
         schema = {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters or {}},
                   "required": ["name", "arguments"]}  # fmt: skip
-        return xgr.Grammar.concat(_lit("<tool_call>\n"), xgr.Grammar.from_json_schema(json.dumps(schema)),
+        return xgr.Grammar.concat(_lit("<tool_call>\n"), _json(schema),
                                   _lit("\n</tool_call>"))  # fmt: skip
     if markup == GLM:
         return xgr.Grammar.concat(_lit(f"<tool_call>{name}"), *_arguments(parameters, GLM),

@@ -10,7 +10,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from deployments.config import EngineConfig
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
-from deployments.step_plan import StepPlan, StepResult
+from deployments.step_plan import StepOutput, StepPlan
 
 
 class ModelRank:
@@ -52,7 +52,7 @@ class ModelRank:
         assert self.runner is not None
         self.runner.allocate_kv(num_blocks, block_size)
 
-    def execute(self, plan: StepPlan) -> list[StepResult]:
+    def execute(self, plan: StepPlan) -> StepOutput:
         assert self.runner is not None
         return self.runner.execute(plan)
 

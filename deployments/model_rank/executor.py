@@ -10,7 +10,7 @@ from typing import Protocol
 from deployments.config import EngineConfig
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
-from deployments.step_plan import StepPlan, StepResult
+from deployments.step_plan import StepOutput, StepPlan
 
 
 class Executor(Protocol):
@@ -18,7 +18,7 @@ class Executor(Protocol):
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None: ...
 
-    def execute(self, plan: StepPlan) -> list[StepResult]: ...
+    def execute(self, plan: StepPlan) -> StepOutput: ...
 
     def shutdown(self) -> None: ...
 
@@ -33,7 +33,7 @@ class InProcessExecutor:
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         self.runner.allocate_kv(num_blocks, block_size)
 
-    def execute(self, plan: StepPlan) -> list[StepResult]:
+    def execute(self, plan: StepPlan) -> StepOutput:
         return self.runner.execute(plan)
 
     def shutdown(self) -> None:
@@ -58,7 +58,7 @@ class RayRanksExecutor:
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         self._all("allocate_kv", num_blocks, block_size)
 
-    def execute(self, plan: StepPlan) -> list[StepResult]:
+    def execute(self, plan: StepPlan) -> StepOutput:
         return self._all("execute", plan)[0]
 
     def shutdown(self) -> None:

@@ -11,8 +11,12 @@ import torch
 
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
-from deployments.model_rank.sampler import sample_rows
-from deployments.step_plan import StepPlan, StepResult
+from deployments.model_rank.sampler import prompt_rows, sample_rows
+from deployments.step_plan import StepOutput, StepPlan
+from deployments.types import PromptLogprobRow
+
+
+PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
 
 
 @dataclass
@@ -98,12 +102,33 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> list[StepResult]:
-        """Run one step; returns the drawn row (token, logprobs) of each sequence whose step ends at its last token."""
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Run one step: the drawn row (token, logprobs) of each sequence whose step ends at its last token,
+        and the prompt rows of sequences that asked for them."""
         batch = self._forward_batch(plan)
         hidden = self.model.forward(batch)  # [T, H]
+        output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
         draws = [s.draw for s in plan.seqs if s.draw is not None]
-        if not draws:
-            return []
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] float32
-        return sample_rows(logits.float().cpu(), draws)
+        if draws:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] float32
+            output.draws = sample_rows(logits.float().cpu(), draws)
+        return output
+
+    def _prompt_rows(self, plan: StepPlan, hidden: torch.Tensor) -> dict[int, list[PromptLogprobRow]]:
+        """Rows at every wanted prompt position; logits are made a slice at a time, never [T, V] at once.
+
+        The lm_head is row-invariant (invariant_linear), so a row does not depend on the slice it sits in.
+        """
+        rows: dict[int, list[PromptLogprobRow]] = {}
+        start = 0
+        for index, seq in enumerate(plan.seqs):
+            wanted = seq.prompt_rows
+            if wanted is not None and wanted.next_ids:
+                rows[index] = []
+                first = start + wanted.first
+                for at in range(0, len(wanted.next_ids), PROMPT_ROW_SLICE):
+                    ids = wanted.next_ids[at : at + PROMPT_ROW_SLICE]
+                    logits = self.model.compute_logits(hidden[first + at : first + at + len(ids)])  # [n, V]
+                    rows[index].extend(prompt_rows(logits.float().cpu(), ids, wanted.top))
+            start += len(seq.new_token_ids)
+        return rows

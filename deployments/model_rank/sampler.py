@@ -11,7 +11,7 @@ import os
 import torch
 
 from deployments.step_plan import SeqDraw, StepResult
-from deployments.types import LogprobRow
+from deployments.types import LogprobRow, PromptLogprobRow
 
 _MASK64 = (1 << 64) - 1
 
@@ -119,6 +119,33 @@ def score_row(logits: torch.Tensor, ids: list[int]) -> list[float]:
     """The raw log-probabilities (float64 log-softmax over the whole vocabulary) of `ids`, in order."""
     logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
     return [float(v) for v in logprobs[torch.tensor(ids, dtype=torch.long)].tolist()]
+
+
+def best_tokens(logprobs: torch.Tensor, top: int) -> list[tuple[int, float]]:
+    """The `top` likeliest of one row [V], ties by lower id, without sorting the whole vocabulary."""
+    top = min(top, logprobs.shape[0])
+    if top <= 0:
+        return []
+    kth = torch.topk(logprobs, top).values[-1]
+    candidates = (logprobs >= kth).nonzero().squeeze(1)  # ascending ids, ties at the k-th value included
+    order = torch.sort(logprobs[candidates], descending=True, stable=True).indices[:top]
+    return [(int(i), float(logprobs[i])) for i in candidates[order].tolist()]
+
+
+def prompt_rows(logits: torch.Tensor, next_ids: list[int], top: int) -> list[PromptLogprobRow]:
+    """Rows of raw logits [n, V] at prompt positions: each next prompt token's logprob, rank and best tokens.
+
+    float64 log-softmax as `logprob_row`; the rank counts every token at or above the prompt token (vLLM's).
+    """
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [n, V]
+    targets = torch.tensor(next_ids, dtype=torch.long)
+    chosen = logprobs.gather(1, targets.unsqueeze(1))  # [n, 1]
+    ranks = (logprobs >= chosen).sum(dim=-1).tolist()  # [n]
+    return [
+        PromptLogprobRow(token_id=token, logprob=float(chosen[row, 0]), rank=int(ranks[row]),
+                         top=best_tokens(logprobs[row], top))
+        for row, token in enumerate(next_ids)
+    ]  # fmt: skip
 
 
 def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:

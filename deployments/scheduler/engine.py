@@ -23,7 +23,7 @@ from deployments.scheduler.stats import EngineCounters, LiveRates
 from deployments.scheduler.thinking import Forced, force_tokens
 from deployments.scheduler.text_output import IncrementalText
 from deployments.scheduler.wire import EngineInfo
-from deployments.step_plan import StepResult
+from deployments.step_plan import StepOutput, StepResult
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
@@ -116,6 +116,8 @@ class Engine:
         if request.max_tokens is not None and prompt + request.max_tokens > self.window:
             raise ContextLengthError(self.window, prompt, request.max_tokens, request.max_tokens_param)
         check_scoring(request, vocab)
+        if request.prompt_logprobs is not None and request.prompt_logprobs < 0:
+            raise ValueError("prompt_logprobs must be 0 or more")
         if request.grammar is not None:
             self.grammars.compile(request.grammar)  # a GrammarCompileError is a 400 before any token
 
@@ -138,6 +140,7 @@ class Engine:
         seq.stats.seed = seed
         seq.grammar = None if request.grammar is None else self.grammars.reply_grammar(request.grammar)
         seq.logprob_rows = None if request.logprobs is None else []
+        seq.prompt_rows = None if request.prompt_logprobs is None else []
         self._by_id[request.request_id] = seq
         self.planner.add(seq)
 
@@ -162,24 +165,26 @@ class Engine:
         if planned is not None:
             started = time.perf_counter()
             try:
-                results = self.executor.execute(planned.plan)
+                output = self.executor.execute(planned.plan)
             except Exception as exc:  # one failing step must not take the server down
                 log.exception("step failed")
                 self._fail(planned, f"generation failed: {exc}")
             else:
                 seconds = time.perf_counter() - started
                 self.planner.record(planned, seconds)
-                self._apply(planned, results, seconds)
+                self._apply(planned, output, seconds)
         chunks = list(self._outbox)
         self._outbox.clear()
         return chunks
 
-    def _apply(self, planned: PlannedStep, results: list[StepResult], seconds: float) -> None:
+    def _apply(self, planned: PlannedStep, output: StepOutput, seconds: float) -> None:
         now = time.time()
-        drawn = iter(results)
+        drawn = iter(output.draws)
         is_prefill = planned.plan.kind == "prefill"
         new_tokens = 0
-        for seq, step in zip(planned.seqs, planned.plan.seqs):
+        for index, (seq, step) in enumerate(zip(planned.seqs, planned.plan.seqs)):
+            if seq.prompt_rows is not None:
+                seq.prompt_rows.extend(output.prompt_rows.get(index, []))
             seq.num_computed += len(step.new_token_ids)
             self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
             if is_prefill:
@@ -204,7 +209,7 @@ class Engine:
             self.rates.prefill_pass(new_tokens, seconds)
         else:
             self.counters.rounds_total += 1
-            self.rates.decoded(len(results))
+            self.rates.decoded(len(output.draws))
 
     def _scored(self, seq: Sequence, result: StepResult, now: float) -> None:
         """A scoring request ends with its prompt pass: the drawn token is dropped, no reply token is written."""
@@ -284,6 +289,7 @@ class Engine:
         last = self._outbox[-1]
         last.finish_reason, last.error, last.stats = reason, error, stats
         last.scores = seq.scores
+        last.prompt_logprobs = seq.prompt_rows
 
     def _fail(self, planned: PlannedStep, message: str) -> None:
         for seq in planned.seqs:

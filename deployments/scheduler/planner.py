@@ -110,7 +110,10 @@ class Planner:
 
     def _start(self, seq: Sequence) -> None:
         # Leave at least one token to compute so the step that reaches the end yields logits.
-        covered = self.blocks.adopt_prefix(seq.block_table, seq.token_ids, len(seq.token_ids) - 1)
+        # Prompt logprobs need every prompt position computed, so such a request never resumes from the cache.
+        covered = 0
+        if seq.request.prompt_logprobs is None:
+            covered = self.blocks.adopt_prefix(seq.block_table, seq.token_ids, len(seq.token_ids) - 1)
         seq.num_computed = covered
         if seq.stats.preemptions == 0:
             seq.stats.cached_tokens = min(covered, seq.num_prompt_tokens)
@@ -202,4 +205,5 @@ class Planner:
             num_computed=start,
             block_ids=list(seq.block_table.block_ids),
             draw=seq.next_draw() if reaches_end else None,
+            prompt_rows=seq.prompt_rows_wanted(start, count),
         )

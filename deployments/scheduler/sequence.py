@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 from deployments.scheduler.kv_blocks import BlockTable
 from deployments.scheduler.text_output import IncrementalText
-from deployments.step_plan import SeqDraw
-from deployments.types import EngineRequest, FinishReason, LogprobRow, Priority, RequestStats
+from deployments.step_plan import PromptRowsWanted, SeqDraw
+from deployments.types import EngineRequest, FinishReason, LogprobRow, Priority, PromptLogprobRow, RequestStats
 
 if TYPE_CHECKING:
     from deployments.scheduler.grammar import ReplyGrammar
@@ -38,6 +38,7 @@ class Sequence:
     grammar: "ReplyGrammar | None" = None  # the reply's matcher, advanced with each accepted token
     logprob_rows: list[LogprobRow] | None = None  # one per reply token when the request asked for logprobs
     scores: list[float] | None = None  # a scoring request's result, set at the end of its prompt pass
+    prompt_rows: list[PromptLogprobRow] | None = None  # row j: prompt token j + 1 (prompt_logprobs requests)
 
     @property
     def request_id(self) -> str:
@@ -68,6 +69,17 @@ class Sequence:
     def is_prefilling(self) -> bool:
         """More than one token to catch up: a prompt (or a recomputation after preemption)."""
         return self.tokens_left > 1 or (self.num_reply_tokens == 0 and self.tokens_left > 0)
+
+    def prompt_rows_wanted(self, start: int, count: int) -> PromptRowsWanted | None:
+        """The rows a step over positions [start, start + count) must bring (none already collected:
+        a recomputation after preemption does not repeat them)."""
+        if self.prompt_rows is None or self.request.prompt_logprobs is None:
+            return None
+        first = max(start, len(self.prompt_rows))
+        end = min(start + count, self.num_prompt_tokens - 1)  # the last prompt position draws, it has no row
+        if first >= end:
+            return None
+        return PromptRowsWanted(self.request.prompt_logprobs, first - start, self.token_ids[first + 1 : end + 1])
 
     def next_draw(self) -> SeqDraw:
         s = self.request.sampling

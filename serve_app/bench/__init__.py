@@ -24,6 +24,14 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--skip-transformers", action="store_true")
     engine.set_defaults(func=_runner("engine_bench"))
 
+    grammar = kinds.add_parser("grammar", help="decode tok/s at N concurrent: json_schema grammar vs unconstrained")
+    grammar.add_argument("--checkpoint", help="checkpoint dir (default: a random ~130M Qwen3-shaped bf16 model)")
+    grammar.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    grammar.add_argument("--prompt-tokens", type=int, default=32)
+    grammar.add_argument("--decode-tokens", type=int, default=64)
+    grammar.add_argument("--concurrency", type=int, default=16)
+    grammar.set_defaults(func=_runner("grammar_bench"))
+
     serve = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
     serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
     serve.add_argument("--model", default="builtin:tiny-glm")
