@@ -23,3 +23,6 @@ class EngineConfig(BaseModel):
     default_max_tokens: int | None = Field(default=None, ge=1)  # reply limit when a request omits one
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_parallel_auto: int = Field(default=64, ge=1)  # ceiling of `parallel: auto`
+    # Least time between two chunks of one reply leaving the Scheduler: the first and last go at once, and
+    # tokens drawn in between ride together, so a busy replica sends fewer, fuller items over Ray.
+    stream_interval_ms: float = Field(default=0.0, ge=0.0, le=1000.0)

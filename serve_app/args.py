@@ -15,6 +15,9 @@ from deployments.config import EngineConfig
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 DEFAULT_MODEL = "builtin:tiny-glm"
+# A served reply's chunks leave its Scheduler at most this often (the first and last at once): fewer,
+# fuller Ray items when decode outpaces the hops. 0 sends each chunk as soon as it is drawn.
+STREAM_INTERVAL_MS = 0.0
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -63,6 +66,7 @@ class AppArgs(BaseModel):
     prompt_cache_gib: float | None = Field(default=None, ge=0.0)
     kv_cache_gib: float | None = Field(default=None, gt=0.0)
     default_max_tokens: int | None = Field(default=None, ge=1)
+    stream_interval_ms: float = Field(default=STREAM_INTERVAL_MS, ge=0.0, le=1000.0)
 
     # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
     chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
@@ -131,5 +135,6 @@ class AppArgs(BaseModel):
             prompt_cache_gib=self.prompt_cache_gib,
             kv_cache_gib=self.kv_cache_gib,
             default_max_tokens=self.default_max_tokens,
+            stream_interval_ms=self.stream_interval_ms,
             tensor_parallel_size=self.tensor_parallel_size,
         )

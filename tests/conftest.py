@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from serve_app.fixtures.tokenizer_builder import use_tokenizer_end_token  # noqa: F401 (tests import it here)
+
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN_TINY_GLM = REPO / "serve_app" / "builtin" / "tiny-glm"
 
@@ -32,22 +34,6 @@ def build_glm_checkpoint(out_dir: Path, *, seed: int = 0, corpus: list[str] | No
     build_random_checkpoint("glm4_moe", out_dir, vocab_size=512, seed=seed)
     template = REPO / "serve_app" / "fixtures" / "tiny_glm" / "chat_template.jinja"
     (out_dir / "chat_template.jinja").write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
-    return out_dir
-
-
-def use_tokenizer_end_token(out_dir: Path) -> Path:
-    """Make the tokenizer's end token the checkpoint's (a random checkpoint's id 1 is the `"` byte)."""
-    import json
-
-    end = json.loads((out_dir / "tokenizer_config.json").read_text())["eos_token"]
-    tokenizer = json.loads((out_dir / "tokenizer.json").read_text())
-    end_id = tokenizer["model"]["vocab"].get(end)
-    if end_id is None:
-        end_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == end)
-    for name in ("config.json", "generation_config.json"):
-        config = json.loads((out_dir / name).read_text())
-        config["eos_token_id"] = end_id
-        (out_dir / name).write_text(json.dumps(config))
     return out_dir
 
 

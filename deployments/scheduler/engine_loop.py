@@ -50,7 +50,8 @@ class EngineLoop:
         return self._info
 
     # ---- caller side ----------------------------------------------------------------------------------
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+    async def generate(self, request: EngineRequest, interval_s: float = 0.0) -> AsyncIterator[EngineChunk]:
+        """The request's chunks; after the first, at most one per `interval_s` (the last is never held)."""
         self.engine.validate(request)  # refusals come before the first chunk
         subscriber = _Subscriber(asyncio.Queue(), asyncio.get_running_loop())
         with self._wake:
@@ -60,13 +61,18 @@ class EngineLoop:
             self._adds.append(request)
             self._wake.notify()
         finished = False
+        next_at: float | None = None  # when the next chunk may leave (None: at once)
         try:
             while not finished:
                 chunk: EngineChunk = await subscriber.queue.get()
+                if next_at is not None and not chunk.finished:
+                    await _collect_until(subscriber.queue, chunk, next_at)
                 while not subscriber.queue.empty() and not chunk.finished:
                     chunk.merge(subscriber.queue.get_nowait())
                 finished = chunk.finished
                 yield chunk
+                if interval_s > 0:
+                    next_at = asyncio.get_running_loop().time() + interval_s
         finally:
             if not finished:
                 self.abort(request.request_id)
@@ -124,3 +130,16 @@ class EngineLoop:
         for request_id, subscriber in pending:
             chunk = EngineChunk(request_id, finish_reason=FinishReason.ERROR, error=message)
             subscriber.loop.call_soon_threadsafe(subscriber.queue.put_nowait, chunk)
+
+
+async def _collect_until(queue: "asyncio.Queue[EngineChunk]", chunk: EngineChunk, deadline: float) -> None:
+    """Merge later chunks into `chunk` until the deadline, or at once when the reply finishes."""
+    loop = asyncio.get_running_loop()
+    while not chunk.finished:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        try:
+            chunk.merge(await asyncio.wait_for(queue.get(), remaining))
+        except TimeoutError:
+            return

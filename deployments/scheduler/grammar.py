@@ -7,6 +7,7 @@ With thinking on, the grammar starts after the think closer; before it the reply
 """
 
 import enum
+import logging
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
     from deployments.scheduler.sequence import Sequence
+
+log = logging.getLogger("tensorfold.engine")
 
 MAX_JSON_BLANKS = 32  # blank characters allowed between two JSON tokens (pretty-printing fits)
 MAX_BLANKS_AFTER_THINK = 4  # blank tokens allowed between the think closer and the answer ("\n\n")
@@ -57,6 +60,7 @@ class ReplyGrammar:
         self.vocab_size = vocab_size
         self.blank_ids = blank_ids  # tokens whose text is only blanks
         self.blanks_after_think = 0
+        self.dead_end = False  # the last mask allowed nothing: whatever is drawn next is refused
         if spec.starts_in_think and spec.think_closer_id is not None:
             self.phase = _Phase.THINKING
         elif spec.think_opener_id is not None and spec.think_closer_id is not None:
@@ -84,6 +88,7 @@ class ReplyGrammar:
         else:
             self.matcher.fill_next_token_bitmask(bitmask)
         words = bitmask[0].clone()
+        self.dead_end = not bool(words.any())
         if self.phase is _Phase.MAY_THINK:
             opener = self.spec.think_opener_id
             assert opener is not None
@@ -112,6 +117,9 @@ class ReplyGrammar:
         if self.matcher.is_terminated():
             return
         if not self.matcher.accept_token(token):
+            if self.dead_end:  # nothing was allowed (e.g. the only continuation is an end id): say so
+                raise GrammarFailure(f"the grammar allows no token here (end ids {self.matcher.stop_token_ids} "
+                                     f"are never text to it); token {token} was drawn unconstrained")
             raise GrammarFailure(f"the grammar refused token {token} while decoding")
 
 
@@ -135,6 +143,10 @@ class GrammarBackend:
         self._cache: OrderedDict[tuple[str, str], "xgr.CompiledGrammar"] = OrderedDict()
         self._lock = threading.Lock()  # validate() compiles on the caller's thread, add_request on the loop's
         self.compiles = 0  # grammars compiled so far (a cache hit does not count)
+        textual = text_end_ids(tokenizer, self.stop_ids)
+        if textual:  # a misconfigured checkpoint: grammars cannot write these, and a reply ends on them
+            log.warning("end token ids %s are ordinary text tokens %s of the tokenizer: constrained replies "
+                        "can never write them", textual, [tokenizer.decode([i]) for i in textual])
 
     def _compiler_for_tokenizer(self) -> "xgr.GrammarCompiler":
         if self._compiler is None:
@@ -190,6 +202,13 @@ class GrammarBackend:
     def reply_grammar(self, spec: GrammarSpec) -> ReplyGrammar:
         blanks = self.blank_ids() if spec.think_closer_id is not None else set()
         return ReplyGrammar(self.compile(spec), spec, self.vocab_size, self.stop_ids, blanks)
+
+
+def text_end_ids(tokenizer: TokenizerBundle, end_ids: list[int]) -> list[int]:
+    """End ids that the tokenizer knows as ordinary (not special, not added) vocabulary entries."""
+    added = set(tokenizer.tokenizer.get_added_tokens_decoder())
+    size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=False)
+    return [i for i in end_ids if i < size and i not in added]
 
 
 def follow_written(seq: "Sequence", before: int) -> str | None:

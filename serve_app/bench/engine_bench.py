@@ -104,7 +104,7 @@ def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[li
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = Path(args.checkpoint) if args.checkpoint else _bench_checkpoint(Path(scratch))
+        checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch))
         engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency))
         vocab = engine.runner_info.vocab_size
         prompts = _prompts(args.concurrency, args.prompt_tokens, vocab)
@@ -133,11 +133,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_checkpoint(scratch: Path) -> Path:
+def bench_checkpoint(scratch: Path, size: str = "bench") -> Path:
+    """A random Qwen3 checkpoint with a 32k model vocabulary over a ~512-id trained Qwen tokenizer."""
     from serve_app.fixtures.checkpoints import build_random_checkpoint
-    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer, use_tokenizer_end_token
 
-    out = scratch / "bench-qwen3"
-    build_random_checkpoint("qwen3", out, size="bench", dtype="bfloat16", vocab_size=32768)
+    out = scratch / f"{size}-qwen3"
+    build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=32768)
     build_tokenizer(out, family="qwen")
-    return out
+    # The random config's end id 1 is the `"` byte of this tokenizer: JSON could never write a string.
+    return use_tokenizer_end_token(out)

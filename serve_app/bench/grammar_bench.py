@@ -17,7 +17,7 @@ import torch
 from deployments.config import EngineConfig
 from deployments.scheduler.engine import Engine
 from deployments.types import EngineRequest, FinishReason, GrammarSpec, SamplingParams
-from serve_app.bench.engine_bench import _bench_checkpoint, _prompts
+from serve_app.bench.engine_bench import bench_checkpoint, _prompts
 
 SCHEMA = {
     "type": "array",
@@ -80,7 +80,7 @@ def _completes(text: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = Path(args.checkpoint) if args.checkpoint else _bench_checkpoint(Path(scratch))
+        checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch))
         engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0,
                                      parallel=args.concurrency))  # fmt: skip
         prompts = [p[: args.prompt_tokens] for p in _prompts(args.concurrency, args.prompt_tokens,

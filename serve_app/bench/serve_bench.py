@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     prompts = _prompts(args.concurrency, args.prompt_tokens)
     app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency)
+    if args.stream_interval_ms is not None:
+        app_args = app_args.model_copy(update={"stream_interval_ms": args.stream_interval_ms})
     model_dir = str(app_args.model_dir)
     if args.url:
         graph = asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, prompts, args.max_tokens))

@@ -1,0 +1,50 @@
+"""`stream_interval_ms`: a reply's chunks leave the engine loop at most once per interval (the first and the
+last at once), carrying exactly the tokens and text an unpaced stream carries."""
+
+import asyncio
+import time
+
+import pytest
+
+from deployments.config import EngineConfig
+from deployments.renderer.prompt_renderer import ChatRenderRequest, PromptRenderer
+from deployments.scheduler.engine import Engine
+from deployments.scheduler.engine_loop import EngineLoop
+from deployments.types import EngineChunk, EngineRequest, SamplingParams
+from serve_app.args import AppArgs
+
+INTERVAL_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def loop_and_prompt(served_model: str):
+    model_dir = AppArgs(model=served_model).model_dir
+    loop = EngineLoop(Engine(EngineConfig(model=str(model_dir), context=256, kv_cache_gib=0.05, device="cpu")))
+    loop.start()
+    prompt = PromptRenderer.from_checkpoint(model_dir).render_chat(
+        ChatRenderRequest([{"role": "user", "content": "Count from 1 to 20."}],
+                          chat_template_kwargs={"enable_thinking": False}))  # fmt: skip
+    yield loop, prompt.prompt_token_ids
+    loop.shutdown()
+
+
+def _collect(loop: EngineLoop, prompt: list[int], tag: str, interval_s: float) -> list[tuple[float, EngineChunk]]:
+    async def run() -> list[tuple[float, EngineChunk]]:
+        request = EngineRequest(tag, prompt, SamplingParams(temperature=0.0), max_tokens=60)
+        return [(time.monotonic(), chunk) async for chunk in loop.generate(request, interval_s)]
+
+    return asyncio.run(run())
+
+
+def test_paced_chunks_carry_the_same_reply(loop_and_prompt) -> None:
+    loop, prompt = loop_and_prompt
+    unpaced = [chunk for _, chunk in _collect(loop, prompt, "unpaced", 0.0)]
+    paced = _collect(loop, prompt, "paced", INTERVAL_S)
+    chunks = [chunk for _, chunk in paced]
+    assert [t for c in chunks for t in c.token_ids] == [t for c in unpaced for t in c.token_ids]
+    assert "".join(c.text for c in chunks) == "".join(c.text for c in unpaced)
+    assert len(chunks[0].token_ids) == 1 and chunks[-1].finished and chunks[-1].stats is not None
+    arrivals = [at for at, _ in paced]
+    gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:-1])]  # the last is never held
+    assert all(gap >= INTERVAL_S * 0.9 for gap in gaps), gaps
+    assert len(chunks) <= len(unpaced)
