@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.fixtures.tokenizer_builder import use_tokenizer_end_token  # noqa: F401 (tests import it here)
-
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN_TINY_GLM = REPO / "serve_app" / "builtin" / "tiny-glm"
 

@@ -21,7 +21,8 @@ from deployments.ingress.api import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.local_backend import LocalBackend
 from deployments.renderer.prompt_renderer import PromptRenderer
-from tests.conftest import REPO, use_tokenizer_end_token
+from serve_app.fixtures.tokenizer_builder import use_tokenizer_end_token
+from tests.conftest import REPO
 
 VENDOR_TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
 TEMPLATES = {  # name: (template file, architecture, tokenizer family)

@@ -2,7 +2,8 @@
 
 Constrained replies must parse and validate, equal their solo run when batched with 8 others, compile
 each grammar once, refuse an uncompilable grammar before any token, and gate the grammar behind a think
-block.
+block. A model vocabulary wider than its tokenizer (the bench's shape) keeps every row inside its
+grammar; an end id that is ordinary text (`"`) is a dead end the engine names.
 """
 
 import json
@@ -16,10 +17,14 @@ import torch
 from deployments.config import EngineConfig
 from deployments.model_rank.sampler import sample_rows, unpack_bitmask
 from deployments.scheduler.engine import Engine
-from deployments.scheduler.grammar import GrammarBackend, GrammarCompileError
+from deployments.scheduler.grammar import GrammarBackend, GrammarCompileError, GrammarFailure, text_end_ids
 from deployments.step_plan import SeqDraw
+from deployments.tokenizer import load_tokenizer
 from deployments.types import EngineRequest, FinishReason, GrammarSpec, SamplingParams
-from tests.conftest import build_glm_checkpoint, use_tokenizer_end_token
+from serve_app.bench.engine_bench import bench_checkpoint
+from serve_app.bench.grammar_bench import SCHEMA as BENCH_SCHEMA
+from serve_app.fixtures.tokenizer_builder import use_tokenizer_end_token
+from tests.conftest import build_glm_checkpoint
 from tests.engine_harness import run_to_end
 
 SCHEMA = {  # small on purpose: a random model fills every gap with up to 32 blanks
@@ -168,3 +173,40 @@ def test_a_refused_token_ends_only_that_request(engine: Engine) -> None:
 
 def _draw(allowed: torch.Tensor | None) -> SeqDraw:
     return SeqDraw(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=1, reply_position=0, allowed=allowed)
+
+
+@pytest.fixture(scope="module")
+def wide_vocab_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bench's checkpoint at tiny size: a 32k model vocabulary over a ~512-id tokenizer."""
+    return bench_checkpoint(tmp_path_factory.mktemp("wide-vocab"), size="tiny")
+
+
+def test_rows_of_a_wide_vocabulary_stay_in_their_grammar(wide_vocab_dir: Path) -> None:
+    """Greedy ignore_eos rows of the bench's schema decode to their limit; none is driven to a dead end."""
+    engine = Engine(EngineConfig(model=str(wide_vocab_dir), kv_cache_gib=0.05, parallel=8, device="cpu"))
+    assert engine.runner_info.vocab_size > 16 * engine.tokenizer.vocab_size
+    spec = GrammarSpec("json_schema", json.dumps(BENCH_SCHEMA))
+    prompts = torch.randint(0, engine.runner_info.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0))
+    sampling = SamplingParams(temperature=0.0, ignore_eos=True)
+    requests = [EngineRequest(f"w{i}", p.tolist(), sampling=sampling, max_tokens=64, grammar=spec)
+                for i, p in enumerate(prompts)]  # fmt: skip
+    replies = run_to_end(engine, requests)
+    assert {rid: r.finish_reason for rid, r in replies.items()} == {r.request_id: FinishReason.LENGTH for r in requests}
+    assert text_end_ids(engine.tokenizer, sorted(engine.eos_ids)) == []  # `"` is no end token
+    engine.shutdown()
+
+
+def test_an_end_id_that_is_text_is_a_named_dead_end(wide_vocab_dir: Path) -> None:
+    """With `"` an end id, `{` plus the most blanks leaves JSON no token: the refusal says why."""
+    tokenizer = load_tokenizer(wide_vocab_dir)
+    quote, end, blank = tokenizer.encode('"')[0], tokenizer.token_to_id("<|im_end|>"), tokenizer.encode(" ")[0]
+    assert text_end_ids(tokenizer, [quote, end]) == [quote]
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    for stops, quote_allowed in (([end], True), ([quote, end], False)):
+        grammar = GrammarBackend(tokenizer, 32768, stops).reply_grammar(spec)
+        for token in [tokenizer.encode("{")[0]] + [blank] * 32:
+            grammar.accept(token)
+        allowed = unpack_bitmask(grammar.allowed(), 32768)
+        assert bool(allowed[quote]) is quote_allowed and grammar.dead_end is not quote_allowed
+    with pytest.raises(GrammarFailure, match="allows no token"):
+        grammar.accept(20000)

@@ -88,7 +88,6 @@ class ReplyGrammar:
         else:
             self.matcher.fill_next_token_bitmask(bitmask)
         words = bitmask[0].clone()
-        self.dead_end = not bool(words.any())
         if self.phase is _Phase.MAY_THINK:
             opener = self.spec.think_opener_id
             assert opener is not None
@@ -96,6 +95,7 @@ class ReplyGrammar:
         if self.phase is _Phase.AFTER_THINK and self.blanks_after_think < MAX_BLANKS_AFTER_THINK:
             for blank in self.blank_ids:
                 _set_bit(words, blank)
+        self.dead_end = not bool(words.any())
         return words
 
     def accept(self, token: int) -> None:
