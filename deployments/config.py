@@ -26,3 +26,6 @@ class EngineConfig(BaseModel):
     # Least time between two chunks of one reply leaving the Scheduler: the first and last go at once, and
     # tokens drawn in between ride together, so a busy replica sends fewer, fuller items over Ray.
     stream_interval_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
+    # Chunks per second all of a replica's streams may send together (0 = no cap): under load each reply's
+    # interval stretches to streams / this, bounding what the hops downstream spend per token.
+    stream_events_per_second: float = Field(default=0.0, ge=0.0)

@@ -15,9 +15,11 @@ from deployments.config import EngineConfig
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 DEFAULT_MODEL = "builtin:tiny-glm"
-# A served reply's chunks leave its Scheduler at most this often (the first and last at once): fewer,
-# fuller Ray items when decode outpaces the hops. 0 sends each chunk as soon as it is drawn.
+# A served reply's chunks leave its Scheduler at most once per interval (the first and last at once). The
+# floor is 0, so a lone stream gets every token as drawn; under load all of a replica's streams together
+# send at most STREAM_EVENTS_PER_SECOND chunks, so each hop's per-chunk cost stays bounded (README, Benchmarks).
 STREAM_INTERVAL_MS = 0.0
+STREAM_EVENTS_PER_SECOND = 200.0
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -67,6 +69,7 @@ class AppArgs(BaseModel):
     kv_cache_gib: float | None = Field(default=None, gt=0.0)
     default_max_tokens: int | None = Field(default=None, ge=1)
     stream_interval_ms: float = Field(default=STREAM_INTERVAL_MS, ge=0.0, le=1000.0)
+    stream_events_per_second: float = Field(default=STREAM_EVENTS_PER_SECOND, ge=0.0)
 
     # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
     chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
@@ -136,5 +139,6 @@ class AppArgs(BaseModel):
             kv_cache_gib=self.kv_cache_gib,
             default_max_tokens=self.default_max_tokens,
             stream_interval_ms=self.stream_interval_ms,
+            stream_events_per_second=self.stream_events_per_second,
             tensor_parallel_size=self.tensor_parallel_size,
         )

@@ -48,3 +48,31 @@ def test_paced_chunks_carry_the_same_reply(loop_and_prompt) -> None:
     gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:-1])]  # the last is never held
     assert all(gap >= INTERVAL_S * 0.9 for gap in gaps), gaps
     assert len(chunks) <= len(unpaced)
+
+
+def test_the_events_cap_stretches_each_streams_interval_with_the_number_of_streams(served_model: str) -> None:
+    """Two streams under a cap of 20 chunks/s together: each waits at least 2 / 20 s between chunks."""
+    model_dir = AppArgs(model=served_model).model_dir
+    config = EngineConfig(model=str(model_dir), context=256, kv_cache_gib=0.05, device="cpu",
+                          stream_events_per_second=20.0)  # fmt: skip
+    loop = EngineLoop(Engine(config))
+    loop.start()
+    prompt = PromptRenderer.from_checkpoint(model_dir).render_chat(
+        ChatRenderRequest([{"role": "user", "content": "Count from 1 to 20."}],
+                          chat_template_kwargs={"enable_thinking": False})).prompt_token_ids  # fmt: skip
+    assert loop.stream_interval() == 0.0  # no stream running: nothing to pace
+
+    async def stream(tag: str) -> list[float]:
+        request = EngineRequest(tag, prompt, SamplingParams(temperature=0.0), max_tokens=30)
+        return [time.monotonic() async for chunk in loop.generate(request) if not chunk.finished]
+
+    async def both() -> list[list[float]]:
+        return list(await asyncio.gather(stream("a"), stream("b")))
+
+    try:
+        runs = asyncio.run(both())
+    finally:
+        loop.shutdown()
+    for arrivals in runs:  # while both run, each stream's interval is 2 / 20 s
+        gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
+        assert gaps and all(gap >= 0.09 for gap in gaps), gaps

@@ -27,7 +27,7 @@ from deployments.types import ContextLengthError, EngineRequest
 
 async def engine_stream(loop: EngineLoop, request: EngineRequest) -> AsyncIterator[UpstreamItem]:
     """The loop's chunks for one request, with refusals (raised before the first chunk) as values."""
-    stream = loop.generate(request, loop.engine.config.stream_interval_ms / 1e3)
+    stream = loop.generate(request)
     started = False
     try:
         async for chunk in stream:

@@ -50,8 +50,18 @@ class EngineLoop:
         return self._info
 
     # ---- caller side ----------------------------------------------------------------------------------
-    async def generate(self, request: EngineRequest, interval_s: float = 0.0) -> AsyncIterator[EngineChunk]:
-        """The request's chunks; after the first, at most one per `interval_s` (the last is never held)."""
+    def stream_interval(self) -> float:
+        """Seconds a reply's next chunk waits after its last: the configured floor, stretched so that all
+        running streams together send at most `stream_events_per_second` chunks."""
+        config = self.engine.config
+        floor = config.stream_interval_ms / 1e3
+        if config.stream_events_per_second <= 0:
+            return floor
+        return max(floor, len(self._subscribers) / config.stream_events_per_second)
+
+    async def generate(self, request: EngineRequest, interval_s: float | None = None) -> AsyncIterator[EngineChunk]:
+        """The request's chunks; after the first, at most one per interval (default: `stream_interval()`,
+        read after each chunk); the last is never held."""
         self.engine.validate(request)  # refusals come before the first chunk
         subscriber = _Subscriber(asyncio.Queue(), asyncio.get_running_loop())
         with self._wake:
@@ -71,8 +81,9 @@ class EngineLoop:
                     chunk.merge(subscriber.queue.get_nowait())
                 finished = chunk.finished
                 yield chunk
-                if interval_s > 0:
-                    next_at = asyncio.get_running_loop().time() + interval_s
+                wait = self.stream_interval() if interval_s is None else interval_s
+                if wait > 0:
+                    next_at = asyncio.get_running_loop().time() + wait
         finally:
             if not finished:
                 self.abort(request.request_id)

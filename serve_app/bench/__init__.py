@@ -41,4 +41,6 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8311)
     serve.add_argument("--stream-interval-ms", type=float, default=None,
                        help="the graph's stream_interval_ms (default: the server default)")
+    serve.add_argument("--stream-events-per-second", type=float, default=None,
+                       help="the graph's stream_events_per_second (default: the server default; 0 = no cap)")
     serve.set_defaults(func=_runner("serve_bench"))

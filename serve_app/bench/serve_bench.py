@@ -122,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
 
     prompts = _prompts(args.concurrency, args.prompt_tokens)
     app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency)
-    if args.stream_interval_ms is not None:
-        app_args = app_args.model_copy(update={"stream_interval_ms": args.stream_interval_ms})
+    for name in ("stream_interval_ms", "stream_events_per_second"):
+        if getattr(args, name) is not None:
+            app_args = app_args.model_copy(update={name: getattr(args, name)})
     model_dir = str(app_args.model_dir)
     if args.url:
         graph = asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, prompts, args.max_tokens))
