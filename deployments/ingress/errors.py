@@ -96,11 +96,22 @@ def parse_body(model: type[M], body: dict[str, Any]) -> M:
         raise from_validation_error(exc) from None
 
 
+# Anthropic's error type for each status (any other status is an api_error).
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+
+
+def anthropic_response(status: int, message: str) -> JSONResponse:
+    """Anthropic's envelope, `{"type": "error", "error": {"type", "message"}}`."""
+    kind = ANTHROPIC_TYPES.get(status, "api_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+
+
 def _envelope(request: Request, status: int, message: str, type: str) -> JSONResponse:
-    """OpenAI's envelope, or Anthropic's on the Messages routes (whose error types differ)."""
+    """OpenAI's envelope, or Anthropic's on the Messages routes."""
     if is_anthropic(route_path(request.scope)):
-        kind = {404: "not_found_error", 405: "invalid_request_error", 500: "api_error"}.get(status, type)
-        return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+        return anthropic_response(status, message)
     return JSONResponse(error_body(message, type), status_code=status)
 
 

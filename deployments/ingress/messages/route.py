@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.ingress.chat_path import render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
-from deployments.ingress.errors import APIError, context_error, json_body, parse_body
+from deployments.ingress.errors import APIError, anthropic_response, context_error, json_body, parse_body
 from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.messages.framing import MessagesFramer
@@ -23,8 +23,6 @@ from deployments.ingress.request_labels import capture_key_label
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.types import ContextLengthError
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
 # Chat fields an error may name, as the Messages field the client sent.
 _FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "response_format": "output_config.format",
            "reasoning_effort": "output_config.effort", "thinking_budget": "thinking.budget_tokens"}  # fmt: skip
@@ -35,8 +33,7 @@ def anthropic_error(exc: APIError) -> JSONResponse:
     for chat_name, name in _FIELDS.items():
         if message.startswith(chat_name):
             message = name + message[len(chat_name) :]
-    error_type = _TYPES.get(exc.status, "api_error")
-    return JSONResponse({"type": "error", "error": {"type": error_type, "message": message}}, status_code=exc.status)
+    return anthropic_response(exc.status, message)
 
 
 def _message_id() -> str:
