@@ -9,8 +9,9 @@ tensor-parallel size N > 1 each Scheduler replica gets a placement group of N + 
 the replica itself, bundle i + 1 rank i's actor (deployments/model_rank/deployment.py places the ranks
 there and asks each rank's CPUs from TENSORFOLD_RANK_CPUS, which the replica's environment sets from
 `rank_cpus`). Every deployment declares fractional CPUs so the graph fits a 2-core machine. The YAML's
-`deployments:` section overrides these options; leave the Scheduler's `ray_actor_options` to `args`
-(scheduler_cpus, rank_cpus, device), since an override replaces the GPU and environment settings here.
+`deployments:` section overrides these options; leave `ray_actor_options` to `args` (ingress_cpus,
+renderer_cpus, scheduler_cpus, rank_cpus, device), since an override replaces the GPU and environment
+settings made here (serve_env.py).
 """
 
 import logging
@@ -30,8 +31,10 @@ from deployments.renderer.prompt_renderer import RendererOptions
 from deployments.renderer.template_file import load_template_file
 from deployments.scheduler.deployment import Scheduler
 from serve_app.args import AppArgs
+from serve_app.serve_env import replica_env
 
 log = logging.getLogger("tensorfold.app")
+STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
 
 
 def resolve_device(args: AppArgs) -> str:
@@ -53,16 +56,21 @@ def placement_bundles(args: AppArgs, device: str) -> list[dict[str, float]]:
     return [{"CPU": args.scheduler_cpus}] + [dict(rank) for _ in range(args.tensor_parallel_size)]
 
 
+def actor_options(num_cpus: float) -> dict[str, Any]:
+    """A replica's Ray actor options: its CPUs and Serve's data-path settings (serve_env.py)."""
+    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": replica_env()}}
+
+
 def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
     options: dict[str, Any] = {
         "num_replicas": args.data_parallel_size,
         "max_ongoing_requests": args.max_ongoing_requests,
     }
-    actor: dict[str, Any] = {"num_cpus": args.scheduler_cpus}
+    actor = actor_options(args.scheduler_cpus)
     if args.tensor_parallel_size > 1:
         options["placement_group_bundles"] = placement_bundles(args, device)
         options["placement_group_strategy"] = args.placement_strategy
-        actor["runtime_env"] = {"env_vars": {"TENSORFOLD_RANK_CPUS": str(args.rank_cpus)}}
+        actor["runtime_env"]["env_vars"]["TENSORFOLD_RANK_CPUS"] = str(args.rank_cpus)
     elif device == "cuda":
         actor["num_gpus"] = 1  # at size 1 the model runs in the replica's own process
     options["ray_actor_options"] = actor
@@ -79,14 +87,13 @@ def build_app(args: AppArgs) -> Application:
     settings = settings.model_copy(update={"dashboard": args.dashboard})
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
-    renderer_options = {"num_cpus": args.renderer_cpus}
-    renderer = Renderer.options(ray_actor_options=renderer_options).bind(str(args.model_dir), options)
+    renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus)).bind(str(args.model_dir), options)
     scheduler = Scheduler.options(**scheduler_options(args, device)).bind(engine_config)
     ingress = Ingress.options(
-        ray_actor_options={"num_cpus": args.ingress_cpus}, max_ongoing_requests=args.max_ongoing_requests
+        ray_actor_options=actor_options(args.ingress_cpus), max_ongoing_requests=args.max_ongoing_requests
     )
     log.info("graph: %s on %s, tp=%d dp=%d", args.served_name, device, args.tensor_parallel_size,
              args.data_parallel_size)  # fmt: skip
-    responses = ResponseStoreDeployment.bind()
+    responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS)).bind()
     return ingress.bind(renderer, scheduler, settings, responses)
 

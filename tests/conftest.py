@@ -57,6 +57,9 @@ def free_port() -> int:
 def ray_cluster() -> Iterator[None]:
     import ray
 
+    from serve_app.serve_env import apply_cluster_env
+
+    apply_cluster_env()  # the data path `tensorfold serve` runs: the proxy started below inherits it
     ray.init(num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False)
     yield
     from ray import serve

@@ -7,10 +7,11 @@ import yaml
 from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app.app import placement_bundles, scheduler_options
+from serve_app.app import actor_options, placement_bundles, scheduler_options
 from serve_app.args import AppArgs
 from serve_app.cli import build_parser
 from serve_app.cli_serve import app_args_from
+from serve_app.serve_env import REPLICA_DEFAULTS, cluster_env, replica_env
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -88,10 +89,28 @@ def test_configs_are_valid_serve_configs_with_valid_args(name: str, ckpt: Path) 
     (app,) = schema.applications
     assert app.import_path == "serve_app.app:build_app"
     assert app.args["model"] == "builtin:tiny-glm"
-    AppArgs.model_validate({**app.args, "model": str(ckpt)})  # every other key is an AppArgs field
-    for deployment in app.deployments:
-        options = deployment.ray_actor_options
-        assert options is not None and options.num_cpus < 1, "deployments must fit a 2-core machine"
+    args = AppArgs.model_validate({**app.args, "model": str(ckpt)})
+    assert max(args.ingress_cpus, args.renderer_cpus, args.scheduler_cpus) < 1, "must fit a 2-core machine"
+    for deployment in app.deployments:  # an actor-options override would drop Serve's data-path settings
+        assert "ray_actor_options" not in deployment.model_dump(exclude_unset=True)
+
+
+def test_every_replica_gets_serve_data_path_settings(ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in REPLICA_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    assert actor_options(0.1) == {"num_cpus": 0.1, "runtime_env": {"env_vars": REPLICA_DEFAULTS}}
+    for args in (AppArgs(model=str(ckpt)), AppArgs(model=str(ckpt), tensor_parallel_size=2)):
+        env = scheduler_options(args, "cpu")["ray_actor_options"]["runtime_env"]["env_vars"]
+        assert REPLICA_DEFAULTS.items() <= env.items()
+
+
+def test_an_operator_setting_wins_over_the_data_path_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_SERVE_PROXY_USE_GRPC", raising=False)
+    assert cluster_env() == {"RAY_SERVE_PROXY_USE_GRPC": "1"}  # the starting process keeps its own loop
+    monkeypatch.setenv("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "1")
+    monkeypatch.setenv("RAY_SERVE_PROXY_USE_GRPC", "0")
+    assert replica_env()["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "1"
+    assert cluster_env() == {"RAY_SERVE_PROXY_USE_GRPC": "0"}
 
 
 def test_tensor_parallel_gets_one_bundle_per_rank(ckpt: Path) -> None:

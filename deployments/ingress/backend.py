@@ -71,10 +71,12 @@ class GraphBackend:
     """The Backend of an Ingress replica: calls into the Renderer and Scheduler deployments."""
 
     def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle, responses: DeploymentHandle) -> None:
-        self._renderer = renderer
-        self._scheduler = scheduler
-        self._responses = responses  # one ResponseStore replica shared by every Ingress replica
-        self._stream_handle = scheduler.options(stream=True)  # built once: options() allocates a handle
+        # Calls and streamed chunks go straight to the replica over Serve's gRPC data path, not as Ray object
+        # references: a chunk then costs one message instead of an object-store put and a fetch.
+        self._renderer = renderer.options(_by_reference=False)
+        self._scheduler = scheduler.options(_by_reference=False)
+        self._responses = responses.options(_by_reference=False)  # one replica shared by every Ingress
+        self._stream_handle = self._scheduler.options(stream=True)  # built once: options() allocates a handle
         self._card: TokenizerCard | None = None
 
     async def card(self) -> TokenizerCard:

@@ -1,15 +1,15 @@
 """Runs an Engine on its own thread and streams each request's chunks to asyncio callers.
 
-Request coroutines and the engine thread exchange through a locked inbox (adds, aborts) and per-request
-asyncio queues filled with `call_soon_threadsafe`, so the replica's event loop stays free. A caller's
-iterator yields every chunk ready since its last yield, merged into one.
+Request coroutines and the engine thread exchange through a locked inbox (adds, aborts); after each step
+the engine thread hands that step's chunks to each caller event loop in one `call_soon_threadsafe`, so
+a step costs the loop one wake-up however many streams it feeds. A caller's iterator yields every chunk
+ready since its last yield, merged into one; pacing holds the next one with a timer, not a task per chunk.
 """
 
 import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from deployments.scheduler.engine import Engine, EngineInfo
 from deployments.types import EngineChunk, EngineRequest, FinishReason
@@ -17,10 +17,61 @@ from deployments.types import EngineChunk, EngineRequest, FinishReason
 log = logging.getLogger("tensorfold.engine")
 
 
-@dataclass
 class _Subscriber:
-    queue: asyncio.Queue  # of EngineChunk
-    loop: asyncio.AbstractEventLoop
+    """One request's mailbox on its caller's event loop; touched only on that loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: EngineChunk | None = None  # chunks not yet taken, merged into one
+        self.release_at = 0.0  # loop time before which a non-final chunk is held (pacing)
+        self._waiter: asyncio.Future[None] | None = None  # set while the caller waits
+        self._timer: asyncio.TimerHandle | None = None
+
+    def offer(self, chunk: EngineChunk) -> None:
+        if self.pending is None:
+            self.pending = chunk
+        else:
+            self.pending.merge(chunk)
+        self._wake_if_ready()
+
+    async def take(self) -> EngineChunk:
+        """The merged pending chunk, once there is one and its release time has come (a last chunk: at once)."""
+        while not self._ready():
+            self._waiter = self.loop.create_future()
+            self._wake_if_ready()  # pending but held: arms the timer
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk, self.pending = self.pending, None
+        assert chunk is not None
+        return chunk
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _ready(self) -> bool:
+        return self.pending is not None and (self.pending.finished or self.loop.time() >= self.release_at)
+
+    def _wake_if_ready(self) -> None:
+        if self._waiter is None or self._waiter.done() or self.pending is None:
+            return
+        if self._ready():
+            self._waiter.set_result(None)
+        elif self._timer is None:
+            self._timer = self.loop.call_at(self.release_at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._wake_if_ready()
+
+
+def _hand_over(items: list[tuple[_Subscriber, EngineChunk]]) -> None:
+    """On a caller loop: one step's chunks for the subscribers that live there."""
+    for subscriber, chunk in items:
+        subscriber.offer(chunk)
 
 
 class EngineLoop:
@@ -63,7 +114,7 @@ class EngineLoop:
         """The request's chunks; after the first, at most one per interval (default: `stream_interval()`,
         read after each chunk); the last is never held."""
         self.engine.validate(request)  # refusals come before the first chunk
-        subscriber = _Subscriber(asyncio.Queue(), asyncio.get_running_loop())
+        subscriber = _Subscriber(asyncio.get_running_loop())
         with self._wake:
             if request.request_id in self._subscribers:
                 raise ValueError(f"request id {request.request_id!r} is already running")
@@ -71,20 +122,15 @@ class EngineLoop:
             self._adds.append(request)
             self._wake.notify()
         finished = False
-        next_at: float | None = None  # when the next chunk may leave (None: at once)
         try:
             while not finished:
-                chunk: EngineChunk = await subscriber.queue.get()
-                if next_at is not None and not chunk.finished:
-                    await _collect_until(subscriber.queue, chunk, next_at)
-                while not subscriber.queue.empty() and not chunk.finished:
-                    chunk.merge(subscriber.queue.get_nowait())
+                chunk = await subscriber.take()
                 finished = chunk.finished
                 yield chunk
                 wait = self.stream_interval() if interval_s is None else interval_s
-                if wait > 0:
-                    next_at = asyncio.get_running_loop().time() + wait
+                subscriber.release_at = subscriber.loop.time() + wait
         finally:
+            subscriber.close()
             if not finished:
                 self.abort(request.request_id)
 
@@ -124,33 +170,24 @@ class EngineLoop:
             self._deliver([EngineChunk(request.request_id, finish_reason=FinishReason.ERROR, error=str(exc))])
 
     def _deliver(self, chunks: list[EngineChunk]) -> None:
-        for chunk in chunks:
-            with self._lock:
+        """One hand-over per caller loop for the whole step (a finished request leaves the table here)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Subscriber, EngineChunk]]] = {}
+        with self._lock:
+            for chunk in chunks:
                 subscriber = (
                     self._subscribers.pop(chunk.request_id, None)
                     if chunk.finished
                     else self._subscribers.get(chunk.request_id)
                 )
-            if subscriber is not None:
-                subscriber.loop.call_soon_threadsafe(subscriber.queue.put_nowait, chunk)
+                if subscriber is not None:
+                    by_loop.setdefault(subscriber.loop, []).append((subscriber, chunk))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_hand_over, items)
+            except RuntimeError:  # that loop has closed: its callers are gone
+                log.debug("dropped %d chunks for a closed event loop", len(items))
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
-            pending = list(self._subscribers.items())
-            self._subscribers.clear()
-        for request_id, subscriber in pending:
-            chunk = EngineChunk(request_id, finish_reason=FinishReason.ERROR, error=message)
-            subscriber.loop.call_soon_threadsafe(subscriber.queue.put_nowait, chunk)
-
-
-async def _collect_until(queue: "asyncio.Queue[EngineChunk]", chunk: EngineChunk, deadline: float) -> None:
-    """Merge later chunks into `chunk` until the deadline, or at once when the reply finishes."""
-    loop = asyncio.get_running_loop()
-    while not chunk.finished:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return
-        try:
-            chunk.merge(await asyncio.wait_for(queue.get(), remaining))
-        except TimeoutError:
-            return
+            pending = list(self._subscribers)
+        self._deliver([EngineChunk(rid, finish_reason=FinishReason.ERROR, error=message) for rid in pending])

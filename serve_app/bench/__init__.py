@@ -39,6 +39,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-tokens", type=int, default=64)
     serve.add_argument("--prompt-tokens", type=int, default=64)
     serve.add_argument("--port", type=int, default=8311)
+    serve.add_argument("--rounds", type=int, default=5,
+                       help="bursts of --concurrency streams, each with new prompts; figures pool every round")
     serve.add_argument("--stream-interval-ms", type=float, default=None,
                        help="the graph's stream_interval_ms (default: the server default)")
     serve.add_argument("--stream-events-per-second", type=float, default=None,

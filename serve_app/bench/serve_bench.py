@@ -1,12 +1,16 @@
 """`tensorfold bench serve`: N concurrent streams through the HTTP graph and through the engine in-process.
 
-Both runs use the same prompts and limits; the table shows TTFT and inter-token latency percentiles and
-throughput side by side, so the cost the graph adds (Ray hops, HTTP, SSE framing) reads off directly.
+Both runs send the same rounds (bursts of N streams, new prompts each round, so no round reads another's
+prompt cache) with the same limits, and the in-process engine computes with the intra-op threads Ray gives
+the Scheduler replica. The table shows TTFT and inter-token latency percentiles over every stream of every
+round and throughput over the rounds' wall time, so the cost the graph adds (Ray hops, HTTP, SSE
+framing, the processes it runs beside the engine) reads off directly.
 """
 
 import argparse
 import asyncio
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,8 +28,8 @@ class StreamTimes:
 @dataclass
 class RunFigures:
     label: str
-    streams: list[StreamTimes]
-    wall: float
+    streams: list[StreamTimes]  # every round's
+    wall: float  # the rounds' wall time, summed
 
     def pct(self, values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -47,8 +51,10 @@ class RunFigures:
 
 
 
-def _prompts(count: int, length: int) -> list[list[int]]:
-    return [[(17 * i + 31 * j) % 200 + 10 for j in range(length)] for i in range(count)]
+def _rounds(rounds: int, count: int, length: int) -> list[list[list[int]]]:
+    """`rounds` bursts of `count` prompts; up to 200 in all, no two share a first token (or a cached block)."""
+    return [[[(17 * (r * count + i) + 31 * j) % 200 + 10 for j in range(length)] for i in range(count)]
+            for r in range(rounds)]  # fmt: skip
 
 
 async def _http_stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int) -> StreamTimes:
@@ -80,20 +86,34 @@ def _record(times: StreamTimes, start: float, last: float, count: int) -> None:
         times.tokens += count
 
 
-async def _run_http(url: str, model: str, prompts: list[list[int]], max_tokens: int) -> RunFigures:
-    async with httpx.AsyncClient(timeout=600) as client:
-        await _http_stream(client, url, model, prompts[0][:8], 2)  # warm-up
+async def _timed_rounds(label: str, stream, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+    """Each round's streams start together; the next round starts when the last of them has finished."""
+    await stream(rounds[0][0][:8], 2)  # warm-up
+    figures = RunFigures(label, [], 0.0)
+    for prompts in rounds:
         start = time.perf_counter()
-        streams = await asyncio.gather(*[_http_stream(client, url, model, p, max_tokens) for p in prompts])
-        return RunFigures("graph over HTTP", list(streams), time.perf_counter() - start)
+        figures.streams += await asyncio.gather(*[stream(p, max_tokens) for p in prompts])
+        figures.wall += time.perf_counter() - start
+    return figures
 
 
-async def _run_in_process(model_dir: str, prompts: list[list[int]], max_tokens: int, lanes: int) -> RunFigures:
+async def _run_http(url: str, model: str, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+    async with httpx.AsyncClient(timeout=600) as client:
+        return await _timed_rounds("graph over HTTP", lambda p, n: _http_stream(client, url, model, p, n),
+                                   rounds, max_tokens)  # fmt: skip
+
+
+async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tokens: int, lanes: int,
+                          threads: int) -> RunFigures:  # fmt: skip
+    import torch
+
     from deployments.config import EngineConfig
     from deployments.scheduler.engine import Engine
     from deployments.scheduler.engine_loop import EngineLoop
     from deployments.types import EngineRequest, SamplingParams
 
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     loop = EngineLoop(Engine(EngineConfig(model=model_dir, parallel=lanes, kv_cache_gib=0.5)))
     loop.start()
 
@@ -109,42 +129,48 @@ async def _run_in_process(model_dir: str, prompts: list[list[int]], max_tokens: 
         return times
 
     try:
-        await one(prompts[0][:8], 2)
-        start = time.perf_counter()
-        streams = await asyncio.gather(*[one(p, max_tokens) for p in prompts])
-        return RunFigures("engine in-process", list(streams), time.perf_counter() - start)
+        return await _timed_rounds(f"engine in-process ({threads} thr)", one, rounds, max_tokens)
     finally:
         loop.shutdown()
+        torch.set_num_threads(threads_before)
+
+
+def replica_threads(scheduler_cpus: float) -> int:
+    """The intra-op threads Ray gives a replica of that many CPUs (OMP_NUM_THREADS: floor, at least 1)."""
+    return max(1, math.floor(scheduler_cpus))
 
 
 def run(args: argparse.Namespace) -> int:
     from serve_app.args import AppArgs
 
-    prompts = _prompts(args.concurrency, args.prompt_tokens)
+    rounds = _rounds(args.rounds, args.concurrency, args.prompt_tokens)
     app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency)
     for name in ("stream_interval_ms", "stream_events_per_second"):
         if getattr(args, name) is not None:
             app_args = app_args.model_copy(update={name: getattr(args, name)})
     model_dir = str(app_args.model_dir)
     if args.url:
-        graph = asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, prompts, args.max_tokens))
+        graph = asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, rounds, args.max_tokens))
     else:
-        graph = _run_graph_here(app_args, prompts, args.max_tokens)
-    local = asyncio.run(_run_in_process(model_dir, prompts, args.max_tokens, args.concurrency))
+        graph = _run_graph_here(app_args, rounds, args.max_tokens)
+    threads = replica_threads(app_args.scheduler_cpus)
+    local = asyncio.run(_run_in_process(model_dir, rounds, args.max_tokens, args.concurrency, threads))
     _print_table([local, graph])
     return 0
 
 
-def _run_graph_here(app_args, prompts: list[list[int]], max_tokens: int) -> RunFigures:
+def _run_graph_here(app_args, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
     from ray import serve
 
     from serve_app.app import build_app
+    from serve_app.serve_env import apply_cluster_env
 
+    apply_cluster_env()  # as `tensorfold serve` runs it: the proxy started here inherits it
     serve.start(http_options={"host": "127.0.0.1", "port": app_args.port})
     serve.run(build_app(app_args), name="bench", blocking=False, route_prefix="/")
     try:
         url = f"http://127.0.0.1:{app_args.port}/v1"
-        return asyncio.run(_run_http(url, app_args.served_name, prompts, max_tokens))
+        return asyncio.run(_run_http(url, app_args.served_name, rounds, max_tokens))
     finally:
         serve.shutdown()
 
@@ -152,9 +178,9 @@ def _run_graph_here(app_args, prompts: list[list[int]], max_tokens: int) -> RunF
 def _print_table(runs: list[RunFigures]) -> None:
     rows = [r.row() for r in runs]
     names = list(rows[0])
-    print(f"{'':20}" + "".join(f"{n:>13}" for n in names))
+    print(f"{'':26}" + "".join(f"{n:>13}" for n in names))
     for run_figures, row in zip(runs, rows):
-        print(f"{run_figures.label:20}" + "".join(f"{row[n]:13.1f}" for n in names))
+        print(f"{run_figures.label:26}" + "".join(f"{row[n]:13.1f}" for n in names))
     base, graph = rows
     print(f"added TTFT p50: {graph['ttft p50 ms'] - base['ttft p50 ms']:.1f} ms; "
           f"throughput change: {100 * (graph['tok/s'] / base['tok/s'] - 1):+.1f}%")

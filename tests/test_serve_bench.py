@@ -1,0 +1,35 @@
+"""`tensorfold bench serve`'s measuring parts: rounds never share a cached prompt block, the in-process
+baseline computes with the replica's threads, and the figures count every token of every round."""
+
+import asyncio
+
+from serve_app.args import AppArgs
+from serve_app.bench.serve_bench import StreamTimes, _record, _rounds, _run_in_process, replica_threads
+
+
+def test_rounds_never_share_a_first_token() -> None:
+    rounds = _rounds(5, 16, 64)
+    prompts = [p for burst in rounds for p in burst]
+    assert len(rounds) == 5 and all(len(burst) == 16 for burst in rounds)
+    assert all(len(p) == 64 for p in prompts)
+    assert len({p[0] for p in prompts}) == len(prompts)
+
+
+def test_the_baseline_uses_the_threads_ray_gives_the_replica() -> None:
+    assert [replica_threads(cpus) for cpus in (0.2, 1.0, 1.5, 4.0)] == [1, 1, 1, 4]
+
+
+def test_a_chunk_of_several_tokens_spreads_its_gap_over_them() -> None:
+    times = StreamTimes()
+    _record(times, start=0.0, last=0.0, count=1)  # the first token: TTFT only
+    assert times.tokens == 1 and times.gaps == [] and times.ttft > 0
+    _record(times, start=0.0, last=times.ttft, count=3)
+    assert times.tokens == 4 and len(times.gaps) == 3 and len(set(times.gaps)) == 1
+
+
+def test_in_process_figures_count_every_token_of_every_round(served_model: str) -> None:
+    model_dir = str(AppArgs(model=served_model).model_dir)
+    figures = asyncio.run(_run_in_process(model_dir, _rounds(2, 3, 12), max_tokens=5, lanes=3, threads=1))
+    assert len(figures.streams) == 6
+    assert all(s.tokens == 5 and len(s.gaps) == 4 for s in figures.streams)
+    assert figures.wall > 0 and figures.row()["tok/s"] > 0
