@@ -29,3 +29,6 @@ class EngineConfig(BaseModel):
     # Chunks per second all of a replica's streams may send together (0 = no cap): under load each reply's
     # interval stretches to streams / this, bounding what the hops downstream spend per token.
     stream_events_per_second: float = Field(default=0.0, ge=0.0)
+    # At tensor-parallel size 1, step the engine in a child process of the Scheduler replica rather than on
+    # a thread of it, so the replica's own Python work (requests, streamed chunks) never holds its GIL.
+    engine_process: bool = False

@@ -70,6 +70,7 @@ class AppArgs(BaseModel):
     default_max_tokens: int | None = Field(default=None, ge=1)
     stream_interval_ms: float = Field(default=STREAM_INTERVAL_MS, ge=0.0, le=1000.0)
     stream_events_per_second: float = Field(default=STREAM_EVENTS_PER_SECOND, ge=0.0)
+    engine_process: bool = True
 
     # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
     chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
@@ -140,5 +141,6 @@ class AppArgs(BaseModel):
             default_max_tokens=self.default_max_tokens,
             stream_interval_ms=self.stream_interval_ms,
             stream_events_per_second=self.stream_events_per_second,
+            engine_process=self.engine_process,
             tensor_parallel_size=self.tensor_parallel_size,
         )

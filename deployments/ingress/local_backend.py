@@ -4,6 +4,7 @@ Used to measure what the graph adds (`tensorfold bench`) and by tests that need 
 Everything here is the real renderer and engine; only the Ray hops are missing.
 """
 
+from dataclasses import replace
 from collections.abc import AsyncIterator
 
 from deployments.ingress.responses.store import ResponseStore, StoredResponse
@@ -13,7 +14,7 @@ from deployments.renderer.messages import MessageError
 from deployments.renderer.prompt_renderer import ChatRenderRequest, PromptRenderer, RenderedPrompt, TokenizerCard
 from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.engine_loop import EngineLoop
-from deployments.scheduler.memory_report import ReplicaMemory, replica_memory
+from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
 from deployments.types import EngineRequest
 
@@ -57,10 +58,10 @@ class LocalBackend:
         return _LocalStream(engine_stream(self._loop, request))
 
     async def replicas(self) -> list[ReplicaStatus]:
-        return [replica_status("local", self._loop.info())]
+        return [replica_status("local", self._loop.info(), self._loop.cuda_memory())]
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
-        return [replica_memory("local", self._loop.engine, reset_peak)]
+        return [replace(await self._loop.memory(reset_peak), replica="local")]
 
     async def save_response(self, entry: StoredResponse) -> None:
         self._responses.save(entry)

@@ -1,7 +1,8 @@
-"""The Scheduler deployment: one model copy, a thin Serve wrapper over the engine loop.
+"""The Scheduler deployment: one model copy, a thin Serve wrapper over the engine's driver.
 
-The engine runs on its own thread (EngineLoop); this replica's event loop only moves chunks, so streams
-and health checks stay responsive. `generate` is an async generator: each item is one coalesced
+At tensor-parallel size 1 the engine steps in a child process (EngineProcess, `engine_process`), else on
+a thread of this replica (EngineLoop); this replica's event loop only moves chunks, so streams and health
+checks stay responsive. `generate` is an async generator: each item is one coalesced
 EngineChunk holding every token ready since the last one (never a Ray call per token); refusals come
 as values (see wire.py) before any chunk.
 
@@ -10,7 +11,7 @@ At tensor-parallel size N > 1 the replica sits in a placement group whose bundle
 """
 
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from collections.abc import AsyncIterator
 
 from ray import serve
@@ -19,13 +20,15 @@ from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
 from deployments.scheduler.engine import Engine
 from deployments.scheduler.engine_loop import EngineLoop
-from deployments.scheduler.memory_report import ReplicaMemory, replica_memory
+from deployments.scheduler.engine_process import EngineProcess
+from deployments.scheduler.stream_hub import StreamHub
+from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.ray_metrics import RayMetricsExport
 from deployments.scheduler.wire import EngineInfo, ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
 from deployments.types import ContextLengthError, EngineRequest
 
 
-async def engine_stream(loop: EngineLoop, request: EngineRequest) -> AsyncIterator[UpstreamItem]:
+async def engine_stream(loop: StreamHub, request: EngineRequest) -> AsyncIterator[UpstreamItem]:
     """The loop's chunks for one request, with refusals (raised before the first chunk) as values."""
     stream = loop.generate(request)
     started = False
@@ -45,9 +48,17 @@ async def engine_stream(loop: EngineLoop, request: EngineRequest) -> AsyncIterat
         await stream.aclose()
 
 
-def replica_status(replica: str, info: EngineInfo) -> ReplicaStatus:
+def replica_status(replica: str, info: EngineInfo, cuda_memory: dict[str, int]) -> ReplicaStatus:
     snapshot = {f.name: getattr(info, f.name) for f in fields(EngineInfo)}
-    return ReplicaStatus(**snapshot, replica=replica, memory=_cuda_memory(str(info.device)))
+    return ReplicaStatus(**snapshot, replica=replica, memory=cuda_memory)
+
+
+def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
+    """The engine's driver, started: a child process where the config asks for one and allows it."""
+    driver = EngineProcess(config) if config.engine_process and config.tensor_parallel_size == 1 else None
+    driver = driver or EngineLoop(Engine(config))
+    driver.start()
+    return driver
 
 
 def _replica_tag() -> str:
@@ -57,24 +68,11 @@ def _replica_tag() -> str:
         return f"pid-{os.getpid()}"
 
 
-def _cuda_memory(device: str) -> dict[str, int]:
-    """This process's CUDA memory (the model's at tensor-parallel size 1); {} where it holds no GPU."""
-    if not device.startswith("cuda"):
-        return {}
-    import torch
-
-    if not torch.cuda.is_available():  # tensor-parallel ranks hold the GPUs, not this replica
-        return {}
-    return {"active": int(torch.cuda.memory_allocated()), "cache": 0, "peak": int(torch.cuda.max_memory_allocated())}
-
-
 @serve.deployment(name="Scheduler", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=1024)
 class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         configure_logging()
-        self._engine = Engine(config)
-        self._loop = EngineLoop(self._engine)
-        self._loop.start()
+        self._loop = start_driver(config)
         self._replica = _replica_tag()
         self._ray_metrics = RayMetricsExport(self._loop.info)  # the readings in Ray's dashboard too
 
@@ -87,21 +85,17 @@ class Scheduler:
         finally:
             await stream.aclose()
 
-    def validate(self, request: EngineRequest) -> ContextRefusal | InvalidPrompt | None:
-        try:
-            self._engine.validate(request)
-        except ContextLengthError as exc:
-            return ContextRefusal.from_error(exc)
-        except ValueError as exc:
-            return InvalidPrompt(str(exc), getattr(exc, "param", request.prompt_param))
-        return None
-
     def info(self) -> ReplicaStatus:
-        # The loop's snapshot after its latest step: the engine's own state belongs to its thread.
-        return replica_status(self._replica, self._loop.info())
+        # The driver's snapshot after the latest step: the engine's own state belongs to its thread or process.
+        return replica_status(self._replica, self._loop.info(), self._loop.cuda_memory())
 
-    def memory(self, reset_peak: bool = False) -> ReplicaMemory:
-        return replica_memory(self._replica, self._engine, reset_peak)
+    async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
+        return replace(await self._loop.memory(reset_peak), replica=self._replica)
+
+    def check_health(self) -> None:
+        """Serve replaces a replica whose engine has stopped (its process died, or its thread ended)."""
+        if not self._loop.alive():
+            raise RuntimeError("the engine has stopped")
 
     def __del__(self) -> None:
         loop = getattr(self, "_loop", None)

@@ -59,6 +59,18 @@ def process_rss_bytes() -> int:
         return int(peak) if os.uname().sysname == "Darwin" else int(peak) * 1024
 
 
+def cuda_memory_of(device: str) -> dict[str, int]:
+    """The /health figures of this process's CUDA memory (the model's at tensor-parallel size 1); {} where
+    it holds no GPU."""
+    if not device.startswith("cuda"):
+        return {}
+    import torch
+
+    if not torch.cuda.is_available():  # tensor-parallel ranks hold the GPUs, not this process
+        return {}
+    return {"active": int(torch.cuda.memory_allocated()), "cache": 0, "peak": int(torch.cuda.max_memory_allocated())}
+
+
 def device_memory(device: str, reset_peak: bool = False) -> DeviceMemory | None:
     """This process's CUDA reading; `reset_peak` starts a new peak at the current allocation first."""
     if not device.startswith("cuda"):
