@@ -143,14 +143,14 @@ def serve_blocking(args: AppArgs) -> int:
     from ray import serve
 
     from serve_app.app import build_app
-    from serve_app.serve_env import apply_cluster_env
+    from serve_app.serve_env import cluster_runtime_env
 
     stop = _StopSignal()
     limits = raise_open_file_limit()  # before ray.init: the raylet, and so Serve's proxy, inherit it
     if limits is not None:
         log.info("open-file limit: soft %d (was %d)", limits[1], limits[0])
-    apply_cluster_env()  # before ray.init: Serve's proxy and replicas inherit it
-    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve")
+    # The job's runtime environment reaches Serve's controller and proxy (serve_env.py).
+    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve", runtime_env=cluster_runtime_env())
     stop.install()  # after ray.init, which installs its own SIGTERM handler (exit without Serve's shutdown)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})

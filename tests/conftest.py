@@ -57,10 +57,11 @@ def free_port() -> int:
 def ray_cluster() -> Iterator[None]:
     import ray
 
-    from serve_app.serve_env import apply_cluster_env
+    from serve_app.serve_env import cluster_runtime_env
 
-    apply_cluster_env()  # the data path `tensorfold serve` runs: the proxy started below inherits it
-    ray.init(num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False)
+    # The data path `tensorfold serve` runs: Serve's controller and proxy get it from the job.
+    ray.init(num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False,
+             runtime_env=cluster_runtime_env())  # fmt: skip
     yield
     from ray import serve
 

@@ -6,6 +6,7 @@ and started once per session (conftest.glm_base_url, shared with tests/test_e2e_
 
 import asyncio
 import json
+import sys
 import time
 
 import httpx
@@ -212,3 +213,32 @@ def test_structured_outputs_through_the_graph(client: openai.OpenAI) -> None:
                                                  stream=True, extra_body={"structured_outputs": {"choice": choices}}))  # fmt: skip
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text in choices and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def _actor_process(title: str):
+    """The one live process Ray titled `ray::<title>` (an actor's class and method)."""
+    import psutil
+
+    matches = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline and cmdline[0].startswith(f"ray::{title}"):
+            matches.append(process)
+    assert len(matches) == 1, [m.info["cmdline"] for m in matches]
+    return matches[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads other processes' environments")
+def test_replicas_and_the_proxy_run_serves_fast_data_path(base_url: str) -> None:
+    from serve_app.serve_env import PROXY_DEFAULTS, REPLICA_DEFAULTS
+
+    for deployment in ("Ingress", "Scheduler", "Renderer"):
+        environ = _actor_process(f"ServeReplica:{APP}:{deployment}").environ()
+        assert REPLICA_DEFAULTS.items() <= environ.items(), deployment
+    assert PROXY_DEFAULTS.items() <= _actor_process("ProxyActor").environ().items()
+
+
+def test_the_scheduler_steps_its_engine_in_a_child_process(base_url: str) -> None:
+    scheduler = _actor_process(f"ServeReplica:{APP}:Scheduler")
+    commands = [" ".join(child.cmdline()) for child in scheduler.children()]
+    assert any("deployments.scheduler.engine_child" in command for command in commands), commands

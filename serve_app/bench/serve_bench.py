@@ -160,12 +160,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_graph_here(app_args, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+    import ray
     from ray import serve
 
     from serve_app.app import build_app
-    from serve_app.serve_env import apply_cluster_env
+    from serve_app.serve_env import cluster_runtime_env
 
-    apply_cluster_env()  # as `tensorfold serve` runs it: the proxy started here inherits it
+    ray.init(runtime_env=cluster_runtime_env())  # as `tensorfold serve` starts it (serve_env.py)
     serve.start(http_options={"host": "127.0.0.1", "port": app_args.port})
     serve.run(build_app(app_args), name="bench", blocking=False, route_prefix="/")
     try:
