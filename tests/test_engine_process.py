@@ -128,6 +128,7 @@ def test_a_dead_engine_process_ends_its_requests_and_fails_the_health_check(serv
         _wait_until(lambda: not driver.alive())
         with pytest.raises(RuntimeError, match="engine process has exited"):
             asyncio.run(_reply(driver, _request("after", PROMPTS[0])))
+        assert not driver._subscribers  # a request that could not be sent leaves no mailbox behind
     finally:
         driver.shutdown()
 

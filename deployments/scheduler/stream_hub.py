@@ -128,6 +128,9 @@ class StreamHub:
         finally:  # (aborting a refused request is a no-op: the engine never took it)
             subscriber.close()
             if not finished:
+                with self._lock:  # nobody listens any more, whether or not the engine answers the abort
+                    if self._subscribers.get(request.request_id) is subscriber:
+                        del self._subscribers[request.request_id]
                 self.abort(request.request_id)
 
     def abort(self, request_id: str) -> None:
