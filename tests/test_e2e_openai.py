@@ -242,3 +242,15 @@ def test_the_scheduler_steps_its_engine_in_a_child_process(base_url: str) -> Non
     scheduler = _actor_process(f"ServeReplica:{APP}:Scheduler")
     commands = [" ".join(child.cmdline()) for child in scheduler.children()]
     assert any("deployments.scheduler.engine_child" in command for command in commands), commands
+
+
+def test_memory_is_read_from_the_engine_process(base_url: str) -> None:
+    reply = httpx.post(f"{base_url}/v1/completions", json={"prompt": [11, 12, 13] * 20, "max_tokens": 2}, timeout=60)
+    assert reply.status_code == 200
+    body = httpx.get(f"{base_url}/v1/memory", timeout=30).json()
+    [replica] = body["replicas"]
+    [engine] = [child for child in _actor_process(f"ServeReplica:{APP}:Scheduler").children()
+                if "deployments.scheduler.engine_child" in " ".join(child.cmdline())]  # fmt: skip
+    assert replica["replica"] and replica["kv_blocks_total"] > 0 and replica["prompt_cache_blocks"] > 0
+    # The resident set is the engine process's, which holds the weights and the KV pool.
+    assert abs(replica["process_rss_bytes"] - engine.memory_info().rss) < 64 << 20
