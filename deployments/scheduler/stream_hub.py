@@ -10,6 +10,7 @@ into one; pacing holds the next one with a timer, not a task per chunk.
 import asyncio
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from deployments.config import EngineConfig
@@ -82,7 +83,7 @@ def _hand_over(items: list[tuple[_Subscriber, Delivery]]) -> None:
         subscriber.offer(item)
 
 
-class StreamHub:
+class StreamHub(ABC):
     """Subscribers by request id; a driver subclass implements `_submit` and `_cancel` for its engine."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -90,11 +91,13 @@ class StreamHub:
         self._lock = threading.Lock()
         self._subscribers: dict[str, _Subscriber] = {}
 
+    @abstractmethod
     def _submit(self, request: EngineRequest) -> None:
-        raise NotImplementedError
+        """Send the request to the engine (its subscriber is registered already)."""
 
+    @abstractmethod
     def _cancel(self, request_id: str) -> None:
-        raise NotImplementedError
+        """Ask the engine to drop the request at its next step."""
 
     def _check(self, request: EngineRequest) -> None:
         """Refusals the driver can raise before the request is sent (default: the engine sends them)."""
