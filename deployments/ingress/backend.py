@@ -76,7 +76,8 @@ class GraphBackend:
         self._renderer = renderer.options(_by_reference=False)
         self._scheduler = scheduler.options(_by_reference=False)
         self._responses = responses.options(_by_reference=False)  # one replica shared by every Ingress
-        self._stream_handle = self._scheduler.options(stream=True)  # built once: options() allocates a handle
+        # Built once: options(), and so each method attribute of a handle, allocates a new handle.
+        self._generate = self._scheduler.options(stream=True, method_name="generate")
         self._card: TokenizerCard | None = None
 
     async def card(self) -> TokenizerCard:
@@ -97,7 +98,7 @@ class GraphBackend:
         return await self._renderer.detokenize.remote(ids)
 
     def stream(self, request: EngineRequest) -> Upstream:
-        return _HandleStream(self._stream_handle.generate.remote(request))
+        return _HandleStream(self._generate.remote(request))
 
     async def replicas(self) -> list[ReplicaStatus]:
         """Every Scheduler replica's status (a replica that does not answer in time is left out)."""
