@@ -72,7 +72,7 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
         options["placement_group_strategy"] = args.placement_strategy
         actor["runtime_env"]["env_vars"]["TENSORFOLD_RANK_CPUS"] = str(args.rank_cpus)
     elif device == "cuda":
-        actor["num_gpus"] = 1  # at size 1 the model runs in the replica's own process
+        actor["num_gpus"] = 1  # at size 1 the replica's engine (its child process or thread) holds the GPU
     options["ray_actor_options"] = actor
     return options
 
@@ -87,7 +87,8 @@ def build_app(args: AppArgs) -> Application:
     settings = settings.model_copy(update={"dashboard": args.dashboard})
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
-    renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus)).bind(str(args.model_dir), options)
+    renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus))
+    renderer = renderer.bind(str(args.model_dir), options)
     scheduler = Scheduler.options(**scheduler_options(args, device)).bind(engine_config)
     ingress = Ingress.options(
         ray_actor_options=actor_options(args.ingress_cpus), max_ongoing_requests=args.max_ongoing_requests

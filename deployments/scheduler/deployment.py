@@ -21,9 +21,9 @@ from deployments.log_setup import configure_logging
 from deployments.scheduler.engine import Engine
 from deployments.scheduler.engine_loop import EngineLoop
 from deployments.scheduler.engine_process import EngineProcess
-from deployments.scheduler.stream_hub import StreamHub
 from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.ray_metrics import RayMetricsExport
+from deployments.scheduler.stream_hub import StreamHub
 from deployments.scheduler.wire import EngineInfo, ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
 from deployments.types import ContextLengthError, EngineRequest
 
@@ -55,8 +55,11 @@ def replica_status(replica: str, info: EngineInfo, cuda_memory: dict[str, int]) 
 
 def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
     """The engine's driver, started: a child process where the config asks for one and allows it."""
-    driver = EngineProcess(config) if config.engine_process and config.tensor_parallel_size == 1 else None
-    driver = driver or EngineLoop(Engine(config))
+    driver: EngineLoop | EngineProcess
+    if config.engine_process and config.tensor_parallel_size == 1:
+        driver = EngineProcess(config)
+    else:
+        driver = EngineLoop(Engine(config))
     driver.start()
     return driver
 

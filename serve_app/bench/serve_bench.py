@@ -13,6 +13,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -86,7 +87,10 @@ def _record(times: StreamTimes, start: float, last: float, count: int) -> None:
         times.tokens += count
 
 
-async def _timed_rounds(label: str, stream, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+StreamRunner = Callable[[list[int], int], Awaitable[StreamTimes]]  # (prompt, max_tokens) -> its figures
+
+
+async def _timed_rounds(label: str, stream: StreamRunner, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
     """Each round's streams start together; the next round starts when the last of them has finished."""
     await stream(rounds[0][0][:8], 2)  # warm-up
     figures = RunFigures(label, [], 0.0)
