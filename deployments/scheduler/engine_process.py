@@ -37,10 +37,10 @@ class EngineProcess(StreamHub):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self._conn, self._process = _start_child()
-        self._conn.send(config)
         try:
+            self._conn.send(config)
             first = self._conn.recv()  # blocks until the model is loaded, as building it in-process does
-        except EOFError:
+        except (EOFError, OSError):  # it died before answering (an import error, a crash while loading)
             first = StartFailed(f"it exited with status {self._process.wait()}")
         if not isinstance(first, Ready):
             self._process.wait(timeout=STOP_TIMEOUT_S)
@@ -114,10 +114,13 @@ class EngineProcess(StreamHub):
                 message = self._conn.recv()
             except (EOFError, OSError):
                 break
-            if isinstance(message, Stepped):
-                self._on_step(message)
-            elif isinstance(message, MemoryAnswer):
-                self._on_memory(message)
+            try:
+                if isinstance(message, Stepped):
+                    self._on_step(message)
+                elif isinstance(message, MemoryAnswer):
+                    self._on_memory(message)
+            except Exception:  # a bug here must not stop the reader: every stream depends on it
+                log.exception("could not hand over a message from the engine process")
         self._alive = False
         if not self._stopping:
             log.error("the engine process exited (status %s); ending every request in flight", self._process.poll())
