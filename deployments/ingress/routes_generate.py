@@ -4,7 +4,6 @@ Each request gets its reply id first, so every outcome can be logged under it: a
 template refusal, context refusal) logs `refused <id>`; the Generation logs `finished` or `ended`.
 """
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,13 +13,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deployments.ingress.chat_path import checked_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import APIError, bad_request, json_body, parse_body, server_error
-from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.openai_framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
 from deployments.ingress.openai_models import CompletionRequest, GenerationFields
 from deployments.ingress.prompt_logprobs import completion_prompt_logprobs
-from deployments.ingress.request_labels import capture_key_label
 from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id
+from deployments.ingress.route_entry import arrive, refusal
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.ingress.structured_fields import generation_extras, logprob_framer
 from deployments.renderer.prompt_renderer import ReplyFormat
@@ -87,24 +85,20 @@ def generate_router(ctx: ServingContext) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(http: Request) -> Response:
-        arrival = time.time()
-        capture_key_label(http)  # per-key request counts (metrics)
+        arrival = arrive(http)
         request_id = new_request_id("chatcmpl")
         try:
             return await _run_chat(ctx, await json_body(http), request_id, arrival)
         except APIError as exc:
-            log_refused(request_id, exc.status, exc.message)
-            return exc.response()
+            return refusal(request_id, exc)
 
     @router.post("/v1/completions")
     async def completions(http: Request) -> Response:
-        arrival = time.time()
-        capture_key_label(http)  # per-key request counts (metrics)
+        arrival = arrive(http)
         try:
             body = await json_body(http)
         except APIError as exc:
-            log_refused(new_request_id("cmpl"), exc.status, exc.message)
-            return exc.response()
+            return refusal(new_request_id("cmpl"), exc)
         chat = _uses_chat(body)  # a nonempty `messages` list takes the chat path, answered as chat
         request_id = new_request_id("chatcmpl" if chat else "cmpl")
         try:
@@ -112,7 +106,6 @@ def generate_router(ctx: ServingContext) -> APIRouter:
                 return await _run_chat(ctx, body, request_id, arrival)
             return await _run_completion(ctx, body, request_id, arrival)
         except APIError as exc:
-            log_refused(request_id, exc.status, exc.message)
-            return exc.response()
+            return refusal(request_id, exc)
 
     return router

@@ -10,7 +10,6 @@ raw next-token log-probabilities of its labels and generates nothing.
 """
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +21,10 @@ from deployments.ingress.decisions.answer import answer_body
 from deployments.ingress.decisions.models import PROMPT_FORMAT_VERSION, DecisionRequest, Question, parse_decisions
 from deployments.ingress.decisions.prompt import QuestionPrompt, question_prompt
 from deployments.ingress.errors import APIError, bad_request, json_body, server_error
-from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.request_builder import new_request_id
-from deployments.ingress.request_labels import capture_key_label, current_key_label
+from deployments.ingress.request_labels import current_key_label
+from deployments.ingress.route_entry import arrive, refusal
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest, ReplyFormat
 from deployments.types import EngineRequest, RequestStats, SamplingParams
@@ -164,13 +163,11 @@ def decisions_router(ctx: ServingContext) -> APIRouter:
 
     @router.post("/v1/decisions")
     async def decisions(http: Request) -> Response:
-        arrival = time.time()
-        capture_key_label(http)  # per-key request counts (metrics)
+        arrival = arrive(http)
         request_id = new_request_id("decision")
         try:
             return JSONResponse(await _decide(ctx, http, request_id, arrival))
         except APIError as exc:
-            log_refused(request_id, exc.status, exc.message)
-            return exc.response()
+            return refusal(request_id, exc)
 
     return router

@@ -4,7 +4,6 @@ Every failure answers in Anthropic's envelope, `{"type": "error", "error": {"typ
 error type Anthropic uses for the status; a failure after a stream opened is an `error` event.
 """
 
-import time
 import uuid
 
 from fastapi import APIRouter, Request
@@ -13,13 +12,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deployments.ingress.chat_path import render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import APIError, anthropic_response, context_error, json_body, parse_body
-from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.messages.framing import MessagesFramer
 from deployments.ingress.messages.models import CountTokensRequest, MessagesRequest
 from deployments.ingress.messages.translate import chat_body, prompt_fields
 from deployments.ingress.openai_models import ChatCompletionRequest
-from deployments.ingress.request_labels import capture_key_label
+from deployments.ingress.route_entry import arrive, refusal
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.types import ContextLengthError
 
@@ -45,15 +43,13 @@ def messages_router(ctx: ServingContext) -> APIRouter:
 
     @router.post("/v1/messages")
     async def messages(http: Request) -> Response:
-        arrival = time.time()
-        capture_key_label(http)  # per-key request counts (metrics)
+        arrival = arrive(http)
         request_id = _message_id()
         try:
             fields = parse_body(MessagesRequest, await json_body(http))
             run = await start_chat(ctx, chat_body(fields), request_id, arrival)
         except APIError as exc:
-            log_refused(request_id, exc.status, exc.message)
-            return anthropic_error(exc)
+            return refusal(request_id, exc, anthropic_error)
         framer = MessagesFramer(run, ctx.settings.served_name)
         if fields.stream:
             return StreamingResponse(framer.stream(), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)

@@ -5,7 +5,6 @@ handler as the equivalent chat completion. With `store` (the default) the finish
 conversation are saved before the body or the stream's last event is sent.
 """
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,13 +14,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deployments.ingress.chat_path import ChatRun, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import APIError, bad_request, json_body, parse_body, server_error
-from deployments.ingress.finish_log import log_refused
 from deployments.ingress.generation import GenerationFailed
-from deployments.ingress.request_labels import capture_key_label
 from deployments.ingress.responses.framing import ResponseEvents, ResponseHead, new_id, typed_event, whole_output
 from deployments.ingress.responses.models import ResponsesRequest, refused_field
 from deployments.ingress.responses.store import StoredResponse
 from deployments.ingress.responses.translate import assistant_turn, chat_body, responses_error
+from deployments.ingress.route_entry import arrive, refusal
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 
 
@@ -138,14 +136,12 @@ def responses_router(ctx: ServingContext) -> APIRouter:
 
     @router.post("/v1/responses")
     async def create_response(http: Request) -> Response:
-        arrival = time.time()
-        capture_key_label(http)  # per-key request counts (metrics)
+        arrival = arrive(http)
         response_id = new_id("resp")
         try:
             return await _create(ctx, await json_body(http), response_id, arrival)
         except APIError as exc:
-            log_refused(response_id, exc.status, exc.message)
-            return exc.response()
+            return refusal(response_id, exc)
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:
