@@ -78,6 +78,11 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
 
 
 def build_app(args: AppArgs) -> Application:
+    return build_graph(args)
+
+
+def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Application:
+    """The graph; `ingress_node_ip` places the Ingress replica on that node (it answers HTTP there itself)."""
     device = resolve_device(args)
     engine_config = args.to_engine_config().model_copy(update={"device": device})
     settings = IngressSettings(served_name=args.served_name, model_ids=args.model_ids,
@@ -90,9 +95,10 @@ def build_app(args: AppArgs) -> Application:
     renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus))
     renderer = renderer.bind(str(args.model_dir), options)
     scheduler = Scheduler.options(**scheduler_options(args, device)).bind(engine_config)
-    ingress = Ingress.options(
-        ray_actor_options=actor_options(args.ingress_cpus), max_ongoing_requests=args.max_ongoing_requests
-    )
+    ingress_actor = actor_options(args.ingress_cpus)
+    if ingress_node_ip is not None:
+        ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
+    ingress = Ingress.options(ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests)
     log.info("graph: %s on %s, tp=%d dp=%d", args.served_name, device, args.tensor_parallel_size,
              args.data_parallel_size)  # fmt: skip
     responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS)).bind()

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.keys import auth_settings
 from serve_app.args import AppArgs
+from serve_app.launch import HTTP_ENTRIES, HttpEntry
 from serve_app.listen_checks import exposure_warning, raise_open_file_limit
 
 APP_NAME = "tensorfold"
@@ -81,6 +82,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413 (default 16 MiB)")
     parser.add_argument("--dashboard", action="store_true", default=None,
                         help="serve a live /dashboard page and its /stats JSON snapshot")
+    parser.add_argument("--http-entry", choices=HTTP_ENTRIES, default="ingress",
+                        help="who answers HTTP on --port: the Ingress replica itself (default) or Serve's proxy")
     parser.set_defaults(func=run)
 
 
@@ -138,25 +141,22 @@ class _StopSignal:
         self.event.set()
 
 
-def serve_blocking(args: AppArgs) -> int:
+def serve_blocking(args: AppArgs, entry: HttpEntry = "ingress") -> int:
     import ray
     from ray import serve
 
-    from serve_app.app import build_app
-    from serve_app.serve_env import cluster_runtime_env
+    from serve_app.launch import init_ray, run_graph
 
     stop = _StopSignal()
-    limits = raise_open_file_limit()  # before ray.init: the raylet, and so Serve's proxy, inherit it
+    limits = raise_open_file_limit()  # before ray.init: the raylet, and so the replica serving HTTP, inherit it
     if limits is not None:
         log.info("open-file limit: soft %d (was %d)", limits[1], limits[0])
-    # The job's runtime environment reaches Serve's controller and proxy (serve_env.py).
-    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve", runtime_env=cluster_runtime_env())
+    init_ray(entry, args.port)
     stop.install()  # after ray.init, which installs its own SIGTERM handler (exit without Serve's shutdown)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(build_app(args), name=APP_NAME, route_prefix="/", blocking=False)
+        url = run_graph(args, entry, APP_NAME)
         stop.serving = True
-        print(f"tensorfold: serving {args.served_name} at http://{args.host}:{args.port}/v1", flush=True)
+        print(f"tensorfold: serving {args.served_name} at {url} ({entry} answers HTTP)", flush=True)
         stop.wait_for_stop(_reload_keys)
         print(f"tensorfold: {stop.received}, shutting down", flush=True)
         return 0
@@ -203,4 +203,4 @@ def run(namespace: argparse.Namespace) -> int:
     warning = exposure_warning(args.host, auth.enabled)
     if warning:
         print(f"tensorfold: {warning}", file=sys.stderr, flush=True)
-    return serve_blocking(args)
+    return serve_blocking(args, namespace.http_entry)

@@ -45,4 +45,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="the graph's stream_interval_ms (default: the server default)")
     serve.add_argument("--stream-events-per-second", type=float, default=None,
                        help="the graph's stream_events_per_second (default: the server default; 0 = no cap)")
+    serve.add_argument("--http-entry", choices=["ingress", "proxy", "both"], default="both",
+                       help="who answers HTTP in the graph started here: the Ingress replica (as `tensorfold "
+                            "serve`), Serve's proxy (as `serve run`), or both, one after the other")
     serve.set_defaults(func=_runner("serve_bench"))

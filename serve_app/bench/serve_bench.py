@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from serve_app.args import AppArgs
+from serve_app.launch import HTTP_ENTRIES, HttpEntry, init_ray, run_graph
+
 
 @dataclass
 class StreamTimes:
@@ -145,8 +148,6 @@ def replica_threads(scheduler_cpus: float) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from serve_app.args import AppArgs
-
     rounds = _rounds(args.rounds, args.concurrency, args.prompt_tokens)
     app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency)
     for name in ("stream_interval_ms", "stream_events_per_second"):
@@ -154,38 +155,39 @@ def run(args: argparse.Namespace) -> int:
             app_args = app_args.model_copy(update={name: getattr(args, name)})
     model_dir = str(app_args.model_dir)
     if args.url:
-        graph = asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, rounds, args.max_tokens))
+        graphs = [asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, rounds, args.max_tokens))]
     else:
-        graph = _run_graph_here(app_args, rounds, args.max_tokens)
+        entries = HTTP_ENTRIES if args.http_entry == "both" else (args.http_entry,)
+        graphs = [_run_graph_here(app_args, entry, rounds, args.max_tokens) for entry in entries]
     threads = replica_threads(app_args.scheduler_cpus)
     local = asyncio.run(_run_in_process(model_dir, rounds, args.max_tokens, args.concurrency, threads))
-    _print_table([local, graph])
+    _print_table(local, graphs)
     return 0
 
 
-def _run_graph_here(app_args, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+def _run_graph_here(app_args: AppArgs, entry: HttpEntry, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+    """The graph as `tensorfold serve --http-entry ENTRY` starts it, on a Ray cluster of its own."""
     import ray
     from ray import serve
 
-    from serve_app.app import build_app
-    from serve_app.serve_env import cluster_runtime_env
-
-    ray.init(runtime_env=cluster_runtime_env())  # as `tensorfold serve` starts it (serve_env.py)
-    serve.start(http_options={"host": "127.0.0.1", "port": app_args.port})
-    serve.run(build_app(app_args), name="bench", blocking=False, route_prefix="/")
+    init_ray(entry, app_args.port)
     try:
-        url = f"http://127.0.0.1:{app_args.port}/v1"
-        return asyncio.run(_run_http(url, app_args.served_name, rounds, max_tokens))
+        url = run_graph(app_args, entry, "bench")
+        figures = asyncio.run(_run_http(url, app_args.served_name, rounds, max_tokens))
+        figures.label = f"graph, {entry} answers"
+        return figures
     finally:
         serve.shutdown()
+        ray.shutdown()
 
 
-def _print_table(runs: list[RunFigures]) -> None:
+def _print_table(base: RunFigures, graphs: list[RunFigures]) -> None:
+    runs = [base, *graphs]
     rows = [r.row() for r in runs]
     names = list(rows[0])
     print(f"{'':26}" + "".join(f"{n:>13}" for n in names))
     for run_figures, row in zip(runs, rows):
         print(f"{run_figures.label:26}" + "".join(f"{row[n]:13.1f}" for n in names))
-    base, graph = rows
-    print(f"added TTFT p50: {graph['ttft p50 ms'] - base['ttft p50 ms']:.1f} ms; "
-          f"throughput change: {100 * (graph['tok/s'] / base['tok/s'] - 1):+.1f}%")
+    for graph, row in zip(graphs, rows[1:]):
+        print(f"{graph.label}: added TTFT p50 {row['ttft p50 ms'] - rows[0]['ttft p50 ms']:.1f} ms, "
+              f"throughput {100 * (row['tok/s'] / rows[0]['tok/s'] - 1):+.1f}%")

@@ -1,0 +1,62 @@
+"""Starting Ray, Serve and the graph from a process that owns the cluster: `tensorfold serve` and
+`tensorfold bench serve` share this, so the benchmark measures what the command serves.
+
+HTTP reaches the Ingress deployment one of two ways (`HttpEntry`):
+- "ingress" (the default): Serve's direct ingress. The Ingress replica, placed on this node, runs the HTTP
+  server on host:port itself. Serve still starts its own proxy in this mode; it listens on a free port.
+- "proxy": Serve's HTTP proxy listens on host:port and hands each request to the Ingress replica, as under
+  `serve run configs/glm.yaml` (whose controller settings come from the YAML, not from here).
+"""
+
+import os
+import socket
+import time
+from typing import Literal
+
+from serve_app.args import AppArgs
+
+HttpEntry = Literal["ingress", "proxy"]
+HTTP_ENTRIES: tuple[HttpEntry, ...] = ("ingress", "proxy")
+LISTEN_TIMEOUT_S = 60.0  # the replica is RUNNING by then; its server starts as it finishes initializing
+
+
+def init_ray(entry: HttpEntry, port: int, **ray_init_options: object) -> None:
+    """Start Ray here (or join RAY_ADDRESS) with the job environment Serve's controller and replicas need."""
+    import ray
+
+    from serve_app.serve_env import cluster_runtime_env
+
+    runtime_env = cluster_runtime_env(port if entry == "ingress" else None)
+    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve", runtime_env=runtime_env, **ray_init_options)
+
+
+def run_graph(args: AppArgs, entry: HttpEntry, app_name: str) -> str:
+    """Start Serve and run the graph; returns the base URL once it answers there."""
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_graph
+
+    serve.start(http_options={"host": args.host, "port": args.port if entry == "proxy" else 0})
+    ingress_node_ip = ray.util.get_node_ip_address() if entry == "ingress" else None
+    serve.run(build_graph(args, ingress_node_ip=ingress_node_ip), name=app_name, route_prefix="/", blocking=False)
+    if entry == "ingress":
+        wait_listening(args.host, args.port, LISTEN_TIMEOUT_S)
+    return f"http://{args.host}:{args.port}/v1"
+
+
+def wait_listening(host: str, port: int, timeout_s: float) -> None:
+    """Wait for the Ingress replica's own server to accept connections on (host, port)."""
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((target, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the Ingress replica is not listening on {host}:{port}; if Serve was already running on "
+                    f"this cluster its controller lacks direct ingress: use --http-entry proxy"
+                ) from None
+            time.sleep(0.1)
