@@ -199,10 +199,15 @@ class CompletionFramer(_Framer):
 
 
 async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[bytes]:
-    """The SSE bytes of one streamed reply; a failure after the stream opened becomes an error event."""
+    """The SSE bytes of one streamed reply; a failure after the stream opened becomes an error event.
+
+    Each upstream chunk's events (and, after the last, `[DONE]`) leave as one write: every write crosses
+    the middleware stack and a socket send, and a chunk already carries every token ready since the last."""
+    done = False
     try:
-        for event in framer.opening():
-            yield sse_event(event)
+        opening = b"".join(sse_event(event) for event in framer.opening())
+        if opening:
+            yield opening
         async for chunk in generation.chunks():
             events = framer.deltas(chunk.text, chunk.token_ids)
             if chunk.finished:
@@ -210,13 +215,16 @@ async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[
                 events += framer.closing(generation.finish_reason, generation.summary)
             if framer.logprobs is not None:  # rows ride with the event whose text completes them
                 await framer.logprobs.attach(chunk, events)
-            for event in events:
-                yield sse_event(event)
+            payload = b"".join(sse_event(event) for event in events)
+            done = chunk.finished
+            if payload or done:
+                yield payload + sse_done() if done else payload
     except GenerationFailed as exc:
         yield sse_error(str(exc))
     finally:
         await generation.close()  # the client left before the reply settled: cancel it upstream
-    yield sse_done()
+    if not done:
+        yield sse_done()
 
 
 async def json_body_of(generation: Generation, framer: _Framer) -> dict[str, Any]:

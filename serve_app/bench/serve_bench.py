@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from serve_app.args import AppArgs
 from serve_app.launch import HTTP_ENTRIES, HttpEntry, init_ray, run_graph
@@ -61,15 +61,17 @@ def _rounds(rounds: int, count: int, length: int) -> list[list[list[int]]]:
             for r in range(rounds)]  # fmt: skip
 
 
-async def _http_stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int) -> StreamTimes:
+async def _http_stream(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int],
+                       max_tokens: int) -> StreamTimes:  # fmt: skip
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "return_token_ids": True}
     times = StreamTimes()
     start = last = time.perf_counter()
-    async with client.stream("POST", f"{url}/completions", json=body) as response:
+    async with session.post(f"{url}/completions", json=body) as response:
         response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        async for raw in response.content:  # one SSE line at a time
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             choices = json.loads(line[6:]).get("choices") or []
             count = sum(len(c.get("token_ids") or []) for c in choices)
@@ -105,8 +107,10 @@ async def _timed_rounds(label: str, stream: StreamRunner, rounds: list[list[list
 
 
 async def _run_http(url: str, model: str, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
-    async with httpx.AsyncClient(timeout=600) as client:
-        return await _timed_rounds("graph over HTTP", lambda p, n: _http_stream(client, url, model, p, n),
+    # aiohttp: the load generator shares this machine's cores with the server, so it should cost little.
+    connector = aiohttp.TCPConnector(limit=0)  # every stream of a round on its own connection at once
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        return await _timed_rounds("graph over HTTP", lambda p, n: _http_stream(session, url, model, p, n),
                                    rounds, max_tokens)  # fmt: skip
 
 
