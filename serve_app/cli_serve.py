@@ -18,7 +18,7 @@ from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.keys import auth_settings
 from serve_app.args import AppArgs
 from serve_app.launch import HTTP_ENTRIES, HttpEntry
-from serve_app.listen_checks import exposure_warning, raise_open_file_limit
+from serve_app.listen_checks import exposure_warning, port_taken, raise_open_file_limit
 
 APP_NAME = "tensorfold"
 log = logging.getLogger("tensorfold.cli")
@@ -199,6 +199,10 @@ def run(namespace: argparse.Namespace) -> int:
         auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
     except ValueError as exc:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
+        return 2
+    taken = port_taken(args.host, args.port)
+    if taken is not None:
+        print(f"tensorfold serve: {taken}", file=sys.stderr)
         return 2
     warning = exposure_warning(args.host, auth.enabled)
     if warning:

@@ -1,7 +1,9 @@
-"""What `tensorfold serve` checks before it starts Ray and listens: the open-file limit and exposure.
+"""What `tensorfold serve` checks before it starts Ray and listens: the port, the open-file limit, exposure.
 
-Serve's proxy owns the listening socket and runs in a Ray worker process, which inherits its limits from
-the raylet that this process starts; so the soft open-file limit is raised here, before `ray.init`.
+The process that owns the listening socket (the Ingress replica, or Serve's proxy) is a Ray worker, which
+inherits its limits from the raylet that this process starts; so the soft open-file limit is raised here,
+before `ray.init`. A port already taken is reported here too, before Ray starts, rather than as a replica
+that fails to start.
 """
 
 import ipaddress
@@ -49,3 +51,15 @@ def exposure_warning(host: str, keys_configured: bool) -> str | None:
         return None
     return (f"WARNING: listening on {host} without API keys: anyone who can reach this address can use the "
             "model. Set --api-key-file (a 0600 file) or TENSORFOLD_API_KEY, or bind 127.0.0.1.")  # fmt: skip
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why (host, port) cannot be listened on, or None when it can (a bind test, closed at once)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None

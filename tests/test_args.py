@@ -1,5 +1,6 @@
 """AppArgs, the CLI's mapping onto it, the Serve configs and the graph options build_app derives."""
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,17 @@ def test_an_operator_setting_wins_over_the_data_path_defaults(monkeypatch: pytes
     assert cluster_runtime_env()["env_vars"]["RAY_SERVE_PROXY_USE_GRPC"] == "0"
 
 
+def test_direct_ingress_gives_the_controller_exactly_the_users_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in cluster_runtime_env()["env_vars"]  # the proxy path
+    env = cluster_runtime_env(9123)["env_vars"]
+    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    # Serve allocates from range(MIN, MAX): the one port asked for, and no other.
+    low, high = env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]
+    assert range(int(low), int(high)) == range(9123, 9124)
+
+
 def test_tensor_parallel_gets_one_bundle_per_rank(ckpt: Path) -> None:
     args = AppArgs(model=str(ckpt), tensor_parallel_size=2, scheduler_cpus=0.2, rank_cpus=0.3)
     assert placement_bundles(args, "cpu") == [{"CPU": 0.2}, {"CPU": 0.3}, {"CPU": 0.3}]
@@ -130,3 +142,18 @@ def test_data_parallel_is_scheduler_replicas(ckpt: Path) -> None:
     assert "placement_group_bundles" not in options
     gpu = scheduler_options(AppArgs(model=str(ckpt)), "cuda")
     assert gpu["ray_actor_options"]["num_gpus"] == 1
+
+
+def test_serve_refuses_a_taken_port_before_starting_ray(capsys: pytest.CaptureFixture[str]) -> None:
+    import ray
+
+    from serve_app.cli import main as cli_main
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        was_initialized = ray.is_initialized()
+        assert cli_main(["serve", "builtin:tiny-glm", "--port", str(port)]) == 2
+        assert ray.is_initialized() == was_initialized
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
