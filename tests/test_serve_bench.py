@@ -2,9 +2,10 @@
 baseline computes with the replica's threads, and the figures count every token of every round."""
 
 import asyncio
+import json
 
 from serve_app.args import AppArgs
-from serve_app.bench.serve_bench import StreamTimes, _record, _rounds, _run_in_process, replica_threads
+from serve_app.bench.serve_bench import StreamTimes, _record, _rounds, _run_http, _run_in_process, replica_threads
 
 
 def test_rounds_never_share_a_first_token() -> None:
@@ -33,3 +34,32 @@ def test_in_process_figures_count_every_token_of_every_round(served_model: str) 
     assert len(figures.streams) == 6
     assert all(s.tokens == 5 and len(s.gaps) == 4 for s in figures.streams)
     assert figures.wall > 0 and figures.row()["tok/s"] > 0
+
+
+def test_the_load_generator_reads_long_events_and_counts_every_token() -> None:
+    """A first event carrying a long prompt's ids is one SSE line of hundreds of KiB."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        first = {"choices": [{"token_ids": [5], "prompt_token_ids": list(range(100_000, 160_000))}]}
+        await reply.write(b"data: " + json.dumps(first).encode() + b"\n\n")
+        await reply.write(b'data: {"choices":[{"token_ids":[6,7]}]}\n\ndata: [DONE]\n\n')
+        return reply
+
+    async def run() -> list[int]:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            figures = await _run_http(f"http://127.0.0.1:{port}/v1", "m", [[[1, 2], [3, 4]]], 3)
+        finally:
+            await runner.cleanup()
+        return [s.tokens for s in figures.streams]
+
+    assert asyncio.run(run()) == [3, 3]

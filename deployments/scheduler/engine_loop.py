@@ -73,17 +73,22 @@ class EngineLoop(StreamHub):
                     break
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
+            failed = False
             try:
                 for request in adds:
                     self._add(request)
                 for request_id in aborts:
                     self.engine.abort_request(request_id)
-                self.deliver_chunks(self.engine.step())
+                chunks = self.engine.step()
             except Exception:  # a bug in the loop body: end what is in flight rather than hang it
                 log.exception("engine step failed; ending every request in flight")
                 self.engine.abort_all()
-                self.fail_all("internal engine error")
+                chunks, failed = [], True
+            # The snapshot first: a caller that has its reply's last chunk finds the reply counted.
             self._info = self.engine.info()
+            self.deliver_chunks(chunks)
+            if failed:
+                self.fail_all("internal engine error")
         self.fail_all("the server is shutting down")
 
     def _add(self, request: EngineRequest) -> None:
