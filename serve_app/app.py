@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from ray.serve import Application
+from ray.serve.schema import LoggingConfig
 
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.deployment import Ingress
@@ -35,6 +36,10 @@ from serve_app.serve_env import replica_env
 
 log = logging.getLogger("tensorfold.app")
 STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
+# Serve's per-call access line is off: Ingress logs every request itself (method, path, status, key label,
+# time: deployments/ingress/auth.py) and its finish line, and the internal calls' lines were only noise,
+# at a log record's cost on every request and stream.
+QUIET = LoggingConfig(enable_access_log=False)
 
 
 def resolve_device(args: AppArgs) -> str:
@@ -92,15 +97,17 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
     settings = settings.model_copy(update={"dashboard": args.dashboard})
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
-    renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus))
+    renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus), logging_config=QUIET)
     renderer = renderer.bind(str(args.model_dir), options)
-    scheduler = Scheduler.options(**scheduler_options(args, device)).bind(engine_config)
+    scheduler = Scheduler.options(**scheduler_options(args, device), logging_config=QUIET).bind(engine_config)
     ingress_actor = actor_options(args.ingress_cpus)
     if ingress_node_ip is not None:
         ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
-    ingress = Ingress.options(ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests)
+    ingress = Ingress.options(ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests,
+                              logging_config=QUIET)  # fmt: skip
     log.info("graph: %s on %s, tp=%d dp=%d", args.served_name, device, args.tensor_parallel_size,
              args.data_parallel_size)  # fmt: skip
-    responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS)).bind()
+    responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS), logging_config=QUIET)
+    responses = responses.bind()
     return ingress.bind(renderer, scheduler, settings, responses)
 
