@@ -59,7 +59,8 @@ def ray_cluster() -> Iterator[None]:
 
     from serve_app.serve_env import cluster_runtime_env
 
-    # The data path `tensorfold serve` runs: Serve's controller and proxy get it from the job.
+    # Serve's data-path settings reach its controller and proxy from the job; the apps are reached through
+    # Serve's proxy, as under `serve run` (tests/test_cli_serve_e2e.py runs `tensorfold serve`'s direct path).
     ray.init(num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False,
              runtime_env=cluster_runtime_env())  # fmt: skip
     yield
