@@ -217,8 +217,10 @@ async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[
                 await framer.logprobs.attach(chunk, events)
             payload = b"".join(sse_event(event) for event in events)
             done = chunk.finished
-            if payload or done:
-                yield payload + sse_done() if done else payload
+            if done:
+                payload += sse_done()
+            if payload:
+                yield payload
     except GenerationFailed as exc:
         yield sse_error(str(exc))
     finally:
