@@ -10,10 +10,12 @@ from deployments.config import EngineConfig
 from deployments.renderer.prompt_renderer import ChatRenderRequest, PromptRenderer
 from deployments.scheduler.engine import Engine
 from deployments.scheduler.engine_loop import EngineLoop
-from deployments.types import EngineChunk, EngineRequest, SamplingParams
+from deployments.scheduler.stream_hub import StreamHub
+from deployments.types import EngineChunk, EngineRequest, FinishReason, SamplingParams
 from serve_app.args import AppArgs
 
 INTERVAL_S = 0.05
+HELD_S = 1.0  # long beside a few loop turns, however loaded the machine
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_paced_chunks_carry_the_same_reply(loop_and_prompt) -> None:
     chunks = [chunk for _, chunk in paced]
     assert [t for c in chunks for t in c.token_ids] == [t for c in unpaced for t in c.token_ids]
     assert "".join(c.text for c in chunks) == "".join(c.text for c in unpaced)
-    assert len(chunks[0].token_ids) == 1 and chunks[-1].finished and chunks[-1].stats is not None
+    assert chunks[-1].finished and chunks[-1].stats is not None
     arrivals = [at for at, _ in paced]
     gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:-1])]  # the last is never held
     assert all(gap >= INTERVAL_S * 0.9 for gap in gaps), gaps
@@ -76,3 +78,46 @@ def test_the_events_cap_stretches_each_streams_interval_with_the_number_of_strea
     for arrivals in runs:  # while both run, each stream's interval is 2 / 20 s
         gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
         assert gaps and all(gap >= 0.09 for gap in gaps), gaps
+
+
+class _HandFedHub(StreamHub):
+    """A hub whose engine is the test: it delivers each chunk itself."""
+
+    def _submit(self, request: EngineRequest) -> None:
+        pass
+
+    def _cancel(self, request_id: str) -> None:
+        pass
+
+
+async def _settle() -> None:
+    for _ in range(10):  # enough loop turns for a threadsafe hand-over to wake its taker; no timer fires
+        await asyncio.sleep(0)
+
+
+def test_the_first_and_last_chunks_leave_at_once_and_the_rest_wait_out_the_interval() -> None:
+    """Pacing itself, free of engine timing (a consumer slower than a step may merge the first two tokens)."""
+
+    async def run() -> None:
+        hub = _HandFedHub(EngineConfig(model="unused"))
+        loop = asyncio.get_running_loop()
+        stream = hub.generate(EngineRequest("r", [1, 2], SamplingParams(), max_tokens=3), HELD_S)
+        first = asyncio.ensure_future(anext(stream))
+        await _settle()  # registered and submitted
+        hub.deliver_chunks([EngineChunk("r", token_ids=[5])])
+        await _settle()
+        assert first.done() and first.result().token_ids == [5]
+        taken_at = loop.time()
+        second = asyncio.ensure_future(anext(stream))
+        hub.deliver_chunks([EngineChunk("r", token_ids=[6])])
+        hub.deliver_chunks([EngineChunk("r", token_ids=[7])])
+        await _settle()
+        assert not second.done()  # held by the interval, gathering what arrives meanwhile
+        assert (await second).token_ids == [6, 7] and loop.time() - taken_at >= HELD_S
+        last = asyncio.ensure_future(anext(stream))
+        hub.deliver_chunks([EngineChunk("r", token_ids=[8], finish_reason=FinishReason.LENGTH)])
+        await _settle()
+        assert last.done() and last.result().finished  # the last is never held
+        await stream.aclose()
+
+    asyncio.run(run())
