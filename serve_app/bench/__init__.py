@@ -16,12 +16,16 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
 
     engine = kinds.add_parser("engine", help="engine vs transformers: prefill, decode at 1 and N, roofline")
-    engine.add_argument("--checkpoint", help="checkpoint dir (default: a random ~130M Qwen3-shaped bf16 model)")
+    engine.add_argument("--checkpoint", help="checkpoint dir (default: a random bf16 Qwen3 model of --size)")
+    engine.add_argument("--size", default="qwen3-190m", choices=["qwen3-190m", "bench"],
+                        help="qwen3-190m: ~190M parameters with the real Qwen3 tokenizer; bench: ~130M, 32k vocab")
     engine.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    engine.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
     engine.add_argument("--prompt-tokens", type=int, default=256)
-    engine.add_argument("--decode-tokens", type=int, default=32)
+    engine.add_argument("--decode-tokens", type=int, default=128)
     engine.add_argument("--concurrency", type=int, default=16)
     engine.add_argument("--skip-transformers", action="store_true")
+    engine.add_argument("--profile", action="store_true", help="also print where a step's time goes, by part")
     engine.set_defaults(func=_runner("engine_bench"))
 
     grammar = kinds.add_parser("grammar", help="decode tok/s at N concurrent: json_schema grammar vs unconstrained")

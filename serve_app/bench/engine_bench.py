@@ -5,6 +5,7 @@ fraction of the memory-bandwidth roofline (weight bytes read per token over a me
 """
 
 import argparse
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -103,12 +104,15 @@ def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[li
 
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the engine and transformers alike
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch))
+        checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch), args.size)
         engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency))
         vocab = engine.runner_info.vocab_size
         prompts = _prompts(args.concurrency, args.prompt_tokens, vocab)
         ours = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency)
+        if args.profile:
+            _print_profile(engine, vocab, args.concurrency)
         weight_bytes = engine.runner_info.weight_bytes
         model_dtype = getattr(torch, engine.runner_info.dtype)
         engine.shutdown()
@@ -118,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
         )
     bandwidth = measure_read_bandwidth()
     roofline = bandwidth / weight_bytes
-    print(f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  "
-          f"read bandwidth {bandwidth / 1e9:.1f} GB/s  roofline {roofline:.1f} tok/s")
+    print(f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
+          f"{torch.get_num_threads()}  read bandwidth {bandwidth / 1e9:.1f} GB/s  roofline {roofline:.1f} tok/s")
     print(f"{'figure':34} {'tensorfold':>12} {'transformers':>13} {'ratio':>7}")
     rows = [
         (f"prefill tok/s ({args.prompt_tokens}-token prompt)", ours.prefill_tps, theirs and theirs.prefill_tps),
@@ -133,12 +137,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_profile(engine: Engine, vocab: int, concurrency: int) -> None:
+    from serve_app.bench.engine_profile import print_profile, profile_steps
+
+    long_prompt = _prompts(1, 512, vocab)
+    short = _prompts(concurrency, 32, vocab)
+    rows = [
+        ("decode, 1 seq", profile_steps(engine, short, "decode", 1, rounds=32)),
+        (f"decode, {concurrency} seqs", profile_steps(engine, short, "decode", concurrency, rounds=16)),
+        ("prefill, 512 tokens", profile_steps(engine, long_prompt, "prefill", 1, rounds=1)),
+    ]
+    print_profile(rows)
+
+
 def bench_checkpoint(scratch: Path, size: str = "bench") -> Path:
-    """A random Qwen3 checkpoint with a 32k model vocabulary over a ~512-id trained Qwen tokenizer."""
-    from serve_app.fixtures.checkpoints import build_random_checkpoint
-    from serve_app.fixtures.tokenizer_builder import build_tokenizer, use_tokenizer_end_token
+    """A random bf16 Qwen3 checkpoint: "qwen3-190m" with the real Qwen3 tokenizer, or "bench" with a 32k
+    model vocabulary over a ~512-id trained Qwen tokenizer."""
+    from serve_app.fixtures.checkpoints import QWEN3_VOCAB, build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer, copy_qwen3_tokenizer, use_tokenizer_end_token
 
     out = scratch / f"{size}-qwen3"
+    if size == "qwen3-190m":
+        copy_qwen3_tokenizer(out)
+        build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=QWEN3_VOCAB)
+        return use_tokenizer_end_token(out)
     build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=32768)
     build_tokenizer(out, family="qwen")
     # The random config's end id 1 is the `"` byte of this tokenizer: JSON could never write a string.

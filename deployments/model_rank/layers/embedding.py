@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu_gemm
+
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.parallel import default_loader
 
@@ -15,6 +17,8 @@ class VocabEmbedding(nn.Module):
         self.weight.weight_loader = default_loader
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if cpu_gemm.is_packed(self.weight):  # tied to a packed lm_head: read rows out of the pack
+            return cpu_gemm.rows(self.weight, input_ids)  # [T, H]
         return F.embedding(input_ids, self.weight)  # [T, H]
 
 

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu_gemm
+
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
 
@@ -17,13 +19,16 @@ TILE_ROWS = 16  # float32 matmuls run in tiles of exactly this many rows
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
 
-    float32 GEMMs pick kernels by row count (M=1..3 differ from M>=4 on this CPU), so float32 runs in
-    zero-padded 16-row tiles, one call each; bf16/fp16 GEMMs were measured row-invariant and run directly.
-    The bias is added separately: a fused addmm is another kernel with its own row-count behaviour.
+    Weights packed at load (bf16 on an AMX CPU, layers/packing.py) run on kernels/cpu_gemm's fixed-order
+    tiles. float32 GEMMs pick kernels by row count (M=1..3 differ from M>=4 on this CPU), so float32 runs in
+    zero-padded 16-row tiles, one call each; other bf16/fp16 GEMMs run directly (measured row-invariant up
+    to 32 rows). The bias is added separately: a fused addmm is another kernel with its own row-count behaviour.
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-    if x2.dtype == torch.float32 and x2.shape[0] > 0:
+    if cpu_gemm.is_packed(weight):
+        out = cpu_gemm.matmul(x2, weight)  # [M, N]
+    elif x2.dtype == torch.float32 and x2.shape[0] > 0:
         out = torch.cat([_tile_matmul(tile, weight) for tile in x2.split(TILE_ROWS)])  # [M, N]
     else:
         out = F.linear(x2, weight)  # [M, N]

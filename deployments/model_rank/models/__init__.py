@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.packing import pack_projections
 from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
@@ -74,6 +75,9 @@ def load_model(
         model = model_cls(cfg, parallel, torch_dtype, files.names())
     load_weights(model, files, model.checkpoint_target)
     model.after_load()
+    if torch.device(device).type == "cpu":
+        # bf16 projections on an AMX CPU: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).
+        model.packed_weights = pack_projections(model)
     extra_eos = id_list(read_generation_config(directory).get("eos_token_id"))
     model.config.eos_token_ids += [i for i in extra_eos if i not in model.config.eos_token_ids]
     return model.eval()

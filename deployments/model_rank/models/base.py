@@ -100,6 +100,7 @@ class CausalLM(nn.Module):
     config: ModelInfo
     model: DecoderStack
     lm_head: LMHead
+    packed_weights: int = 0  # projection tensors packed for the CPU matmul kernel (set by load_model)
 
     def finish_init(self, cfg: DecoderConfig, model_type: str, dtype: torch.dtype, has_mtp: bool = False) -> None:
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None

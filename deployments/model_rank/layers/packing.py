@@ -1,0 +1,43 @@
+"""Packing a loaded model's projection weights for the CPU matmul kernel (kernels/cpu_gemm.py), once.
+
+Only weights that go through `invariant_linear` (and the embedding tied to a packed lm_head, which reads
+rows back out of the pack) are packed; each tensor is packed once even when modules share it.
+"""
+
+import torch
+from torch import nn
+
+from kernels import cpu_gemm
+
+from deployments.model_rank.layers.embedding import LMHead
+from deployments.model_rank.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from deployments.model_rank.layers.moe import Experts
+
+PROJECTIONS = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear, LMHead)
+
+
+def projection_weights(model: nn.Module) -> list[torch.Tensor]:
+    """Every distinct weight tensor the model multiplies through invariant_linear."""
+    found: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, PROJECTIONS):
+            found.setdefault(module.weight.data_ptr(), module.weight)
+        elif isinstance(module, Experts):
+            for stack in (module.gate_proj, module.up_proj, module.down_proj):
+                found.setdefault(stack.data_ptr(), stack)
+    return list(found.values())
+
+
+def pack_projections(model: nn.Module) -> int:
+    """Pack every projection the kernel can take; returns how many tensors were packed (0: kernel off)."""
+    if not cpu_gemm.available():
+        return 0
+    packed: set[int] = set()
+    for weight in projection_weights(model):
+        if cpu_gemm.can_pack(weight):
+            cpu_gemm.pack_(weight)
+            packed.add(weight.data_ptr())
+    for param in model.parameters():  # another Parameter over a packed storage reads it packed too
+        if param.data_ptr() in packed:
+            param.amx_packed = True
+    return len(packed)
