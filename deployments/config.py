@@ -32,3 +32,7 @@ class EngineConfig(BaseModel):
     # At tensor-parallel size 1, step the engine in a child process of the Scheduler replica rather than on
     # a thread of it, so the replica's own Python work (requests, streamed chunks) never holds its GIL.
     engine_process: bool = False
+    # Intra-op threads of the forward pass (None: the node's cores less `reserved_cpus`, split between the
+    # node's tensor-parallel ranks; deployments/model_rank/threads.py), never Ray's OMP_NUM_THREADS.
+    engine_threads: int | None = Field(default=None, ge=1)
+    reserved_cpus: float = Field(default=0.0, ge=0.0)  # CPUs the graph's other replicas on the node need

@@ -32,7 +32,7 @@ from deployments.renderer.prompt_renderer import RendererOptions
 from deployments.renderer.template_file import load_template_file
 from deployments.scheduler.deployment import Scheduler
 from serve_app.args import AppArgs
-from serve_app.serve_env import replica_env
+from serve_app.serve_env import direct_ingress_env, replica_env
 
 log = logging.getLogger("tensorfold.app")
 STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
@@ -101,6 +101,8 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
     renderer = renderer.bind(str(args.model_dir), options)
     scheduler = Scheduler.options(**scheduler_options(args, device), logging_config=QUIET).bind(engine_config)
     ingress_actor = actor_options(args.ingress_cpus)
+    if args.http_entry == "ingress":  # the replica runs the HTTP server on the port the controller hands it
+        ingress_actor["runtime_env"]["env_vars"].update(direct_ingress_env(args.port))
     if ingress_node_ip is not None:
         ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
     ingress = Ingress.options(ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests,

@@ -49,6 +49,9 @@ class AppArgs(BaseModel):
     # HTTP binding. `tensorfold serve` uses these; under `serve run` the YAML's http_options decide.
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
+    # Who answers HTTP: "ingress" = the Ingress replica itself (Serve's direct ingress; its controller must
+    # have the settings too: configs/glm.yaml's controller_options, or `tensorfold serve`), or Serve's proxy.
+    http_entry: Literal["ingress", "proxy"] = "proxy"
 
     # Keys (deployments.ingress.keys): added to TENSORFOLD_API_KEY's; prefer a 0600 api_key_file.
     api_keys: list[str] = Field(default_factory=list, repr=False)  # never printed with the args
@@ -71,6 +74,7 @@ class AppArgs(BaseModel):
     stream_interval_ms: float = Field(default=STREAM_INTERVAL_MS, ge=0.0, le=1000.0)
     stream_events_per_second: float = Field(default=STREAM_EVENTS_PER_SECOND, ge=0.0)
     engine_process: bool = True
+    engine_threads: int | None = Field(default=None, ge=1)  # None: the node's cores less Ingress's and the Renderer's
 
     # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
     chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
@@ -143,4 +147,6 @@ class AppArgs(BaseModel):
             stream_events_per_second=self.stream_events_per_second,
             engine_process=self.engine_process,
             tensor_parallel_size=self.tensor_parallel_size,
+            engine_threads=self.engine_threads,
+            reserved_cpus=self.ingress_cpus + self.renderer_cpus,
         )

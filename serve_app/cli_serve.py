@@ -37,6 +37,7 @@ _FLAG_FIELDS = {
     "prompt_cache_gib": "prompt_cache_gib",
     "decode_share": "decode_share",
     "default_max_tokens": "default_max_tokens",
+    "engine_threads": "engine_threads",
     "chat_template": "chat_template",
     "reasoning_effort": "reasoning_effort",
     "thinking_budget": "thinking_budget",
@@ -69,6 +70,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--prompt-cache-gib", type=float, help="cap on cached prompt blocks; 0 = no reuse")
     parser.add_argument("--decode-share", type=float, help="decode time per prefill chunk (default 0.25)")
     parser.add_argument("--default-max-tokens", type=int, help="reply limit when a request sets none")
+    parser.add_argument("--engine-threads", type=int,
+                        help="intra-op threads of the forward pass (default: the node's cores less Ingress's and the Renderer's)")
     parser.add_argument("--chat-template", help="a UTF-8 Jinja chat template file replacing the checkpoint's")
     parser.add_argument("--reasoning-effort", choices=["none", "minimal", "low", "medium", "high", "xhigh", "max"],
                         help="effort of chat requests that set none (default: the template's own)")
@@ -207,4 +210,5 @@ def run(namespace: argparse.Namespace) -> int:
     warning = exposure_warning(args.host, auth.enabled)
     if warning:
         print(f"tensorfold: {warning}", file=sys.stderr, flush=True)
+    args = args.model_copy(update={"http_entry": namespace.http_entry})  # the Ingress replica's env follows it
     return serve_blocking(args, namespace.http_entry)

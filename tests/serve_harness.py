@@ -1,5 +1,6 @@
 """Deploying the repo's Serve config YAMLs into the test session's Serve instance, as `serve run` does."""
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,15 @@ APP_START_TIMEOUT_S = 240.0
 
 
 def load_app_config(config_name: str, app_name: str, route_prefix: str, **args: Any) -> dict[str, Any]:
-    """One application of configs/<config_name>, renamed and re-prefixed, its args updated."""
+    """One application of configs/<config_name>, renamed and re-prefixed, its args updated.
+
+    The session's apps share one Serve and its proxy, so each is reached through the proxy (`http_entry`),
+    whatever entry the YAML's own controller settings give it under `serve run`.
+    """
     config = yaml.safe_load((CONFIGS / config_name).read_text())
     (app,) = config["applications"]
-    return {**app, "name": app_name, "route_prefix": route_prefix, "args": {**app.get("args", {}), **args}}
+    merged = {**app.get("args", {}), "http_entry": "proxy", **args}
+    return {**app, "name": app_name, "route_prefix": route_prefix, "args": merged}
 
 
 def deploy_apps(apps: list[dict[str, Any]]) -> None:
@@ -44,3 +50,21 @@ def delete_apps(names: list[str]) -> None:
 
     for name in names:
         serve.delete(name)
+
+
+def listener_of(port: int) -> str:
+    """The command line of the process holding the listening TCP socket on `port` (from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            cols = row.split()
+            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
+        except OSError:  # gone, or not ours to read
+            continue
+    return ""

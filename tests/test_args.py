@@ -86,8 +86,14 @@ def test_cli_without_flags_keeps_the_defaults(ckpt: Path) -> None:
 def test_configs_are_valid_serve_configs_with_valid_args(name: str, ckpt: Path) -> None:
     config = yaml.safe_load((CONFIGS / name).read_text())
     schema = ServeDeploySchema.model_validate(config)
-    assert schema.http_options.host == "127.0.0.1" and schema.http_options.port == 8080
     (app,) = schema.applications
+    if app.args.get("http_entry") == "ingress":  # the Ingress replica answers 8080; Serve's proxy takes a free port
+        env = config["controller_options"]["runtime_env"]["env_vars"]
+        assert schema.http_options.port == 0 and env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+        assert int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]) == app.args["port"] == 8080
+    else:
+        assert schema.http_options.port == 8080
+    assert schema.http_options.host == "127.0.0.1"
     assert app.import_path == "serve_app.app:build_app"
     assert app.args["model"] == "builtin:tiny-glm"
     args = AppArgs.model_validate({**app.args, "model": str(ckpt)})

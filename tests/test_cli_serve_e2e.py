@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, free_port
+from tests.serve_harness import listener_of
 
 pytestmark = pytest.mark.e2e
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -54,7 +55,7 @@ def server() -> Iterator[Server]:
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
     port = free_port()
     command = [sys.executable, "-m", "serve_app", "serve", "builtin:tiny-glm", "--name", "tiny", "--port", str(port),
-               "--parallel", "4"]  # fmt: skip
+               "--parallel", "4", "--engine-threads", "1"]  # fmt: skip
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     running = Server(process, port)
     ready = threading.Event()
@@ -71,28 +72,14 @@ def server() -> Iterator[Server]:
                 process.kill()
 
 
-def _listener_of(port: int) -> str:
-    """The command line of the process holding the listening TCP socket on `port` (from /proc)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            cols = row.split()
-            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # 0A: LISTEN
-                inodes.add(f"socket:[{cols[9]}]")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
-                return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
-        except OSError:  # gone, or not ours to read
-            continue
-    return ""
-
-
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
 def test_the_ingress_replica_itself_listens_on_the_port(server: Server) -> None:
-    assert "ServeReplica:tensorfold:Ingress" in _listener_of(server.port)
+    assert "ServeReplica:tensorfold:Ingress" in listener_of(server.port)
     assert any(f"at http://127.0.0.1:{server.port}/v1 (ingress answers HTTP)" in line for line in server.lines)
+
+
+def test_the_engine_computes_with_the_threads_asked_for(server: Server) -> None:
+    assert " threads=1 " in httpx.get(f"{server.base}/health").json()["policy"]
 
 
 def test_the_sdk_gets_equal_streamed_and_whole_replies(server: Server) -> None:

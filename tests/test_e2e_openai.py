@@ -166,6 +166,10 @@ def test_health_sums_the_replicas(base_url: str) -> None:
     assert body["status"] == "ok" and body["model"] == "tiny" and body["model_ids"] == ["tiny", "glm"]
     assert body["replicas"] == 1 and body["requests_total"] >= 1
     assert httpx.get(f"{base_url}/").json()["model"] == "tiny"
+    # The engine computes with the node's cores less Ingress's and the Renderer's, not Ray's OMP_NUM_THREADS=1.
+    from deployments.model_rank.threads import engine_thread_count
+
+    assert f"threads={engine_thread_count(None, 0.2)} " in body["policy"]
 
 
 def test_reasoning_and_tool_calls_through_the_sdk(client: openai.OpenAI, served_model: str) -> None:

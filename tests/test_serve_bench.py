@@ -5,7 +5,7 @@ import asyncio
 import json
 
 from serve_app.args import AppArgs
-from serve_app.bench.serve_bench import StreamTimes, _record, _rounds, _run_http, _run_in_process, replica_threads
+from serve_app.bench.serve_bench import StreamTimes, _record, _rounds, _run_http, _run_in_process
 
 
 def test_rounds_never_share_a_first_token() -> None:
@@ -16,8 +16,14 @@ def test_rounds_never_share_a_first_token() -> None:
     assert len({p[0] for p in prompts}) == len(prompts)
 
 
-def test_the_baseline_uses_the_threads_ray_gives_the_replica() -> None:
-    assert [replica_threads(cpus) for cpus in (0.2, 1.0, 1.5, 4.0)] == [1, 1, 1, 4]
+def test_engine_threads_take_the_cores_the_other_replicas_leave() -> None:
+    from deployments.model_rank.threads import engine_thread_count
+
+    assert engine_thread_count(None, 0.2, cores=2) == 2  # Ingress + Renderer need 0.2 of a core
+    assert engine_thread_count(None, 0.2, cores=1) == 1
+    assert engine_thread_count(None, 0.2, ranks_on_node=2, cores=16) == 8
+    assert engine_thread_count(None, 3.0, cores=2) == 1
+    assert engine_thread_count(3, 0.2, cores=2) == 3  # an explicit count wins
 
 
 def test_a_chunk_of_several_tokens_spreads_its_gap_over_them() -> None:

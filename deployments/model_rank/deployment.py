@@ -10,6 +10,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from deployments.config import EngineConfig
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
+from deployments.model_rank.threads import use_engine_threads
 from deployments.step_plan import StepOutput, StepPlan
 
 
@@ -42,6 +43,8 @@ class ModelRank:
             rank=self.parallel.tp_rank,
             world_size=self.parallel.tp_size,
         )
+        # Ranks of one copy share their node (STRICT_PACK by default): each takes its share of the cores.
+        use_engine_threads(self.config.engine_threads, self.config.reserved_cpus, self.config.tensor_parallel_size)
         self.runner = ModelRunner(self.config.model, self.config.dtype, self.config.device, self.parallel)
 
     def info(self) -> RunnerInfo:

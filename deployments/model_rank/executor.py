@@ -10,6 +10,7 @@ from typing import Protocol
 from deployments.config import EngineConfig
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
+from deployments.model_rank.threads import use_engine_threads
 from deployments.step_plan import StepOutput, StepPlan
 
 
@@ -25,6 +26,7 @@ class Executor(Protocol):
 
 class InProcessExecutor:
     def __init__(self, config: EngineConfig) -> None:
+        self.threads = use_engine_threads(config.engine_threads, config.reserved_cpus)
         self.runner = ModelRunner(config.model, config.dtype, config.device, ParallelContext())
 
     def info(self) -> RunnerInfo:

@@ -32,6 +32,7 @@ class RunnerInfo:
     kv_bytes_per_token: int  # on this rank, all layers together
     eos_token_ids: list[int]
     device_name: str
+    threads: int = 1  # intra-op threads the forward pass computes with on this rank
 
 
 def resolve_device(device: str) -> torch.device:
@@ -66,6 +67,7 @@ class ModelRunner:
             kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=name,
+            threads=torch.get_num_threads(),
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:

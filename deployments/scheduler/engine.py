@@ -64,7 +64,7 @@ class Engine:
         self.grammars = GrammarBackend(self.tokenizer, runner.vocab_size, sorted(self.eos_ids))
         self.policy = (
             f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
-            f"kv={pool.reason}"
+            f"threads={runner.threads} kv={pool.reason}"
         )
         self._arrivals = itertools.count()
         self._by_id: dict[str, Sequence] = {}

@@ -12,7 +12,7 @@
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
-static inline __m512 load16(const void *base, int64_t index, int dtype, __mmask16 mask) {
+static inline __attribute__((always_inline)) __m512 load16(const void *base, int64_t index, int dtype, __mmask16 mask) {
     if (dtype == DT_F32) return _mm512_maskz_loadu_ps(mask, (const float *)base + index);
     const __m256i raw = _mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + index);
     if (dtype == DT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
@@ -82,7 +82,8 @@ static inline __m512 sum_lanes_of_16(const __m512 v[16]) {
 
 // One (query row t, head h): keys 0..pos of its sequence, in ascending order. `scratch` holds max_keys
 // floats and max_keys key-row offsets.
-static void attend_row(const attention_args *a, int64_t t, int64_t h, float *scores, int64_t *rows) {
+static inline __attribute__((always_inline)) void attend_row_as(const attention_args *a, int64_t t, int64_t h,
+                                                               float *scores, int64_t *rows, const int dtype) {
     const int64_t s = a->row_seq[t], keys = a->row_pos[t] + 1, kv_head = h / (a->hq / a->hkv);
     const int64_t *table = a->tables + a->table_starts[s];
     for (int64_t j = 0, b = 0; j < keys; b++) {  // each key's cache row, walking the block table
@@ -91,7 +92,7 @@ static void attend_row(const attention_args *a, int64_t t, int64_t h, float *sco
     }
     const int64_t dq = (a->d + 15) / 16, dvq = (a->dv + 15) / 16;
     __m512 q[MAX_HEAD_DIM / 16];
-    for (int64_t c = 0; c < dq; c++) q[c] = load16(a->q, (t * a->hq + h) * a->d + c * 16, a->dtype, tail_mask(a->d - c * 16));
+    for (int64_t c = 0; c < dq; c++) q[c] = load16(a->q, (t * a->hq + h) * a->d + c * 16, dtype, tail_mask(a->d - c * 16));
     __m512 best = _mm512_set1_ps(-INFINITY);
     for (int64_t j0 = 0; j0 < keys; j0 += 16) {  // scores of 16 keys at a time
         __m512 partial[16];
@@ -99,7 +100,7 @@ static void attend_row(const attention_args *a, int64_t t, int64_t h, float *sco
             partial[i] = _mm512_setzero_ps();
             if (j0 + i >= keys) continue;
             for (int64_t c = 0; c < dq; c++)
-                partial[i] = _mm512_fmadd_ps(q[c], load16(a->k_cache, rows[j0 + i] * a->d + c * 16, a->dtype, tail_mask(a->d - c * 16)), partial[i]);
+                partial[i] = _mm512_fmadd_ps(q[c], load16(a->k_cache, rows[j0 + i] * a->d + c * 16, dtype, tail_mask(a->d - c * 16)), partial[i]);
         }
         const __mmask16 m = tail_mask(keys - j0);
         const __m512 group = _mm512_mul_ps(sum_lanes_of_16(partial), _mm512_set1_ps(a->scale));
@@ -119,11 +120,18 @@ static void attend_row(const attention_args *a, int64_t t, int64_t h, float *sco
     for (int64_t j = 0; j < keys; j++) {
         const __m512 p = _mm512_set1_ps(scores[j]);
         for (int64_t c = 0; c < dvq; c++)
-            acc[c] = _mm512_fmadd_ps(p, load16(a->v_cache, rows[j] * a->dv + c * 16, a->dtype, tail_mask(a->dv - c * 16)), acc[c]);
+            acc[c] = _mm512_fmadd_ps(p, load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16)), acc[c]);
     }
     const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
     for (int64_t c = 0; c < dvq; c++)
-        store16(a->out, (t * a->hq + h) * a->dv + c * 16, a->dtype, tail_mask(a->dv - c * 16), _mm512_mul_ps(acc[c], inverse));
+        store16(a->out, (t * a->hq + h) * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16), _mm512_mul_ps(acc[c], inverse));
+}
+
+// The row kernel compiled once per element type, so the inner loops carry no type switch.
+static void attend_row(const attention_args *a, int64_t t, int64_t h, float *scores, int64_t *rows) {
+    if (a->dtype == DT_BF16) attend_row_as(a, t, h, scores, rows, DT_BF16);
+    else if (a->dtype == DT_F16) attend_row_as(a, t, h, scores, rows, DT_F16);
+    else attend_row_as(a, t, h, scores, rows, DT_F32);
 }
 
 // Every (query row, head) of one step; rows are spread over threads, each row computed whole by one.

@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the engine and transformers alike
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch), args.size)
-        engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency))
+        engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency,
+                                     engine_threads=torch.get_num_threads()))
         vocab = engine.runner_info.vocab_size
         prompts = _prompts(args.concurrency, args.prompt_tokens, vocab)
         ours = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency)

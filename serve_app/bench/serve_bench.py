@@ -10,7 +10,6 @@ framing, the processes it runs beside the engine) reads off directly.
 import argparse
 import asyncio
 import json
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -125,7 +124,7 @@ async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tok
 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    loop = EngineLoop(Engine(EngineConfig(model=model_dir, parallel=lanes, kv_cache_gib=0.5)))
+    loop = EngineLoop(Engine(EngineConfig(model=model_dir, parallel=lanes, kv_cache_gib=0.5, engine_threads=threads)))
     loop.start()
 
     async def one(prompt: list[int], limit: int) -> StreamTimes:
@@ -146,9 +145,11 @@ async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tok
         torch.set_num_threads(threads_before)
 
 
-def replica_threads(scheduler_cpus: float) -> int:
-    """The intra-op threads Ray gives a replica of that many CPUs (OMP_NUM_THREADS: floor, at least 1)."""
-    return max(1, math.floor(scheduler_cpus))
+def replica_threads(app_args: AppArgs) -> int:
+    """The intra-op threads the graph's engine computes with (deployments/model_rank/threads.py)."""
+    from deployments.model_rank.threads import engine_thread_count
+
+    return engine_thread_count(app_args.engine_threads, app_args.ingress_cpus + app_args.renderer_cpus)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         entries = HTTP_ENTRIES if args.http_entry == "both" else (args.http_entry,)
         graphs = [_run_graph_here(app_args, entry, rounds, args.max_tokens) for entry in entries]
-    threads = replica_threads(app_args.scheduler_cpus)
+    threads = replica_threads(app_args)
     local = asyncio.run(_run_in_process(model_dir, rounds, args.max_tokens, args.concurrency, threads))
     _print_table(local, graphs)
     return 0
