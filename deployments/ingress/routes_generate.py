@@ -72,7 +72,8 @@ async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id:
     request = engine_request(fields, request_id, prompt_ids, "prompt", card, arrival)
     request.grammar, request.logprobs = generation_extras(body, ReplyFormat(), chat=False)
     request.prompt_logprobs = completion_prompt_logprobs(body)
-    generation = Generation(ctx.backend, request, ReplyFormat(), (await ctx.facts()).engine)
+    facts = await ctx.facts()  # valid: a request sent while the model loads waits for it here
+    generation = Generation(ctx.backend, request, ReplyFormat(), facts.engine)
     await generation.start()
     return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)
 
