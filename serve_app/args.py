@@ -59,6 +59,7 @@ class AppArgs(BaseModel):
     metrics_open: bool = False  # /metrics and /v1/metrics without a key
     max_body_bytes: int = Field(default=16 << 20, ge=1024)  # larger request bodies get HTTP 413
     dashboard: bool = False  # GET /dashboard (live page) and GET /stats (its JSON snapshot)
+    ready_wait_s: float = Field(default=60.0, ge=0.0)  # a request sent while the model loads waits this long
 
     # The engine (see deployments.config.EngineConfig for each knob's meaning).
     context: int | None = Field(default=None, ge=16)

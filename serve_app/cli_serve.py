@@ -46,6 +46,7 @@ _FLAG_FIELDS = {
     "metrics_open": "metrics_open",
     "max_body_bytes": "max_body_bytes",
     "dashboard": "dashboard",
+    "ready_wait": "ready_wait_s",
 }
 
 
@@ -85,6 +86,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413 (default 16 MiB)")
     parser.add_argument("--dashboard", action="store_true", default=None,
                         help="serve a live /dashboard page and its /stats JSON snapshot")
+    parser.add_argument("--ready-wait", type=float, metavar="SECONDS",
+                        help="how long a request sent while the model loads waits for it, then 503 (default 60)")
     parser.add_argument("--http-entry", choices=HTTP_ENTRIES, default="ingress",
                         help="who answers HTTP on --port: the Ingress replica itself (default) or Serve's proxy")
     parser.set_defaults(func=run)

@@ -60,7 +60,7 @@ def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", [{"parallel": 0}, {"decode_share": 1.5}, {"port": 0},
-                                 {"placement_strategy": "SPREAD"}, {"aliases": [""]}])  # fmt: skip
+                                 {"placement_strategy": "SPREAD"}, {"aliases": [""]}, {"ready_wait_s": -1}])  # fmt: skip
 def test_bad_values_are_refused(ckpt: Path, bad: dict) -> None:
     with pytest.raises(ValidationError):
         AppArgs(model=str(ckpt), **bad)
@@ -70,11 +70,12 @@ def test_cli_flags_build_the_same_args(ckpt: Path) -> None:
     argv = ["serve", str(ckpt), "--host", "0.0.0.0", "--port", "9000", "--name", "m", "--alias", "a1",
             "--alias", "a2", "--context", "256", "--parallel", "auto", "--dtype", "bfloat16",
             "--tensor-parallel-size", "2", "--data-parallel-size", "3", "--prompt-cache-gib", "1.5",
-            "--decode-share", "0.1"]  # fmt: skip
+            "--decode-share", "0.1", "--ready-wait", "7.5"]  # fmt: skip
     args = app_args_from(build_parser().parse_args(argv))
     assert args == AppArgs(model=str(ckpt), host="0.0.0.0", port=9000, name="m", aliases=["a1", "a2"],
                            context=256, parallel="auto", dtype="bfloat16", tensor_parallel_size=2,
-                           data_parallel_size=3, prompt_cache_gib=1.5, decode_share=0.1)  # fmt: skip
+                           data_parallel_size=3, prompt_cache_gib=1.5, decode_share=0.1,
+                           ready_wait_s=7.5)  # fmt: skip
     assert app_args_from(build_parser().parse_args(["serve", str(ckpt), "--parallel", "4"])).parallel == 4
 
 

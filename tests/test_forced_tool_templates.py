@@ -3,10 +3,13 @@
 For each call markup (GLM: tiny-glm's, GLM-4.6's and GLM-4.7-Flash's templates; Qwen XML: Qwen3-Coder's;
 Hermes JSON: Qwen3's), `tool_choice: "required"` and a named function give, streamed and not, greedy and
 sampled (seed 0 greedy), calls to offered tools (the named one) whose arguments validate against the tool's parameter
-schema, with finish_reason "tool_calls"; `parallel_tool_calls: false` gives exactly one call.
+schema, with finish_reason "tool_calls"; `parallel_tool_calls: false` gives exactly one call. A random
+model fills every gap the grammar leaves with blanks, so its replies also show the blank bound: no run of
+more than 32 blank characters, between calls or inside them, in the reply text the engine wrote.
 """
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +50,7 @@ PARAMETERS = {  # strings, enums, bounded integers, booleans, a nested object an
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in PARAMETERS.items()]
 USER = [{"role": "user", "content": "Plan a trip to Paris and check the weather."}]
 MAX_TOKENS = 700  # a random model fills JSON gaps with blanks (up to 32 each)
+BLANK_RUN = re.compile(r"[ \t\r\n]{33,}")
 
 
 def _checkpoint(out_dir: Path, template: Path, arch: str, family: str) -> Path:
@@ -130,3 +134,23 @@ def test_forced_calls_are_valid_calls_to_offered_tools(client: TestClient) -> No
         for call in calls:
             assert call["name"] in (PARAMETERS if choice == "required" else ("plan",)), where
             jsonschema.validate(json.loads(call["arguments"]), PARAMETERS[call["name"]])
+
+
+def _reply_text(client: TestClient, body: dict) -> tuple[str, dict]:
+    """The whole text the engine wrote (calls and what lies between them), and the reply's choice."""
+    reply = client.post("/v1/chat/completions", json={**body, "return_token_ids": True})
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    text = client.post("/detokenize", json={"tokens": choice["token_ids"]}).json()["prompt"]
+    return text, choice
+
+
+def test_forced_replies_hold_no_run_of_more_than_32_blanks(client: TestClient) -> None:
+    named = {"type": "function", "function": {"name": "plan"}}
+    cases = [("required", 0), ("required", 2), (named, 3), (named, 5)]  # parallel calls allowed: gaps between them
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda case: _reply_text(client, _body(case[0], case[1], False, None)), cases))
+    for (choice, seed), (text, reply) in zip(cases, results):
+        assert reply["finish_reason"] in ("tool_calls", "length") and reply["message"]["tool_calls"], (seed, text)
+        run = BLANK_RUN.search(text)
+        assert run is None, f"choice={choice} seed={seed}: {len(run.group())} blanks at {run.start()} in {text!r}"

@@ -67,7 +67,8 @@ async def start_chat(ctx: ServingContext, body: dict[str, Any], request_id: str,
     thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
     request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
     request.grammar, request.logprobs = generation_extras(body, rendered.reply, chat=True)
-    generation = Generation(ctx.backend, request, rendered.reply, (await ctx.facts()).engine)
+    facts = await ctx.facts()  # valid and rendered: a request sent while the model loads waits for it here
+    generation = Generation(ctx.backend, request, rendered.reply, facts.engine)
     tools = fields.offered_tools
     parser = ReplyParser(rendered.reply, tools, parallel_tool_calls=fields.parallel_tool_calls is not False)
     reply = ChatReply(parser, set(card.eos_token_ids) | set(fields.stop_token_ids))

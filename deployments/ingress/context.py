@@ -1,15 +1,18 @@
 """What every route of one Ingress replica shares: the backend, the served names, and engine facts."""
 
-import asyncio
 from dataclasses import dataclass
 from importlib import metadata
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.ingress.backend import Backend
 from deployments.ingress.errors import APIError
 from deployments.ingress.keys import AuthSettings
 from deployments.ingress.limits import DEFAULT_MAX_BODY_BYTES
+from deployments.ingress.readiness import Readiness
+from deployments.scheduler.wire import ReplicaStatus
+
+DEFAULT_READY_WAIT_S = 60.0
 
 
 def package_version() -> str:
@@ -32,6 +35,7 @@ class IngressSettings(BaseModel):
     auth: AuthSettings = AuthSettings()  # key digests and the key file; no keys: every route open
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies are refused with 413
     dashboard: bool = False  # serve /dashboard and /stats (404 when off)
+    ready_wait_s: float = Field(default=DEFAULT_READY_WAIT_S, ge=0.0)  # a request sent while the model loads waits
 
 
 @dataclass
@@ -46,21 +50,20 @@ class ServingContext:
     def __init__(self, backend: Backend, settings: IngressSettings) -> None:
         self.backend = backend
         self.settings = settings
+        self.readiness = Readiness(backend)
         self._facts: EngineFacts | None = None
-        self._facts_lock = asyncio.Lock()
 
     async def facts(self) -> EngineFacts:
-        """The engine's facts; an HTTP 503 while no Scheduler replica answers (still starting, or gone)."""
+        """The engine's facts. While the model loads this waits for it, up to `ready_wait_s`; then, or when no
+        Scheduler replica answers at all (gone), an HTTP 503."""
         if self._facts is None:
-            async with self._facts_lock:
-                if self._facts is None:
-                    self._facts = await self._read_facts()
+            replicas = await self.readiness.wait(self.settings.ready_wait_s)  # each caller keeps its own deadline
+            if not replicas:
+                raise APIError(503, f"the model is not ready: no Scheduler replica answered within "
+                                    f"{self.settings.ready_wait_s:g} s", "server_error")  # fmt: skip
+            self._facts = self._facts_of(replicas[0])
         return self._facts
 
-    async def _read_facts(self) -> EngineFacts:
-        replicas = await self.backend.replicas()
-        if not replicas:
-            raise APIError(503, "the model is not ready: no Scheduler replica answered", "server_error")
-        first = replicas[0]
+    def _facts_of(self, first: ReplicaStatus) -> EngineFacts:
         label = f"tensorfold {self.settings.version} {first.model_type} {first.dtype} {first.device}"
         return EngineFacts(window=first.window, engine=label)

@@ -1,7 +1,9 @@
 """The /health body: the manual's fields in its order, summed over every Scheduler replica.
 
 After the native fields come the Python CUDA server's counters, which a poller differences into rates
-(requests_total, token and time totals, rounds), and `context_length`, the served window.
+(requests_total, token and time totals, rounds), and `context_length`, the served window. While the
+model loads, the body (answered with 503, as llama.cpp answers its loading state) keeps the fields known
+before any replica answers, with status "loading" and warming true.
 """
 
 from typing import Any
@@ -46,6 +48,14 @@ def _counters(replicas: list[ReplicaStatus]) -> dict[str, Any]:
         "context_length": min(r.window for r in replicas),
         "replicas": len(replicas),
     }
+
+
+def loading_body(settings: IngressSettings, minimal: bool) -> dict[str, Any]:
+    """The body while no Scheduler replica has answered yet: the model is still loading."""
+    if minimal:  # keys configured: the status alone
+        return {"status": "loading"}
+    return {"status": "loading", "model": settings.served_name, "model_ids": list(settings.model_ids),
+            "warming": True, "version": settings.version, "message": "Loading model"}  # fmt: skip
 
 
 def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The routes' Backend over an in-process renderer and engine loop: the same HTTP surface without Ray.
 
 Used to measure what the graph adds (`tensorfold bench`) and by tests that need the routes but not Serve.
-Everything here is the real renderer and engine; only the Ray hops are missing.
+Everything here is the real renderer and engine; only the Ray hops are missing. Like the graph's Ingress,
+it may answer before its engine has loaded: built without a loop it reports no replica (the engine is not
+ready), and `attach` hands it the engine's running loop once that exists.
 """
 
 from dataclasses import replace
@@ -31,10 +33,20 @@ class _LocalStream:
 
 
 class LocalBackend:
-    def __init__(self, renderer: PromptRenderer, loop: EngineLoop) -> None:
+    def __init__(self, renderer: PromptRenderer, loop: EngineLoop | None) -> None:
         self._renderer = renderer
-        self._loop = loop
+        self._loop = loop  # None while the engine loads
         self._responses = ResponseStore()  # one process, so the store lives here
+
+    def attach(self, loop: EngineLoop) -> None:
+        """The engine has loaded: its running loop serves from now on."""
+        self._loop = loop
+
+    @property
+    def loop(self) -> EngineLoop:
+        if self._loop is None:
+            raise RuntimeError("the engine has not loaded yet")
+        return self._loop
 
     async def card(self) -> TokenizerCard:
         return self._renderer.card()
@@ -55,12 +67,16 @@ class LocalBackend:
         return self._renderer.detokenize(ids)
 
     def stream(self, request: EngineRequest) -> _LocalStream:
-        return _LocalStream(engine_stream(self._loop, request))
+        return _LocalStream(engine_stream(self.loop, request))
 
     async def replicas(self) -> list[ReplicaStatus]:
+        if self._loop is None:  # still loading: no replica answers, as in the graph
+            return []
         return [replica_status("local", self._loop.info(), self._loop.cuda_memory())]
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
+        if self._loop is None:
+            return []
         return [replace(await self._loop.memory(reset_peak), replica="local")]
 
     async def save_response(self, entry: StoredResponse) -> None:

@@ -21,6 +21,7 @@ from deployments.ingress.request_builder import check_token_ids, engine_request,
 from deployments.ingress.route_entry import arrive, refusal
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.ingress.structured_fields import generation_extras, logprob_framer
+from deployments.ingress.tool_checks import CHAT, check_tools
 from deployments.renderer.prompt_renderer import ReplyFormat
 
 async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Generation,
@@ -46,6 +47,7 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
 
 
 async def _run_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
+    check_tools(body.get("tools"), CHAT)  # Responses and Messages check their own tool shapes
     run = await start_chat(ctx, body, request_id, arrival)
     return await _respond(ctx, run.fields, run.generation, lambda meta: ChatFramer(meta, run.reply),
                           run.prompt_token_ids)  # fmt: skip
@@ -70,7 +72,8 @@ async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id:
     request = engine_request(fields, request_id, prompt_ids, "prompt", card, arrival)
     request.grammar, request.logprobs = generation_extras(body, ReplyFormat(), chat=False)
     request.prompt_logprobs = completion_prompt_logprobs(body)
-    generation = Generation(ctx.backend, request, ReplyFormat(), (await ctx.facts()).engine)
+    facts = await ctx.facts()  # valid: a request sent while the model loads waits for it here
+    generation = Generation(ctx.backend, request, ReplyFormat(), facts.engine)
     await generation.start()
     return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)
 

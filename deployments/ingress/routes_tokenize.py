@@ -13,6 +13,7 @@ from deployments.ingress.errors import bad_request, json_body, parse_body
 from deployments.ingress.limits import messages_over_window
 from deployments.ingress.openai_models import DetokenizeRequest, TokenizeRequest, offered_tools
 from deployments.ingress.request_builder import check_token_ids
+from deployments.ingress.tool_checks import CHAT, check_tools
 from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest
 
@@ -41,7 +42,9 @@ def tokenize_router(ctx: ServingContext) -> APIRouter:
     router = APIRouter()
 
     async def tokenize(http: Request) -> dict[str, Any]:
-        fields = parse_body(TokenizeRequest, await json_body(http))
+        raw = await json_body(http)
+        check_tools(raw.get("tools"), CHAT)  # the tools chat would render, checked as chat checks them
+        fields = parse_body(TokenizeRequest, raw)
         ids = await _token_ids(ctx, fields)
         facts = await ctx.facts()
         body: dict[str, Any] = {"count": len(ids), "max_model_len": facts.window, "tokens": ids}

@@ -5,6 +5,11 @@ With `tool_choice: "required"` or a named function, the answer is one or more ca
 tool's parameter schema; blank lines may separate calls, prose may not. Parsing the reply stays the reply
 parser's job: this only constrains generation. String arguments of the XML markups are raw text without
 `<`; other values are JSON under their property schema.
+
+Blanks are bounded as in JSON grammars: at most 32 between two calls and between two JSON tokens, and the
+markup's own line breaks are optional single newlines, so a model cannot fill its reply with whitespace
+(a random model otherwise writes blanks between calls until max_tokens). String arguments are the model's
+text and stay unbounded, as a JSON string's characters are.
 """
 
 import json
@@ -15,7 +20,7 @@ import xgrammar as xgr
 
 from deployments.renderer.tool_format import GLM, HERMES, QWEN_XML
 
-MAX_JSON_BLANKS = 32  # as for response_format: a model cannot fill an unfinished value with blanks
+MAX_BLANKS = 32  # as for response_format: blank characters between two JSON tokens, or between two calls
 
 
 def _lit(*pieces: str) -> xgr.Grammar:
@@ -23,7 +28,7 @@ def _lit(*pieces: str) -> xgr.Grammar:
 
 
 def _json(schema: Any) -> xgr.Grammar:
-    return xgr.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=MAX_JSON_BLANKS)
+    return xgr.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=MAX_BLANKS)
 
 
 def _ebnf(text: str) -> xgr.Grammar:
@@ -77,5 +82,6 @@ def forced_call_ebnf(tools: list[dict[str, Any]], markup: str | None, parallel: 
     calls = [_call(tool, markup) for tool in tools]
     one = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
     body = re.sub(r"^root ::=", "forced_call ::=", str(one), flags=re.M)  # a rule the new root repeats
-    root = 'root ::= forced_call ([ \\n]* forced_call)*' if parallel else "root ::= forced_call"
+    between = f"[ \\n]{{0,{MAX_BLANKS}}}"  # blank lines may separate calls, up to the JSON bound
+    root = f"root ::= forced_call ({between} forced_call)*" if parallel else "root ::= forced_call"
     return f"{root}\n{body}"

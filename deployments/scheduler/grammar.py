@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorfold.engine")
 
 MAX_JSON_BLANKS = 32  # blank characters allowed between two JSON tokens (pretty-printing fits)
-MAX_BLANKS_AFTER_THINK = 4  # blank tokens allowed between the think closer and the answer ("\n\n")
+MAX_BLANKS_AFTER_THINK = 4  # blank tokens allowed between the think closer and the answer ("\n\n"),
+# holding at most MAX_JSON_BLANKS characters together (one tokenizer token may be a long run of spaces)
 CACHE_ENTRIES = 256  # compiled grammars kept per engine
 
 
@@ -52,14 +53,15 @@ class ReplyGrammar:
     """One sequence's matcher plus the think-block gate in front of it."""
 
     def __init__(self, compiled: "xgr.CompiledGrammar", spec: GrammarSpec, vocab_size: int, stop_ids: list[int],
-                 blank_ids: set[int]) -> None:  # fmt: skip
+                 blank_widths: dict[int, int]) -> None:  # fmt: skip
         import xgrammar as xgr  # imported on first use: it pulls in transformers
 
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
         self.spec = spec
         self.vocab_size = vocab_size
-        self.blank_ids = blank_ids  # tokens whose text is only blanks
-        self.blanks_after_think = 0
+        self.blank_widths = blank_widths  # tokens whose text is only blanks -> their character count
+        self.blanks_after_think = 0  # blank tokens written since the think closer
+        self.blank_chars_after_think = 0  # and their characters
         self.dead_end = False  # the last mask allowed nothing: whatever is drawn next is refused
         if spec.starts_in_think and spec.think_closer_id is not None:
             self.phase = _Phase.THINKING
@@ -92,9 +94,10 @@ class ReplyGrammar:
             opener = self.spec.think_opener_id
             assert opener is not None
             _set_bit(words, opener)
-        if self.phase is _Phase.AFTER_THINK and self.blanks_after_think < MAX_BLANKS_AFTER_THINK:
-            for blank in self.blank_ids:
-                _set_bit(words, blank)
+        if self.phase is _Phase.AFTER_THINK:
+            for blank in self.blank_widths:
+                if self._blank_fits(blank):
+                    _set_bit(words, blank)
         self.dead_end = not bool(words.any())
         return words
 
@@ -105,8 +108,9 @@ class ReplyGrammar:
                 self.phase = _Phase.AFTER_THINK
             return
         if self.phase is _Phase.AFTER_THINK:
-            if token in self.blank_ids and self.blanks_after_think < MAX_BLANKS_AFTER_THINK:
+            if self._blank_fits(token):
                 self.blanks_after_think += 1
+                self.blank_chars_after_think += self.blank_widths[token]
                 return
             self.phase = _Phase.ANSWER
         if self.phase is _Phase.MAY_THINK:
@@ -121,6 +125,12 @@ class ReplyGrammar:
                 raise GrammarFailure(f"the grammar allows no token here (end ids {self.matcher.stop_token_ids} "
                                      f"are never text to it); token {token} was drawn unconstrained")
             raise GrammarFailure(f"the grammar refused token {token} while decoding")
+
+    def _blank_fits(self, token: int) -> bool:
+        """Whether a blank token still fits the gap after the think closer (tokens and characters)."""
+        width = self.blank_widths.get(token)
+        return (width is not None and self.blanks_after_think < MAX_BLANKS_AFTER_THINK
+                and self.blank_chars_after_think + width <= MAX_JSON_BLANKS)  # fmt: skip
 
 
 def _clear_bit(words: torch.Tensor, token: int) -> None:
@@ -139,7 +149,7 @@ class GrammarBackend:
         self.vocab_size = vocab_size
         self.stop_ids = sorted(stop_ids)
         self._compiler: "xgr.GrammarCompiler | None" = None
-        self._blank_ids: set[int] | None = None
+        self._blank_widths: dict[int, int] | None = None
         self._cache: OrderedDict[tuple[str, str], "xgr.CompiledGrammar"] = OrderedDict()
         self._lock = threading.Lock()  # validate() compiles on the caller's thread, add_request on the loop's
         self.compiles = 0  # grammars compiled so far (a cache hit does not count)
@@ -190,17 +200,18 @@ class GrammarBackend:
                 self._cache.popitem(last=False)
             return compiled
 
-    def blank_ids(self) -> set[int]:
-        """Ids whose text is nonempty and only blanks (what a template writes after the think closer)."""
-        if self._blank_ids is None:
+    def blank_widths(self) -> dict[int, int]:
+        """Ids whose text is nonempty and only blanks (what a template writes after the think closer), each
+        with its number of characters."""
+        if self._blank_widths is None:
             tokenizer = self._tokenizer
             size = min(tokenizer.vocab_size, self.vocab_size)
             texts = (tokenizer.decode([i]) for i in range(size))
-            self._blank_ids = {i for i, text in enumerate(texts) if text and not text.strip()}
-        return self._blank_ids
+            self._blank_widths = {i: len(text) for i, text in enumerate(texts) if text and not text.strip()}
+        return self._blank_widths
 
     def reply_grammar(self, spec: GrammarSpec) -> ReplyGrammar:
-        blanks = self.blank_ids() if spec.think_closer_id is not None else set()
+        blanks = self.blank_widths() if spec.think_closer_id is not None else {}
         return ReplyGrammar(self.compile(spec), spec, self.vocab_size, self.stop_ids, blanks)
 
 

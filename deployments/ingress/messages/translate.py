@@ -13,6 +13,7 @@ from typing import Any
 
 from deployments.ingress.errors import bad_request
 from deployments.ingress.messages.models import MessagesBody, MessagesRequest
+from deployments.ingress.tool_checks import MESSAGES, check_tools
 
 _SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
                   "bash_code_execution_tool_result", "text_editor_code_execution_tool_result", "mcp_tool_use",
@@ -154,22 +155,18 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     """Custom tools as chat function tools; Anthropic's server-side and versioned tools are refused."""
     if not tools:
         return None
-    out = []
     for index, tool in enumerate(tools):
-        where = f"tools[{index}]"
         kind = tool.get("type") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or kind not in (None, "custom"):
-            raise bad_request(f"{where}: only custom tools are supported (server-side tools such as {kind!r} are not)",
-                              "tools")  # fmt: skip
-        name, schema = tool.get("name"), tool.get("input_schema")
-        if not isinstance(name, str) or not name:
-            raise bad_request(f"{where}.name must be a nonempty string", "tools")
-        if not isinstance(schema, dict):
-            raise bad_request(f"{where}.input_schema must be a JSON schema object", "tools")
-        function: dict[str, Any] = {"name": name}  # OpenAI's key order: templates render tools as JSON
-        if isinstance(tool.get("description"), str):
+            raise bad_request(f"tools[{index}]: only custom tools are supported (server-side tools such as {kind!r} "
+                              "are not)", "tools")  # fmt: skip
+    check_tools(tools, MESSAGES)
+    out = []
+    for tool in tools:
+        function: dict[str, Any] = {"name": tool["name"]}  # OpenAI's key order: templates render tools as JSON
+        if tool.get("description") is not None:
             function["description"] = tool["description"]
-        function["parameters"] = schema
+        function["parameters"] = tool["input_schema"]
         out.append({"type": "function", "function": function})
     return out
 

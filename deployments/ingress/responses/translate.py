@@ -11,6 +11,7 @@ from typing import Any
 
 from deployments.ingress.errors import APIError, bad_request
 from deployments.ingress.responses.models import ResponsesRequest
+from deployments.ingress.tool_checks import RESPONSES, check_tools
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -138,17 +139,15 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     """Function tools in chat's shape; any built-in tool is refused."""
     if tools is None:
         return None
-    out: list[dict[str, Any]] = []
     for index, tool in enumerate(tools):
         kind = tool.get("type")
         if kind != "function":
             raise _refuse(f"tools[{index}]", f"built-in tools ({kind!r}) are not supported; send function tools",
                           "tools")  # fmt: skip
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise _refuse(f"tools[{index}].name", "a function tool needs a nonempty name", "tools")
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
-        out.append({"type": "function", "function": function})
-    return out
+    check_tools(tools, RESPONSES)
+    keys = ("name", "description", "parameters", "strict")
+    return [{"type": "function", "function": {key: tool[key] for key in keys if tool.get(key) is not None}}
+            for tool in tools]  # fmt: skip
 
 
 def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
