@@ -92,8 +92,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None  # None: the remaining context (capped by the engine's default)
-    max_tokens_param: str = "max_tokens"  # the request field a context refusal names
-    prompt_param: str = "messages"  # `messages` for chat, `prompt` for completions
+    prompt_param: str = "messages"  # every context refusal names it: `messages` for chat, `prompt` for completions
     priority: Priority = Priority.FOREGROUND
     arrival_time: float = field(default_factory=time.time)  # wall clock at the HTTP boundary
     thinking: ThinkingControls | None = None  # thinking budget / loop guard; None: the reply is not watched

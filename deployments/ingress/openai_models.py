@@ -106,11 +106,9 @@ class GenerationFields(BaseModel):
         return value
 
     @property
-    def reply_limit(self) -> tuple[int | None, str]:
-        """The explicit reply limit and the field it came from (max_completion_tokens wins, as in OpenAI)."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens, "max_completion_tokens"
-        return self.max_tokens, "max_tokens"
+    def reply_limit(self) -> int | None:
+        """The explicit reply limit (max_completion_tokens wins, as in OpenAI)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     @property
     def wants_stream(self) -> bool:

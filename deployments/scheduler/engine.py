@@ -114,7 +114,7 @@ class Engine:
         if prompt >= self.window:
             raise ContextLengthError(self.window, prompt, None, request.prompt_param)
         if request.max_tokens is not None and prompt + request.max_tokens > self.window:
-            raise ContextLengthError(self.window, prompt, request.max_tokens, request.max_tokens_param)
+            raise ContextLengthError(self.window, prompt, request.max_tokens, request.prompt_param)
         check_scoring(request, vocab)
         if request.prompt_logprobs is not None and request.prompt_logprobs < 0:
             raise ValueError("prompt_logprobs must be 0 or more")
