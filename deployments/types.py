@@ -91,9 +91,10 @@ class EngineRequest:
     request_id: str  # the client-visible reply id (chatcmpl-..., cmpl-...)
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None  # None: the remaining context (capped by the engine's default)
-    max_tokens_param: str = "max_tokens"  # the request field a context refusal names
-    prompt_param: str = "messages"  # `messages` for chat, `prompt` for completions
+    # None: the remaining context (capped by the engine's default); 0: the prompt pass only, no reply token
+    # (a completion echoing and scoring its prompt).
+    max_tokens: int | None = None
+    prompt_param: str = "messages"  # every context refusal names it: `messages` for chat, `prompt` for completions
     priority: Priority = Priority.FOREGROUND
     arrival_time: float = field(default_factory=time.time)  # wall clock at the HTTP boundary
     thinking: ThinkingControls | None = None  # thinking budget / loop guard; None: the reply is not watched
@@ -142,7 +143,8 @@ class EngineChunk:
     logprobs: list[LogprobRow] | None = None
     # A scoring request's final chunk: the log-probability of each of its score_token_ids, in order.
     scores: list[float] | None = None
-    # The final chunk of a request that asked for prompt_logprobs: one row per prompt token after the first.
+    # The first chunk after the prompt pass of a request that asked for prompt_logprobs (the final chunk of
+    # one that ends before it): one row per prompt token after the first.
     prompt_logprobs: list[PromptLogprobRow] | None = None
 
     @property

@@ -3,7 +3,11 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from fastapi.testclient import TestClient
+
 from deployments.config import EngineConfig
+from deployments.ingress.api import build_api
+from deployments.ingress.context import IngressSettings
 from deployments.ingress.local_backend import LocalBackend
 from deployments.renderer.prompt_renderer import PromptRenderer
 
@@ -24,3 +28,11 @@ def local_backend(served_model: str, window: int = WINDOW) -> Iterator[LocalBack
         yield LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
     finally:
         loop.shutdown()
+
+
+@contextmanager
+def local_client(served_model: str, window: int = WINDOW) -> Iterator[TestClient]:
+    """Every route over `local_backend`, serving the model as `tiny`."""
+    with local_backend(served_model, window) as backend:
+        with TestClient(build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))) as client:
+            yield client

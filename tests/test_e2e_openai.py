@@ -119,7 +119,7 @@ def test_tokenize_ids_equal_the_chat_routes_prompt_ids(client: openai.OpenAI, ba
 def test_errors_come_in_openais_envelope(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=USER, max_tokens=10**6)
-    assert info.value.code == "context_length_exceeded" and info.value.param == "max_tokens"
+    assert info.value.code == "context_length_exceeded" and info.value.param == "messages"
     assert info.value.body["message"].startswith("This server's maximum context length is")
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=USER, stream=True, temperature=True)  # type: ignore[arg-type]

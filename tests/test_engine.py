@@ -121,9 +121,9 @@ def test_limits_stop_ids_and_eos(checkpoint) -> None:
 def test_context_refusals_carry_the_numbers(checkpoint) -> None:
     engine = _engine(checkpoint, context=64)
     with pytest.raises(ContextLengthError) as refused:
-        engine.validate(EngineRequest("x", list(range(20, 60)), max_tokens=30, max_tokens_param="max_tokens"))
+        engine.validate(EngineRequest("x", list(range(20, 60)), max_tokens=30, prompt_param="prompt"))
     assert refused.value.window == 64 and refused.value.prompt_tokens == 40 and refused.value.requested == 30
-    assert refused.value.param == "max_tokens"
+    assert refused.value.param == "prompt"  # every context refusal names the prompt's field, as OpenAI does
     assert str(refused.value).startswith("This server's maximum context length is 64 tokens")
     with pytest.raises(ContextLengthError) as whole:
         engine.validate(EngineRequest("y", list(range(20, 84)), prompt_param="prompt"))

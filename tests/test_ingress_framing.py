@@ -120,9 +120,9 @@ def test_refusals_and_early_failures_raise_before_any_stream() -> None:
         await generation.start()
 
     with pytest.raises(APIError) as info:
-        asyncio.run(start([ContextRefusal(window=8, prompt_tokens=3, requested=10, param="max_tokens")]))
+        asyncio.run(start([ContextRefusal(window=8, prompt_tokens=3, requested=10, param="messages")]))
     assert info.value.status == 400 and info.value.code == "context_length_exceeded"
-    assert info.value.param == "max_tokens" and info.value.message.startswith("This server's maximum context")
+    assert info.value.param == "messages" and info.value.message.startswith("This server's maximum context")
     with pytest.raises(APIError) as info:
         asyncio.run(start([], fail_with=RuntimeError("no replica")))
     assert info.value.status == 500 and info.value.type == "server_error"

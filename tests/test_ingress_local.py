@@ -134,10 +134,13 @@ def test_context_refusals(client: TestClient) -> None:
     too_long = client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": WINDOW})
     error = too_long.json()["error"]
     assert too_long.status_code == 400 and error["code"] == "context_length_exceeded"
-    assert error["param"] == "max_tokens"
+    assert error["param"] == "messages"  # the manual's and OpenAI's field, whichever limit overflowed
     assert error["message"].startswith(f"This server's maximum context length is {WINDOW} tokens")
     named = client.post("/v1/chat/completions", json={"messages": USER, "max_completion_tokens": WINDOW})
-    assert named.json()["error"]["param"] == "max_completion_tokens"
+    assert named.json()["error"]["param"] == "messages"
+    completion = client.post("/v1/completions", json={"prompt": "The capital of", "max_tokens": WINDOW})
+    assert completion.json()["error"]["param"] == "prompt"
+    assert completion.json()["error"]["code"] == "context_length_exceeded"
     huge = [{"role": "user", "content": "word " * (WINDOW * 2)}]
     for route, body, param in (("/v1/chat/completions", {"messages": huge}, "messages"),
                                ("/v1/completions", {"prompt": "word " * (WINDOW * 2)}, "prompt")):  # fmt: skip

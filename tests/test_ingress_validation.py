@@ -123,10 +123,10 @@ def test_valid_bodies_parse_to_typed_values() -> None:
                                                  "seed": "42", "stop": "END", "priority": "background",
                                                  "max_completion_tokens": 9, "max_tokens": 3})  # fmt: skip
     assert (chat.temperature, chat.top_k, chat.seed, chat.stop) == (0.7, 5, 42, ["END"])
-    assert chat.priority is Priority.BACKGROUND and chat.reply_limit == (9, "max_completion_tokens")
+    assert chat.priority is Priority.BACKGROUND and chat.reply_limit == 9
     assert ChatCompletionRequest.model_validate({"messages": USER, "priority": 5}).priority is Priority.BACKGROUND
     nulls = ChatCompletionRequest.model_validate({"messages": USER, "temperature": None, "stop": None, "n": 1})
-    assert nulls.temperature is None and nulls.stop == [] and nulls.reply_limit == (None, "max_tokens")
+    assert nulls.temperature is None and nulls.stop == [] and nulls.reply_limit is None
     assert CompletionRequest.model_validate({"prompt": [[1, 2, 3]]}).prompt == [1, 2, 3]
     assert unsupported_field({"logprobs": False, "response_format": {"type": "text"}, "top_logprobs": 0}) is None
 

@@ -223,6 +223,7 @@ def test_a_mid_conversation_system_message_stays_in_place(client: anthropic.Anth
     ("fields", "words"),
     [
         ({"max_tokens": None}, "max_tokens"),
+        ({"max_tokens": 10_000}, "This server's maximum context length is 400 tokens"),  # a context refusal
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
           "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "vision"),  # fmt: skip
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "file",

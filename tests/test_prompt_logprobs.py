@@ -7,6 +7,7 @@ Over the real /v1/completions route (tiny-glm, in-process) the rows come framed 
 `choices[0].prompt_logprobs`; chat, streams and malformed values are 400s naming the field.
 """
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -16,13 +17,11 @@ import transformers
 from fastapi.testclient import TestClient
 
 from deployments.config import EngineConfig
-from deployments.ingress.api import build_api
-from deployments.ingress.context import IngressSettings
 from deployments.scheduler.engine import Engine
 from deployments.scheduler.sequence import Sequence
 from deployments.scheduler.text_output import IncrementalText
-from deployments.types import EngineChunk, EngineRequest, PromptLogprobRow, SamplingParams
-from tests.local_app import local_backend
+from deployments.types import EngineChunk, EngineRequest, FinishReason, PromptLogprobRow, SamplingParams
+from tests.local_app import local_client
 
 PROMPT = [30 + (7 * i) % 200 for i in range(37)]  # longer than two cache blocks of 16
 TOP = 3
@@ -51,16 +50,25 @@ def _request(rid: str, prompt: list[int], top: int | None = TOP) -> EngineReques
     return EngineRequest(rid, prompt, sampling=sampling, max_tokens=2, prompt_logprobs=top)
 
 
-def _run(engine: Engine, requests: list[EngineRequest]) -> dict[str, EngineChunk]:
-    """Each request's final chunk."""
-    finals: dict[str, EngineChunk] = {}
+def _chunks(engine: Engine, requests: list[EngineRequest]) -> dict[str, list[EngineChunk]]:
+    """Each request's chunks, in order."""
+    chunks: dict[str, list[EngineChunk]] = {r.request_id: [] for r in requests}
     for request in requests:
         engine.add_request(request)
     while engine.has_work():
         for chunk in engine.step():
-            if chunk.finished:
-                finals[chunk.request_id] = chunk
-    return finals
+            chunks[chunk.request_id].append(chunk)
+    return chunks
+
+
+def _run(engine: Engine, requests: list[EngineRequest]) -> dict[str, EngineChunk]:
+    """Each request's chunks folded into one, as a reply's consumer sees them."""
+    folded: dict[str, EngineChunk] = {}
+    for request_id, chunks in _chunks(engine, requests).items():
+        folded[request_id] = chunks[0]
+        for later in chunks[1:]:
+            folded[request_id].merge(later)
+    return folded
 
 
 def _rows(engine: Engine, request: EngineRequest) -> list[PromptLogprobRow]:
@@ -144,6 +152,30 @@ def test_recomputation_after_preemption_adds_no_rows(whole: Engine) -> None:
     assert tail is not None and tail.next_ids == PROMPT[31:]
 
 
+def test_rows_come_with_the_first_chunk_after_the_prompt_pass(whole: Engine) -> None:
+    """A stream can show the prompt's rows before the reply: they leave with the first reply token."""
+    request = _request("first", PROMPT)
+    request.max_tokens = 4
+    chunks = _chunks(whole, [request])["first"]
+    assert len(chunks) > 1 and chunks[0].token_ids and len(chunks[0].prompt_logprobs or []) == len(PROMPT) - 1
+    assert all(c.prompt_logprobs is None for c in chunks[1:])
+    assert chunks[0].prompt_logprobs == _rows(whole, _request("again", PROMPT))
+
+
+def test_a_zero_reply_limit_is_the_prompt_pass_alone(whole: Engine) -> None:
+    request = _request("zero", PROMPT)
+    request.max_tokens = 0
+    (only,) = _chunks(whole, [request])["zero"]
+    assert only.finish_reason == FinishReason.LENGTH and only.token_ids == [] and only.text == ""
+    assert only.stats is not None and only.stats.completion_tokens == 0 and only.stats.first_token_time is None
+    assert only.prompt_logprobs == _rows(whole, _request("again", PROMPT))
+    plain = EngineRequest("plain", PROMPT, max_tokens=0)  # without rows: a prompt pass that only fills the cache
+    (done,) = _chunks(whole, [plain])["plain"]
+    assert done.finish_reason == FinishReason.LENGTH and done.token_ids == [] and done.prompt_logprobs is None
+    with pytest.raises(ValueError, match="max_tokens"):
+        whole.validate(EngineRequest("bad", PROMPT, max_tokens=-1))
+
+
 def test_negative_prompt_logprobs_is_refused(whole: Engine) -> None:
     with pytest.raises(ValueError, match="prompt_logprobs"):
         whole.validate(_request("bad", PROMPT, top=-1))
@@ -154,11 +186,9 @@ TEXT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def client(served_model: str) -> TestClient:
-    with local_backend(served_model, window=400) as backend:
-        app = build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))
-        with TestClient(app) as test_client:
-            yield test_client
+def client(served_model: str) -> Iterator[TestClient]:
+    with local_client(served_model, window=400) as test_client:
+        yield test_client
 
 
 def _complete(client: TestClient, **fields: object) -> dict:

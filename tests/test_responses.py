@@ -268,7 +268,7 @@ TOO_MANY = {f"k{i}": "v" for i in range(17)}
         ({"temperature": -1}, "temperature"),
         ({"input": []}, "input"),
         ({"input": "word " * 2000}, "input"),  # over the window: chat's `messages` refusal, renamed
-        ({"input": "Hello", "max_output_tokens": 10_000}, "max_output_tokens"),
+        ({"input": "Hello", "max_output_tokens": 10_000}, "input"),  # a context refusal names the input too
         ({"input": None}, "input"),
     ],
 )

@@ -6,15 +6,14 @@ Refusals come as 400s in the route's format before any token; constrained replie
 
 import json
 import re
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from deployments.ingress.api import build_api
-from deployments.ingress.context import IngressSettings
-from tests.local_app import local_backend
+from tests.local_app import local_client
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 NO_THINK = {"enable_thinking": False}
@@ -22,11 +21,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 @pytest.fixture(scope="module")
-def client(served_model: str) -> TestClient:
-    with local_backend(served_model, window=400) as backend:
-        app = build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))
-        with TestClient(app) as test_client:
-            yield test_client
+def client(served_model: str) -> Iterator[TestClient]:
+    with local_client(served_model, window=400) as test_client:
+        yield test_client
 
 
 def _chat(client: TestClient, **fields: object) -> dict:

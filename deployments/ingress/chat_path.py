@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.ingress.context import ServingContext
+from deployments.ingress.echo import refuse_echo_on_chat
 from deployments.ingress.errors import bad_request, parse_body
 from deployments.ingress.generation import Generation
 from deployments.ingress.limits import messages_over_window
@@ -60,6 +61,7 @@ async def start_chat(ctx: ServingContext, body: dict[str, Any], request_id: str,
     """Validate and render a chat body, then start its generation; every refusal is an APIError first."""
     checked_body(body)
     refuse_on_chat(body)
+    refuse_echo_on_chat(body)
     fields = parse_body(ChatCompletionRequest, body)
     rendered = await render_chat_body(ctx, fields)
     card = await ctx.backend.card()

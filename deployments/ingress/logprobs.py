@@ -1,12 +1,15 @@
 """Log probabilities on the OpenAI routes: the request fields, and the rows each reply carries.
 
 Chat: `logprobs: true` with `top_logprobs` 0..20 fills `choices[0].logprobs.content` (token, logprob, bytes,
-top_logprobs). Completions: legacy `logprobs` 0..20 (tokens, token_logprobs, top_logprobs, text_offset).
+top_logprobs). Completions: legacy `logprobs` 0..20 (tokens, token_logprobs, top_logprobs, text_offset); a
+token's legacy text is the characters its bytes complete, so the tokens join to the text and text_offset
+counts characters.
 A stream sends each row with the chunk whose text completes that token; with thinking on, rows cover the
 answer only (none for the think block, its closer or the blanks after it). Refused, as the manual lists:
 logprobs with a grammar, tools, stop strings or a thinking budget (rows would not line up with the text).
 """
 
+import codecs
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -75,6 +78,40 @@ def token_bytes(token_str: str) -> bytes:
     return b"".join(bytes([table[ch]]) if ch in table else ch.encode() for ch in token_str)
 
 
+class TokenTexts:
+    """Consecutive tokens' texts: each token's text is the characters its bytes complete (a character split
+    across tokens belongs to the token that ends it), so the texts join to the bytes decoded as UTF-8."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def text(self, data: bytes, final: bool = False) -> str:
+        """The next token's text; `final` flushes an incomplete character at the end as U+FFFD."""
+        return self._decoder.decode(data, final)
+
+
+def legacy_alternatives(text: str, data: bytes, logprob: float, top: list[tuple[bytes, float]]) -> dict[str, float]:
+    """A legacy `top_logprobs` entry: vLLM's rule lists the token itself first, then its alternatives."""
+    alternatives = {text: logprob}
+    alternatives.update({alt.decode(errors="replace"): lp for alt, lp in top if alt != data})
+    return alternatives
+
+
+def legacy_body(texts: list[str], logprobs: list[float | None], tops: list[dict[str, float] | None],
+                offset: int) -> dict[str, Any]:  # fmt: skip
+    """The legacy `logprobs` object of consecutive tokens whose first character is at `offset`."""
+    offsets = []
+    for text in texts:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def joined_legacy(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two consecutive legacy objects as one (an echoed prompt's rows, then the reply's)."""
+    return {key: first[key] + then[key] for key in first}
+
+
 @dataclass
 class _Row:
     row: LogprobRow
@@ -88,14 +125,16 @@ class LogprobFramer:
 
     backend: Backend
     reply: ReplyFormat
-    end_ids: set[int]  # ids that end a reply (their rows are not shown)
+    end_ids: set[int]  # ids that end a reply (their rows are not shown, unless keep_end_rows)
     legacy: bool = False  # completions' legacy form
+    text_offset: int = 0  # legacy: characters before the reply's first token (an echoed prompt's)
+    keep_end_rows: bool = False  # legacy echo: every reply token has its row, an end token's with empty text
     _pending: list[_Row] = field(default_factory=list)
     _held: list[_Row] = field(default_factory=list)  # released but not yet attached to an event
     _token_bytes: int = 0  # bytes of every token seen so far (shown or not)
     _text_bytes: int = 0  # bytes of text the engine has sent so far
-    _text_offset: int = 0  # characters of shown tokens so far (legacy text_offset)
     _state: str = ""  # "", "think", "after", "answer"
+    _texts: TokenTexts = field(default_factory=TokenTexts)  # legacy token texts, across chunks
 
     async def _rows(self, rows: list[LogprobRow]) -> list[_Row]:
         ids = sorted({r.token_id for r in rows} | {t for r in rows for t, _ in r.top})
@@ -132,7 +171,9 @@ class LogprobFramer:
             self._pending.pop(0)
             self._token_bytes += len(row.data)
             if chunk.finished and row.row.token_id in self.end_ids and not self._pending:
-                continue  # the end token has no text
+                if not self.keep_end_rows:
+                    continue  # the end token has no text
+                row = _Row(row.row, b"", [(alt, lp) for alt, lp in row.top if alt != row.data])
             if self._shown(row, first):
                 ready.append(row)
             first = False
@@ -143,25 +184,22 @@ class LogprobFramer:
         self._held.extend(await self.release(chunk))
         targets = [e for e in events if e.get("choices")]
         if self._held and targets:
-            targets[-1]["choices"][0]["logprobs"] = self.framed(self._held)
+            targets[-1]["choices"][0]["logprobs"] = self.framed(self._held, chunk.finished)
             self._held = []
 
-    def framed(self, rows: list[_Row]) -> dict[str, Any]:
+    def framed(self, rows: list[_Row], final: bool) -> dict[str, Any]:
+        """The rows' logprobs object; `final`: they end the reply."""
         if self.legacy:
-            return self._legacy(rows)
+            return self._legacy(rows, final)
         return {"content": [_chat_row(r) for r in rows]}
 
-    def _legacy(self, rows: list[_Row]) -> dict[str, Any]:
-        body: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for row in rows:
-            text = row.data.decode(errors="replace")
-            body["tokens"].append(text)
-            body["token_logprobs"].append(row.row.logprob)
-            alternatives = {text: row.row.logprob}  # vLLM's rule: the sampled token is always listed
-            alternatives.update({alt.decode(errors="replace"): lp for alt, lp in row.top})
-            body["top_logprobs"].append(alternatives)
-            body["text_offset"].append(self._text_offset)
-            self._text_offset += len(text)
+    def _legacy(self, rows: list[_Row], final: bool) -> dict[str, Any]:
+        texts = [self._texts.text(r.data, final and i == len(rows) - 1) for i, r in enumerate(rows)]
+        logprobs: list[float | None] = [r.row.logprob for r in rows]
+        tops: list[dict[str, float] | None] = [legacy_alternatives(t, r.data, r.row.logprob, r.top)
+                                               for t, r in zip(texts, rows)]  # fmt: skip
+        body = legacy_body(texts, logprobs, tops, self.text_offset)
+        self.text_offset += sum(len(t) for t in texts)
         return body
 
 
@@ -179,4 +217,4 @@ async def whole_reply(framer: LogprobFramer, chunks: list[EngineChunk]) -> dict[
     rows: list[_Row] = []
     for chunk in chunks:
         rows.extend(await framer.release(chunk))
-    return framer.framed(rows)
+    return framer.framed(rows, final=True)

@@ -3,7 +3,8 @@
 Stream shape (the manual's): each event is a chunk object; the finish event carries `finish_reason`, and
 usage with the `tensorfold` runtime block rides on it, unless `stream_options.include_usage` asks for
 usage in its own final event with `"choices": []` (then every earlier chunk has `"usage": null`, as
-OpenAI sends it). vLLM's `return_token_ids` adds `prompt_token_ids` and each choice's `token_ids`.
+OpenAI sends it). vLLM's `return_token_ids` adds `prompt_token_ids` and each choice's `token_ids`. A
+completion with `echo` streams its prompt as the first chunk (deployments.ingress.echo).
 """
 
 import abc
@@ -11,15 +12,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.ingress.backend import Backend
+from deployments.ingress.echo import EchoedPrompt
 from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.logprobs import LogprobFramer, whole_reply
-from deployments.ingress.prompt_logprobs import framed_prompt_logprobs
+from deployments.ingress.prompt_logprobs import PromptLogprobs, rows_of
 from deployments.ingress.reply_framing import ChatReply
 from deployments.ingress.reply_parser import ReplyParser
 from deployments.ingress.sse import sse_done, sse_error, sse_event
 from deployments.ingress.usage import ReplySummary
 from deployments.renderer.prompt_renderer import ReplyFormat
+from deployments.types import EngineChunk
 
 
 @dataclass
@@ -43,8 +45,9 @@ class _Framer(abc.ABC):
     def __init__(self, meta: ReplyMeta) -> None:
         self.meta = meta
         self.logprobs: LogprobFramer | None = None  # set by the route when the request asked for logprobs
-        # Set by the completions route when the request asked for prompt_logprobs: names the rows' tokens.
-        self.prompt_logprobs: Backend | None = None
+        # Set by the completions route: when the request asked for prompt_logprobs, and for echo.
+        self.prompt_logprobs: PromptLogprobs | None = None
+        self.echo: EchoedPrompt | None = None
 
     # ---- per API ----------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -67,6 +70,10 @@ class _Framer(abc.ABC):
 
     def opening(self) -> list[dict[str, Any]]:
         """Events sent as soon as the request is accepted (before or with its first token)."""
+        return []
+
+    async def lead(self, chunk: EngineChunk) -> list[dict[str, Any]]:
+        """Events that go before this engine chunk's own (an echoed prompt, ahead of the first chunk's)."""
         return []
 
     def deltas(self, text: str, token_ids: list[int]) -> list[dict[str, Any]]:
@@ -186,6 +193,16 @@ class CompletionFramer(_Framer):
     def __init__(self, meta: ReplyMeta) -> None:
         super().__init__(meta)
         self._sent_prompt_ids = False  # a stream carries the prompt ids once, on its first text chunk
+        self._echoed = False
+
+    async def lead(self, chunk: EngineChunk) -> list[dict[str, Any]]:
+        if self.echo is None or self._echoed:
+            return []
+        self._echoed = True
+        event = self.delta(self.echo.text, [])
+        if self.echo.top is not None:  # the prompt's rows come with the first chunk after the prompt pass
+            event["choices"][0]["logprobs"] = await self.echo.legacy(chunk.prompt_logprobs or [])
+        return [event]
 
     def _prompt_ids_at_top(self) -> bool:
         return False
@@ -209,13 +226,14 @@ async def stream_body(generation: Generation, framer: _Framer) -> AsyncIterator[
         if opening:
             yield opening
         async for chunk in generation.chunks():
+            lead = await framer.lead(chunk)  # before the chunk's own events, which the reply's rows attach to
             events = framer.deltas(chunk.text, chunk.token_ids)
             if chunk.finished:
                 assert generation.summary is not None and generation.finish_reason is not None
                 events += framer.closing(generation.finish_reason, generation.summary)
             if framer.logprobs is not None:  # rows ride with the event whose text completes them
                 await framer.logprobs.attach(chunk, events)
-            payload = b"".join(sse_event(event) for event in events)
+            payload = b"".join(sse_event(event) for event in lead + events)
             done = chunk.finished
             if done:
                 payload += sse_done()
@@ -234,9 +252,11 @@ async def json_body_of(generation: Generation, framer: _Framer) -> dict[str, Any
     text, chunks = await generation.collect()
     assert generation.summary is not None and generation.finish_reason is not None
     body = framer.response(text, generation.finish_reason, generation.summary)
+    choice = body["choices"][0]
     if framer.logprobs is not None:
-        body["choices"][0]["logprobs"] = await whole_reply(framer.logprobs, chunks)
+        choice["logprobs"] = await whole_reply(framer.logprobs, chunks)
     if framer.prompt_logprobs is not None:
-        rows = chunks[-1].prompt_logprobs
-        body["choices"][0]["prompt_logprobs"] = await framed_prompt_logprobs(framer.prompt_logprobs, rows)
+        choice["prompt_logprobs"] = await framer.prompt_logprobs.framed(rows_of(chunks))
+    if framer.echo is not None:
+        await framer.echo.prepend(choice, rows_of(chunks))
     return body

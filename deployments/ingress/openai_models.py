@@ -24,8 +24,7 @@ from deployments.types import Priority
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
     # logprobs, top_logprobs and the structured-output fields: deployments.ingress.structured_fields
-    # prompt_logprobs: deployments.ingress.prompt_logprobs (completions only)
-    ("echo", "echo is not supported"),
+    # prompt_logprobs: deployments.ingress.prompt_logprobs, echo: deployments.ingress.echo (completions only)
     ("suffix", "suffix is not supported"),
 )
 _ZERO_ONLY = ("frequency_penalty", "presence_penalty")  # accepted at their neutral value only
@@ -106,11 +105,9 @@ class GenerationFields(BaseModel):
         return value
 
     @property
-    def reply_limit(self) -> tuple[int | None, str]:
-        """The explicit reply limit and the field it came from (max_completion_tokens wins, as in OpenAI)."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens, "max_completion_tokens"
-        return self.max_tokens, "max_tokens"
+    def reply_limit(self) -> int | None:
+        """The explicit reply limit (max_completion_tokens wins, as in OpenAI)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     @property
     def wants_stream(self) -> bool:
@@ -210,6 +207,9 @@ class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str] | list[list[int]] | None = None
     messages: list[Any] | None = None
     add_special_tokens: Annotated[bool | None, BeforeValidator(bool_field("add_special_tokens"))] = None
+    echo: Annotated[bool | None, BeforeValidator(bool_field("echo"))] = None  # deployments.ingress.echo
+    # 0 asks for the prompt pass only, which an echo shows (deployments.ingress.echo.check_reply_limit)
+    max_tokens: Annotated[int | None, BeforeValidator(int_field("max_tokens", low=0))] = None
 
     @field_validator("prompt")
     @classmethod

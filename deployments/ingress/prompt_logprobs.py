@@ -7,12 +7,14 @@ token at or above it (vLLM's); best tokens are ranked by place, and one that is 
 once, as the first key. Chat and streamed requests are refused with 400.
 """
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deployments.ingress.backend import Backend
 from deployments.ingress.errors import bad_request
 from deployments.ingress.logprobs import MAX_TOP, token_bytes
-from deployments.types import PromptLogprobRow
+from deployments.types import EngineChunk, PromptLogprobRow
 
 PARAM = "prompt_logprobs"
 
@@ -35,20 +37,31 @@ def completion_prompt_logprobs(body: dict[str, Any]) -> int | None:
     return value
 
 
-async def framed_prompt_logprobs(
-    backend: Backend, rows: list[PromptLogprobRow] | None
-) -> list[dict[str, dict[str, Any]] | None]:
-    """The `prompt_logprobs` list of a finished completion (rows: the final chunk's, one per token after the first)."""
-    rows = rows or []
-    ids = sorted({r.token_id for r in rows} | {t for r in rows for t, _ in r.top})
-    text = {i: token_bytes(s).decode(errors="replace") for i, s in zip(ids, await backend.token_strs(ids))}
-    framed: list[dict[str, dict[str, Any]] | None] = [None]
-    for row in rows:
-        entry = {str(row.token_id): _value(row.logprob, row.rank, text[row.token_id])}
-        for place, (token, logprob) in enumerate(row.top, start=1):
-            entry.setdefault(str(token), _value(logprob, place, text[token]))  # the prompt token stays first
-        framed.append(entry)
-    return framed
+def rows_of(chunks: Sequence[EngineChunk]) -> list[PromptLogprobRow]:
+    """A reply's prompt rows (they ride on one chunk, the first after the prompt pass)."""
+    return next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), [])
+
+
+@dataclass
+class PromptLogprobs:
+    """A completion's `prompt_logprobs` field: `top` best tokens per row (the engine may have listed more,
+    for an echo asking for more alternatives), each token named through the backend."""
+
+    backend: Backend
+    top: int
+
+    async def framed(self, rows: list[PromptLogprobRow]) -> list[dict[str, dict[str, Any]] | None]:
+        """The `prompt_logprobs` list: null for the first prompt token, then one entry per row."""
+        ids = sorted({r.token_id for r in rows} | {t for r in rows for t, _ in r.top[: self.top]})
+        strs = await self.backend.token_strs(ids)
+        text = {i: token_bytes(s).decode(errors="replace") for i, s in zip(ids, strs)}
+        framed: list[dict[str, dict[str, Any]] | None] = [None]
+        for row in rows:
+            entry = {str(row.token_id): _value(row.logprob, row.rank, text[row.token_id])}
+            for place, (token, logprob) in enumerate(row.top[: self.top], start=1):
+                entry.setdefault(str(token), _value(logprob, place, text[token]))  # the prompt token stays first
+            framed.append(entry)
+        return framed
 
 
 def _value(logprob: float, rank: int, decoded: str) -> dict[str, Any]:

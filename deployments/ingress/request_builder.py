@@ -58,13 +58,11 @@ def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[i
     if not prompt_ids:
         raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
     check_token_ids(fields.stop_token_ids, card, "stop_token_ids")
-    limit, limit_param = fields.reply_limit
     return EngineRequest(
         request_id=request_id,
         prompt_token_ids=list(prompt_ids),
         sampling=sampling_params(fields),
-        max_tokens=limit,  # None: the engine caps its default to the context the prompt leaves
-        max_tokens_param=limit_param,
+        max_tokens=fields.reply_limit,  # None: the engine caps its default to the context the prompt leaves
         prompt_param=prompt_param,
         priority=fields.priority,
         arrival_time=arrival_time,

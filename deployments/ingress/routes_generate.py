@@ -4,7 +4,6 @@ Each request gets its reply id first, so every outcome can be logged under it: a
 template refusal, context refusal) logs `refused <id>`; the Generation logs `finished` or `ended`.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,11 +11,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.ingress.chat_path import checked_body, start_chat
 from deployments.ingress.context import ServingContext
+from deployments.ingress.echo import check_reply_limit, echoed_prompt, prompt_rows_top
 from deployments.ingress.errors import APIError, bad_request, json_body, parse_body, server_error
 from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.openai_framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
 from deployments.ingress.openai_models import CompletionRequest, GenerationFields
-from deployments.ingress.prompt_logprobs import completion_prompt_logprobs
+from deployments.ingress.prompt_logprobs import PromptLogprobs, completion_prompt_logprobs
 from deployments.ingress.request_builder import check_token_ids, engine_request, new_request_id
 from deployments.ingress.route_entry import arrive, refusal
 from deployments.ingress.sse import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -24,9 +24,8 @@ from deployments.ingress.structured_fields import generation_extras, logprob_fra
 from deployments.ingress.tool_checks import CHAT, check_tools
 from deployments.renderer.prompt_renderer import ReplyFormat
 
-async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Generation,
-                   make_framer: Callable[[ReplyMeta], Any], prompt_ids: list[int]) -> Response:  # fmt: skip
-    meta = ReplyMeta(
+def _meta(ctx: ServingContext, fields: GenerationFields, generation: Generation, prompt_ids: list[int]) -> ReplyMeta:
+    return ReplyMeta(
         request_id=generation.request_id,
         created=int(generation.request.arrival_time),
         model=ctx.settings.served_name,
@@ -34,10 +33,9 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
         return_token_ids=bool(fields.return_token_ids),
         include_usage=fields.include_usage,
     )
-    framer = make_framer(meta)
-    framer.logprobs = await logprob_framer(ctx.backend, generation, isinstance(framer, CompletionFramer))
-    if generation.request.prompt_logprobs is not None:
-        framer.prompt_logprobs = ctx.backend
+
+
+async def _respond(fields: GenerationFields, generation: Generation, framer: ChatFramer | CompletionFramer) -> Response:
     if fields.wants_stream:
         return StreamingResponse(stream_body(generation, framer), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     try:
@@ -49,8 +47,9 @@ async def _respond(ctx: ServingContext, fields: GenerationFields, generation: Ge
 async def _run_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
     check_tools(body.get("tools"), CHAT)  # Responses and Messages check their own tool shapes
     run = await start_chat(ctx, body, request_id, arrival)
-    return await _respond(ctx, run.fields, run.generation, lambda meta: ChatFramer(meta, run.reply),
-                          run.prompt_token_ids)  # fmt: skip
+    framer = ChatFramer(_meta(ctx, run.fields, run.generation, run.prompt_token_ids), run.reply)
+    framer.logprobs = await logprob_framer(ctx.backend, run.generation, legacy=False)
+    return await _respond(run.fields, run.generation, framer)
 
 
 async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> list[int]:
@@ -67,15 +66,23 @@ async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> 
 async def _run_completion(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> Response:
     checked_body(body)
     fields = parse_body(CompletionRequest, body)
+    check_reply_limit(fields)
     prompt_ids = await _completion_prompt(ctx, fields)
     card = await ctx.backend.card()
     request = engine_request(fields, request_id, prompt_ids, "prompt", card, arrival)
     request.grammar, request.logprobs = generation_extras(body, ReplyFormat(), chat=False)
-    request.prompt_logprobs = completion_prompt_logprobs(body)
+    asked = completion_prompt_logprobs(body)
+    request.prompt_logprobs = prompt_rows_top(bool(fields.echo), request.logprobs, asked)
     facts = await ctx.facts()  # valid: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, ReplyFormat(), facts.engine)
     await generation.start()
-    return await _respond(ctx, fields, generation, CompletionFramer, prompt_ids)
+    framer = CompletionFramer(_meta(ctx, fields, generation, prompt_ids))
+    if fields.echo:
+        framer.echo = await echoed_prompt(ctx.backend, prompt_ids, request.logprobs)
+    framer.logprobs = await logprob_framer(ctx.backend, generation, legacy=True, echo=framer.echo)
+    if asked is not None:
+        framer.prompt_logprobs = PromptLogprobs(ctx.backend, asked)
+    return await _respond(fields, generation, framer)
 
 
 def _uses_chat(body: dict[str, Any]) -> bool:

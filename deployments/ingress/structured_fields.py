@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from deployments.ingress.backend import Backend
+from deployments.ingress.echo import EchoedPrompt
 from deployments.ingress.errors import bad_request
 from deployments.ingress.generation import Generation
 from deployments.ingress.logprobs import LogprobFramer, chat_logprobs, completion_logprobs, refuse_combinations
@@ -174,11 +175,13 @@ def generation_extras(body: dict[str, Any], reply: ReplyFormat, chat: bool) -> t
     return grammar, top
 
 
-async def logprob_framer(backend: Backend, generation: Generation, legacy: bool) -> LogprobFramer | None:
-    """The reply's logprob rows framer, when its request asked for logprobs."""
+async def logprob_framer(backend: Backend, generation: Generation, legacy: bool,
+                         echo: EchoedPrompt | None = None) -> LogprobFramer | None:  # fmt: skip
+    """The reply's logprob rows framer, when its request asked for logprobs (after an echoed prompt's rows)."""
     request = generation.request
     if request.logprobs is None:
         return None
     card = await backend.card()
     end_ids = set(card.eos_token_ids) | set(request.sampling.stop_token_ids)
-    return LogprobFramer(backend, generation.reply or ReplyFormat(), end_ids, legacy=legacy)
+    return LogprobFramer(backend, generation.reply or ReplyFormat(), end_ids, legacy=legacy,
+                         text_offset=0 if echo is None else len(echo.text), keep_end_rows=echo is not None)  # fmt: skip

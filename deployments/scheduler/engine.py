@@ -113,8 +113,10 @@ class Engine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if prompt >= self.window:
             raise ContextLengthError(self.window, prompt, None, request.prompt_param)
+        if request.max_tokens is not None and request.max_tokens < 0:
+            raise ValueError("max_tokens must be 0 or more")
         if request.max_tokens is not None and prompt + request.max_tokens > self.window:
-            raise ContextLengthError(self.window, prompt, request.max_tokens, request.max_tokens_param)
+            raise ContextLengthError(self.window, prompt, request.max_tokens, request.prompt_param)
         check_scoring(request, vocab)
         if request.prompt_logprobs is not None and request.prompt_logprobs < 0:
             raise ValueError("prompt_logprobs must be 0 or more")
@@ -198,6 +200,10 @@ class Engine:
                 if seq.request.score_token_ids is not None:
                     self._scored(seq, result, now)
                     continue
+                if seq.max_tokens == 0:  # the prompt pass was the whole request (an echo scoring its prompt)
+                    seq.prompt_done_time = now
+                    self._finish(seq, FinishReason.LENGTH)
+                    continue
                 before = seq.num_reply_tokens
                 if seq.logprob_rows is not None and result.logprobs is not None:
                     seq.logprob_rows.append(result.logprobs)
@@ -268,8 +274,10 @@ class Engine:
             text=seq.text.take_delta(final),
             logprobs=None if seq.logprob_rows is None else seq.logprob_rows[seq.delivered :],
         )
+        if seq.prompt_rows is not None and not seq.prompt_rows_sent:  # whole once the prompt pass ends
+            chunk.prompt_logprobs, seq.prompt_rows_sent = seq.prompt_rows, True
         seq.delivered = seq.num_reply_tokens
-        if chunk.token_ids or chunk.text or final:
+        if chunk.token_ids or chunk.text or chunk.prompt_logprobs is not None or final:
             self._outbox.append(chunk)
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -289,7 +297,6 @@ class Engine:
         last = self._outbox[-1]
         last.finish_reason, last.error, last.stats = reason, error, stats
         last.scores = seq.scores
-        last.prompt_logprobs = seq.prompt_rows
 
     def _fail(self, planned: PlannedStep, message: str) -> None:
         for seq in planned.seqs:

@@ -39,6 +39,7 @@ class Sequence:
     logprob_rows: list[LogprobRow] | None = None  # one per reply token when the request asked for logprobs
     scores: list[float] | None = None  # a scoring request's result, set at the end of its prompt pass
     prompt_rows: list[PromptLogprobRow] | None = None  # row j: prompt token j + 1 (prompt_logprobs requests)
+    prompt_rows_sent: bool = False  # the rows went out with the first chunk after the prompt pass
 
     @property
     def request_id(self) -> str:

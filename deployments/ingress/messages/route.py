@@ -68,7 +68,7 @@ def messages_router(ctx: ServingContext) -> APIRouter:
             count = len(rendered.prompt_token_ids)
             window = (await ctx.facts()).window
             if fields.max_tokens is not None and count + fields.max_tokens > window:  # as /v1/messages would refuse
-                raise context_error(ContextLengthError(window, count, fields.max_tokens, "max_tokens"))
+                raise context_error(ContextLengthError(window, count, fields.max_tokens, "messages"))
         except APIError as exc:
             return anthropic_error(exc)
         return JSONResponse({"input_tokens": count})
