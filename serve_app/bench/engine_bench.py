@@ -43,17 +43,22 @@ def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
     return [torch.randint(10, vocab - 10, (length,), generator=generator).tolist() for _ in range(count)]
 
 
+def add_greedy_requests(engine: Engine, prompts: list[list[int]], max_tokens: int) -> None:
+    """One greedy request per prompt that writes exactly `max_tokens` tokens."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(
+            EngineRequest(
+                request_id=f"bench-{time.monotonic_ns()}-{i}",
+                prompt_token_ids=prompt,
+                sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+                max_tokens=max_tokens,
+            )
+        )
+
+
 def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int) -> Figures:
     def run(batch: list[list[int]]) -> tuple[float, float, int]:
-        for i, prompt in enumerate(batch):
-            engine.add_request(
-                EngineRequest(
-                    request_id=f"bench-{time.monotonic_ns()}-{i}",
-                    prompt_token_ids=prompt,
-                    sampling=SamplingParams(temperature=0.0, ignore_eos=True),
-                    max_tokens=decode_tokens,
-                )
-            )
+        add_greedy_requests(engine, batch, decode_tokens)
         prefill = decode = 0.0
         decoded = 0
         while engine.has_work():

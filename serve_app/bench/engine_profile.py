@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.scheduler.engine import Engine
-from deployments.types import EngineRequest, SamplingParams
+from serve_app.bench.engine_bench import add_greedy_requests
 
 # (category, module path, attribute): every call of module.attribute is charged to category.
 TIMED: list[tuple[str, str, str]] = [
@@ -101,23 +101,11 @@ def instrumented(engine: Engine, current: StepTimes) -> Iterator[None]:
                 setattr(owner, name, original)
 
 
-def _add(engine: Engine, prompts: list[list[int]], max_tokens: int) -> None:
-    for i, prompt in enumerate(prompts):
-        engine.add_request(
-            EngineRequest(
-                request_id=f"profile-{time.monotonic_ns()}-{i}",
-                prompt_token_ids=prompt,
-                sampling=SamplingParams(temperature=0.0, ignore_eos=True),
-                max_tokens=max_tokens,
-            )
-        )
-
-
 def profile_steps(engine: Engine, prompts: list[list[int]], kind: str, count: int, rounds: int) -> StepTimes:
     """Time up to `rounds` steps of `kind` ("decode" or "prefill") with `count` sequences in flight."""
     times, current = StepTimes(), StepTimes()
     with instrumented(engine, current):
-        _add(engine, prompts[:count], max_tokens=rounds + 2 if kind == "decode" else 1)
+        add_greedy_requests(engine, prompts[:count], max_tokens=rounds + 2 if kind == "decode" else 1)
         while engine.has_work():
             current.parts.clear()
             current.execute = 0.0
