@@ -220,15 +220,24 @@ def test_structured_outputs_through_the_graph(client: openai.OpenAI) -> None:
 
 
 def _actor_process(title: str):
-    """The one live process Ray titled `ray::<title>` (an actor's class and method)."""
+    """The one live process of this session's Ray cluster titled `ray::<title>` (an actor's class and method).
+
+    The session started the cluster, so its actors descend from this process; another cluster on the machine
+    (a developer's server, another test run) is not looked at.
+    """
+    import os
+
     import psutil
 
     matches = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            cmdline = process.cmdline()
+        except psutil.Error:  # gone meanwhile
+            continue
         if cmdline and cmdline[0].startswith(f"ray::{title}"):
             matches.append(process)
-    assert len(matches) == 1, [m.info["cmdline"] for m in matches]
+    assert len(matches) == 1, [m.cmdline() for m in matches]
     return matches[0]
 
 
