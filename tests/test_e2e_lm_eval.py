@@ -5,6 +5,8 @@ choice one /v1/completions request with echo, logprobs 1 and max_tokens 1 (the c
 echoed prompt's; lm-eval drops the last row, the reply's). Every loglikelihood it wrote must equal
 transformers' on the same float32 checkpoint: the sum of the continuation tokens' log-softmax given the
 context, the pair tokenised as lm-eval splits it. Each item's acc and each choice's is_greedy must follow.
+It shares the session's tiny-glm app (conftest.glm_base_url) with the other test_e2e_* modules that come
+before test_e2e_parallel.py, whose declarative deploy replaces the session's applications.
 """
 
 import json
