@@ -8,6 +8,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from deployments.prefix_hashes import PromptHashes
+
 
 class Priority(str, enum.Enum):
     """Foreground prompts prefill (and hold lanes) before background ones."""
@@ -106,6 +108,10 @@ class EngineRequest:
     # None: no prompt rows; k: a row with k best tokens for each prompt token after the first (vLLM's
     # prompt_logprobs). Such a request never resumes from the prefix cache: its whole prompt is computed.
     prompt_logprobs: int | None = None
+    # Set by the prefix-affinity router in Ingress as it picks the replica: the prompt's block names (the
+    # engine's prefix match reuses them) and why it went where it did (affinity, balance, no_match).
+    prompt_hashes: PromptHashes | None = None
+    route_reason: str = ""
 
 
 @dataclass
@@ -126,6 +132,8 @@ class RequestStats:
     prefill_widths: list[int] = field(default_factory=list)  # the chunk sizes its prompt was prefilled in
     loop_period: int | None = None  # the cycle length the loop guard closed, if it fired
     stop_string: str | None = None  # the stop string that ended the reply, if one did
+    route_reason: str = ""  # the router's reason for this replica (the request's `route_reason`)
+    replica: str = ""  # the Scheduler replica that served it (set by that replica on the last chunk)
 
 
 @dataclass

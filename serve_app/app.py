@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
 from deployments.ingress.context import IngressSettings
@@ -31,6 +32,7 @@ from deployments.renderer.deployment import Renderer
 from deployments.renderer.prompt_renderer import RendererOptions
 from deployments.renderer.template_file import load_template_file
 from deployments.scheduler.deployment import Scheduler
+from deployments.scheduler.request_router import PrefixAffinityRouter
 from serve_app.args import AppArgs
 from serve_app.serve_env import direct_ingress_env, replica_env
 
@@ -79,7 +81,18 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
     elif device == "cuda":
         actor["num_gpus"] = 1  # at size 1 the replica's engine (its child process or thread) holds the GPU
     options["ray_actor_options"] = actor
+    if args.affinity_routing:
+        options["request_router_config"] = affinity_router_config(args)
     return options
+
+
+def affinity_router_config(args: AppArgs) -> RequestRouterConfig:
+    """The Scheduler's request router: prefix affinity with balance (deployments/scheduler/request_router.py)."""
+    kwargs = {"block_size": args.block_size, "balance_abs": args.routing_balance_abs, "balance_rel": args.routing_balance_rel,
+              "min_match": args.routing_min_match, "stats_period_s": args.routing_stats_period_s}  # fmt: skip
+    return RequestRouterConfig(request_router_class=PrefixAffinityRouter, request_router_kwargs=kwargs,
+                               request_routing_stats_period_s=args.routing_stats_period_s,
+                               request_routing_stats_timeout_s=max(5.0, 5 * args.routing_stats_period_s))  # fmt: skip
 
 
 def build_app(args: AppArgs) -> Application:
@@ -107,8 +120,8 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
         ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
     ingress = Ingress.options(ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests,
                               logging_config=QUIET)  # fmt: skip
-    log.info("graph: %s on %s, tp=%d dp=%d", args.served_name, device, args.tensor_parallel_size,
-             args.data_parallel_size)  # fmt: skip
+    log.info("graph: %s on %s, tp=%d dp=%d, router %s", args.served_name, device, args.tensor_parallel_size,
+             args.data_parallel_size, "affinity" if args.affinity_routing else "serve")  # fmt: skip
     responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS), logging_config=QUIET)
     responses = responses.bind()
     return ingress.bind(renderer, scheduler, settings, responses)

@@ -88,6 +88,15 @@ class AppArgs(BaseModel):
     data_parallel_size: int = Field(default=1, ge=1)
     placement_strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK"
     max_ongoing_requests: int = Field(default=1024, ge=1)  # per Ingress/Scheduler replica: queue in the engine
+    # Which replica a request goes to (deployments.scheduler.affinity): "affinity" = the one holding the
+    # longest cached prefix of its prompt, unless its queue leads the least loaded one's by more than
+    # routing_balance_abs requests and routing_balance_rel times; "serve" = Serve's power of two choices;
+    # "auto" = affinity when data_parallel_size > 1.
+    router: Literal["auto", "affinity", "serve"] = "auto"
+    routing_balance_abs: int = Field(default=4, ge=0)
+    routing_balance_rel: float = Field(default=1.5, ge=1.0)
+    routing_min_match: float = Field(default=0.25, ge=0.0, le=1.0)  # share of the prompt's blocks held
+    routing_stats_period_s: float = Field(default=1.0, gt=0.0)  # how often each replica reports its blocks
 
     # Fractional CPUs so the whole graph fits a 2-core machine; the YAML's `deployments:` may override.
     ingress_cpus: float = Field(default=0.1, gt=0.0)
@@ -115,6 +124,10 @@ class AppArgs(BaseModel):
         if self.name is not None and not self.name.strip():
             raise ValueError("name must be a nonempty string")
         return self
+
+    @property
+    def affinity_routing(self) -> bool:
+        return self.router == "affinity" or (self.router == "auto" and self.data_parallel_size > 1)
 
     @property
     def model_dir(self) -> Path:

@@ -34,6 +34,7 @@ _FLAG_FIELDS = {
     "tensor_parallel_size": "tensor_parallel_size",
     "data_parallel_size": "data_parallel_size",
     "placement_strategy": "placement_strategy",
+    "router": "router",
     "prompt_cache_gib": "prompt_cache_gib",
     "decode_share": "decode_share",
     "default_max_tokens": "default_max_tokens",
@@ -68,6 +69,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, help="ranks per model copy")
     parser.add_argument("--data-parallel-size", type=int, help="model copies (Scheduler replicas)")
     parser.add_argument("--placement-strategy", choices=["STRICT_PACK", "PACK"])
+    parser.add_argument("--router", choices=["auto", "affinity", "serve"],
+                        help="replica choice: prefix affinity with balance, or Serve's (default: affinity when DP > 1)")
     parser.add_argument("--prompt-cache-gib", type=float, help="cap on cached prompt blocks; 0 = no reuse")
     parser.add_argument("--decode-share", type=float, help="decode time per prefill chunk (default 0.25)")
     parser.add_argument("--default-max-tokens", type=int, help="reply limit when a request sets none")

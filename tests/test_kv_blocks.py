@@ -1,6 +1,7 @@
 """Block manager: ref counts, free list, chained hashes with a token check, LRU eviction, the cache cap."""
 
-from deployments.scheduler.kv_blocks import BlockManager, BlockTable, chain_hash
+from deployments.prefix_hashes import chain_hash
+from deployments.scheduler.kv_blocks import BlockManager, BlockTable
 
 
 def _filled(manager: BlockManager, tokens: list[int]) -> BlockTable:

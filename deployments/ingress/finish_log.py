@@ -1,7 +1,8 @@
 """The manual's finish log: one line per completed, refused or ended request, naming the client reply id.
 
 - completed: `finished <id> prompt=.. cached=.. thinking=.. effort=.. tokens=.. sha=.. finish=.. rounds=..
-  drafts=..` (plus ttft and decode rate, which operators ask for first);
+  drafts=..` (plus ttft and decode rate, which operators ask for first, and the replica that served it
+  with the router's reason);
 - refused:   `refused <id>: <message>`;
 - ended:     `ended <id> reason=client-left|error: <message> prompt=.. tokens=.. elapsed=..s`.
 """
@@ -19,7 +20,7 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
     ttft = summary.time_to_first_token
     log.info(
         "finished %s prompt=%d cached=%d thinking=%d effort=%s tokens=%d sha=%s finish=%s rounds=%d drafts=- "
-        "ttft=%s tps=%.1f%s",
+        "ttft=%s tps=%.1f replica=%s route=%s%s",
         request_id,
         stats.prompt_tokens,
         stats.cached_tokens,
@@ -31,6 +32,8 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
         stats.rounds,
         "-" if ttft is None else f"{ttft:.3f}s",
         summary.tokens_per_second,
+        stats.replica or "-",
+        stats.route_reason or "-",
         "" if stats.loop_period is None else f" loop=period:{stats.loop_period}",  # the loop guard closed it
     )
 

@@ -21,6 +21,8 @@ from deployments.scheduler.wire import ContextRefusal, InvalidPrompt, UpstreamIt
 from deployments.types import EngineChunk, EngineRequest, FinishReason
 
 log = logging.getLogger("tensorfold.ingress")
+END_READ_TIMEOUT_S = 5.0
+_END_READS: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones to its tasks
 
 
 class GenerationFailed(Exception):
@@ -61,6 +63,7 @@ class Generation:
             self._fail_before_reply(f"generation failed: {exc}")
         if isinstance(first, (ContextRefusal, InvalidPrompt)):
             self._settled = True  # the stream ended with its refusal; the route logs `refused`
+            self._read_end()
             if isinstance(first, ContextRefusal):
                 raise context_error(first.to_error())
             raise bad_request(first.message, first.param)
@@ -125,9 +128,18 @@ class Generation:
         if chunk.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH) or chunk.stats is None:
             self._fail(chunk.error or f"the request ended with {chunk.finish_reason}")
         self._settled = True
+        self._read_end()
         self.finish_reason = FinishReason(chunk.finish_reason).value
         self.summary = summarise(self.token_ids, chunk.stats, self.request.sampling, self.reply, self.engine)
         log_finished(self.request_id, self.summary, self.finish_reason, self.summary.reasoning_effort)
+
+    def _read_end(self) -> None:
+        """Read the settled stream to its end, in the background: until then Serve (and its router) count
+        the request as ongoing at its replica."""
+        if self._items is not None and self._upstream is not None:
+            task = asyncio.get_running_loop().create_task(_read_end(self._items, self._upstream))
+            _END_READS.add(task)
+            task.add_done_callback(_END_READS.discard)
 
     def _fail(self, message: str) -> NoReturn:
         self._settled = True
@@ -143,3 +155,13 @@ class Generation:
         log_ended(self.request_id, reason, len(self.request.prompt_token_ids), len(self.token_ids),
                   self.request.arrival_time)  # fmt: skip
 
+
+
+async def _read_end(items: AsyncIterator[UpstreamItem], upstream: Upstream) -> None:
+    try:
+        await asyncio.wait_for(anext(items), END_READ_TIMEOUT_S)
+    except StopAsyncIteration:
+        return
+    except Exception:  # gone already, or slow to end: cancelling releases it just the same
+        pass
+    await upstream.close()  # an item after the last one, or no end in time

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import error_body
+from deployments.scheduler.affinity import ROUTE_REASONS
 from deployments.scheduler.metrics import RequestHistograms
 from deployments.scheduler.stats import EngineCounters
 from deployments.scheduler.wire import ReplicaStatus
@@ -45,6 +46,8 @@ def merged_counters(replicas: list[ReplicaStatus]) -> EngineCounters:
                 setattr(total, name, getattr(total, name) + value)
         for key, count in counters.requests_by_key.items():
             total.requests_by_key[key] = total.requests_by_key.get(key, 0) + count
+        for reason, count in counters.requests_by_route.items():
+            total.requests_by_route[reason] = total.requests_by_route.get(reason, 0) + count
         total.histograms.merge(counters.histograms)
     return total
 
@@ -114,6 +117,16 @@ class ReplicasCollector(Collector):
         for name in ("preemptions", "num_preemptions"):
             yield self._counter(name, "Requests that gave up their lane to another.", counters.preemptions_total)
         yield self._counter("decode_rounds", "Decode rounds run.", counters.rounds_total)
+        yield self._routing_decisions()
+
+    def _routing_decisions(self) -> Metric:
+        """Finished requests by the prefix-affinity router's reason (all zero when Serve's router chose)."""
+        family = CounterMetricFamily(PREFIX + "routing_decisions", "Requests routed, by the router's reason.",
+                                     labels=["model_name", "reason"])  # fmt: skip
+        counts = {reason: 0 for reason in ROUTE_REASONS} | self._counters.requests_by_route
+        for reason, count in sorted(counts.items()):
+            family.add_metric([self._model, reason], count)
+        return family
 
     def _histograms(self, merged: RequestHistograms) -> Iterator[Metric]:
         for key, (name, vllm_name, doc) in HISTOGRAM_FAMILIES.items():

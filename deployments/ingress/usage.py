@@ -100,6 +100,10 @@ class ReplySummary:
             block["reasoning_effort"] = self.reasoning_effort
         if stats.loop_period is not None:  # the loop guard closed the think block
             block["loop"] = {"period": stats.loop_period}
+        if stats.replica:  # the Scheduler replica that served it, and why the router chose that one
+            block["replica"] = stats.replica
+        if stats.route_reason:
+            block["route"] = stats.route_reason
         block.update(self.extra)
         return block
 

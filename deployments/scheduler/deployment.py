@@ -23,18 +23,22 @@ from deployments.scheduler.engine_loop import EngineLoop
 from deployments.scheduler.engine_process import EngineProcess
 from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.ray_metrics import RayMetricsExport
+from deployments.scheduler.request_router import routing_stats
 from deployments.scheduler.stream_hub import StreamHub
 from deployments.scheduler.wire import EngineInfo, ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
 from deployments.types import ContextLengthError, EngineRequest
 
 
-async def engine_stream(loop: StreamHub, request: EngineRequest) -> AsyncIterator[UpstreamItem]:
-    """The loop's chunks for one request, with refusals (raised before the first chunk) as values."""
+async def engine_stream(loop: StreamHub, request: EngineRequest, replica: str = "") -> AsyncIterator[UpstreamItem]:
+    """The loop's chunks for one request, with refusals (raised before the first chunk) as values; the
+    last one names `replica`, the replica that served it."""
     stream = loop.generate(request)
     started = False
     try:
         async for chunk in stream:
             started = True
+            if chunk.stats is not None:
+                chunk.stats.replica = replica
             yield chunk
     except ContextLengthError as exc:
         yield ContextRefusal.from_error(exc)
@@ -80,13 +84,18 @@ class Scheduler:
         self._ray_metrics = RayMetricsExport(self._loop.info)  # the readings in Ray's dashboard too
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[UpstreamItem]:
-        stream = engine_stream(self._loop, request)
+        stream = engine_stream(self._loop, request, self._replica)
         try:
             async for item in stream:
                 self._ray_metrics.observe(item)
                 yield item
         finally:
             await stream.aclose()
+
+    def record_routing_stats(self) -> dict[str, object]:
+        """Serve's routing stats, read by the prefix-affinity router: the blocks held and the queue."""
+        info = self._loop.info()
+        return routing_stats(self._loop.prefix_digest(), info.running + info.waiting)
 
     def info(self) -> ReplicaStatus:
         # The driver's snapshot after the latest step: the engine's own state belongs to its thread or process.

@@ -14,6 +14,7 @@ from deployments.model_rank.executor import Executor, make_executor
 from deployments.model_rank.runner import resolve_device
 from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.grammar import GrammarBackend, follow_written
+from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
 from deployments.scheduler.planner import PlannedStep, Planner
@@ -28,6 +29,7 @@ from deployments.tokenizer import TokenizerBundle, load_tokenizer
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
 log = logging.getLogger("tensorfold.engine")
+DIGEST_INTERVAL_S = 0.25  # the router reads digests every second or so: rebuilding one per step is waste
 
 
 class Engine:
@@ -55,6 +57,7 @@ class Engine:
         cached_cap = None if config.prompt_cache_gib is None else int(config.prompt_cache_gib * GIB) // bytes_per_block
         self.blocks = BlockManager(pool.num_blocks, config.block_size, cached_cap)
         self.counters = EngineCounters()
+        self._digest_at, self._digest_version = 0.0, -1  # the last digest handed to the router
         self.planner = Planner(
             self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share, on_preempt=self._count_preemption
         )
@@ -140,6 +143,7 @@ class Engine:
         seq.stats.prompt_tokens = len(request.prompt_token_ids)
         seq.stats.arrival_time = request.arrival_time
         seq.stats.seed = seed
+        seq.stats.route_reason = request.route_reason
         seq.grammar = None if request.grammar is None else self.grammars.reply_grammar(request.grammar)
         seq.logprob_rows = None if request.logprobs is None else []
         seq.prompt_rows = None if request.prompt_logprobs is None else []
@@ -326,6 +330,15 @@ class Engine:
             counters=self.counters.snapshot(),
             prompt_cache=self.blocks.max_cached_blocks > 0,
         )
+
+    def fresh_digest(self, force: bool = False) -> PrefixDigest | None:
+        """The resident blocks' keys for the router when they changed, at most every DIGEST_INTERVAL_S
+        (`force`: whatever the interval, as the engine goes idle); else None."""
+        now = time.monotonic()
+        if self.blocks.version == self._digest_version or (not force and now - self._digest_at < DIGEST_INTERVAL_S):
+            return None
+        self._digest_at, self._digest_version = now, self.blocks.version
+        return self.blocks.digest()
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
+from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import Engine, EngineInfo
 from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
 from deployments.scheduler.wire import ContextRefusal, InvalidPrompt
@@ -68,6 +69,7 @@ class Stepped:
     chunks: list[EngineChunk] = field(default_factory=list)
     refusals: list[tuple[str, ContextRefusal | InvalidPrompt]] = field(default_factory=list)
     failed: str | None = None  # the step raised: every request in flight ended with this error
+    digest: PrefixDigest | None = None  # the resident blocks' keys for the router, when they changed
 
 
 @dataclass
@@ -115,6 +117,7 @@ def _run(engine: Engine, conn: Connection) -> None:
         now = time.monotonic()
         if not engine.has_work() or now - info_sent_at >= INFO_INTERVAL_S:
             out.info, out.cuda_memory, info_sent_at = engine.info(), cuda_memory_of(device), now
+        out.digest = engine.fresh_digest(force=not engine.has_work())
         conn.send(out)
 
 

@@ -7,6 +7,7 @@ the thread hands that step's chunks to the StreamHub, which wakes each caller lo
 import logging
 import threading
 
+from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import Engine, EngineInfo
 from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
 from deployments.scheduler.stream_hub import StreamHub
@@ -24,6 +25,7 @@ class EngineLoop(StreamHub):
         self._aborts: list[str] = []
         self._stopping = False
         self._info = engine.info()
+        self._digest = PrefixDigest(engine.config.block_size, b"")
         self._thread = threading.Thread(target=self._run, name="tensorfold-engine", daemon=True)
 
     def start(self) -> None:
@@ -45,6 +47,10 @@ class EngineLoop(StreamHub):
 
     def cuda_memory(self) -> dict[str, int]:
         return cuda_memory_of(str(self._info.device))
+
+    def prefix_digest(self) -> PrefixDigest:
+        """The latest digest of the engine's blocks, taken on its thread (for the router)."""
+        return self._digest
 
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         return replica_memory("", self.engine, reset_peak)
@@ -86,6 +92,7 @@ class EngineLoop(StreamHub):
                 chunks, failed = [], True
             # The snapshot first: a caller that has its reply's last chunk finds the reply counted.
             self._info = self.engine.info()
+            self._digest = self.engine.fresh_digest(force=not self.engine.has_work()) or self._digest
             self.deliver_chunks(chunks)
             if failed:
                 self.fail_all("internal engine error")

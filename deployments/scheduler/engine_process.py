@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from deployments.config import EngineConfig
+from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import EngineInfo
 from deployments.scheduler.engine_child import (AbortRequest, AddRequest, MemoryAnswer, MemoryQuery, Ready,
                                                 StartFailed, Stepped, Stop)  # fmt: skip
@@ -50,6 +51,7 @@ class EngineProcess(StreamHub):
             self._process.wait(timeout=STOP_TIMEOUT_S)
             raise RuntimeError(f"the engine process did not start: {getattr(first, 'message', first)}")
         self._info: EngineInfo = first.info
+        self._digest = PrefixDigest(config.block_size, b"")
         self._cuda_memory: dict[str, int] = {}
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._queries: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[ReplicaMemory]]] = {}
@@ -84,6 +86,10 @@ class EngineProcess(StreamHub):
 
     def cuda_memory(self) -> dict[str, int]:
         return self._cuda_memory
+
+    def prefix_digest(self) -> PrefixDigest:
+        """The latest digest of the blocks the child holds (for the router)."""
+        return self._digest
 
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         loop = asyncio.get_running_loop()
@@ -134,6 +140,8 @@ class EngineProcess(StreamHub):
     def _on_step(self, step: Stepped) -> None:
         if step.info is not None:
             self._info, self._cuda_memory = step.info, step.cuda_memory
+        if step.digest is not None:
+            self._digest = step.digest
         items: list[tuple[str, Delivery]] = [(rid, _refusal_error(refusal)) for rid, refusal in step.refusals]
         items += [(chunk.request_id, chunk) for chunk in step.chunks]
         self.deliver(items)

@@ -5,17 +5,10 @@ ids, so one name means one whole prefix; a hit is confirmed by comparing the tok
 blocks stay cached, least recently used first out, up to the prompt-cache cap.
 """
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-
-def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
-    """A stable name for a full block: it also names prompt states on disk, so no Python `hash()`."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(parent or b"\x00" * 16)
-    digest.update(b"".join(t.to_bytes(4, "little", signed=False) for t in token_ids))
-    return digest.digest()
+from deployments.prefix_hashes import KEY_BYTES, PrefixDigest, PromptHashes, chain_hash
 
 
 @dataclass
@@ -47,6 +40,7 @@ class BlockManager:
         self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # a stack: low ids first
         self.evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced named blocks, LRU first
         self.by_hash: dict[bytes, int] = {}
+        self.version = 0  # counts changes to the named blocks, so a digest is only rebuilt after one
 
     # ---- capacity -------------------------------------------------------------------------------------
     @property
@@ -62,25 +56,30 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # ---- prefix cache ---------------------------------------------------------------------------------
-    def match_prefix(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        """Cached full blocks that start `token_ids`, covering at most `max_tokens` tokens."""
+    def match_prefix(self, token_ids: list[int], max_tokens: int, known: PromptHashes | None = None) -> list[int]:
+        """Cached full blocks that start `token_ids`, covering at most `max_tokens` tokens.
+
+        `known` holds names the router already computed for these tokens; a hit is confirmed by its tokens.
+        """
+        reuse = known.hashes if known is not None and known.block_size == self.block_size else []
         hits: list[int] = []
         parent: bytes | None = None
-        for start in range(0, max_tokens - self.block_size + 1, self.block_size):
+        for index, start in enumerate(range(0, max_tokens - self.block_size + 1, self.block_size)):
             chunk = token_ids[start : start + self.block_size]
-            parent = chain_hash(parent, chunk)
+            parent = reuse[index] if index < len(reuse) else chain_hash(parent, chunk)
             block_id = self.by_hash.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != tuple(chunk):
                 break
             hits.append(block_id)
         return hits
 
-    def adopt_prefix(self, table: BlockTable, token_ids: list[int], max_tokens: int) -> int:
+    def adopt_prefix(self, table: BlockTable, token_ids: list[int], max_tokens: int,
+                     known: PromptHashes | None = None) -> int:  # fmt: skip
         """Give an empty table the cached blocks that start `token_ids`; returns the tokens covered."""
         assert not table.block_ids, "prefix adoption happens before a sequence holds blocks"
         if self.max_cached_blocks == 0:
             return 0
-        hits = self.match_prefix(token_ids, max_tokens)
+        hits = self.match_prefix(token_ids, max_tokens, known)
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -115,6 +114,7 @@ class BlockManager:
     def _forget(self, block: Block) -> None:
         if block.block_hash is not None and self.by_hash.get(block.block_hash) == block.block_id:
             del self.by_hash[block.block_hash]
+            self.version += 1
         block.block_hash = None
         block.token_ids = ()
 
@@ -131,6 +131,7 @@ class BlockManager:
                 block.block_hash = block_hash
                 block.token_ids = tuple(chunk)
                 self.by_hash[block_hash] = block.block_id
+                self.version += 1
             table.last_hash = block_hash
             table.num_hashed = index + 1
 
@@ -156,3 +157,8 @@ class BlockManager:
             block_id, _ = self.evictable.popitem(last=False)
             self._forget(self.blocks[block_id])
             self.free_ids.append(block_id)
+
+    def digest(self) -> PrefixDigest:
+        """The keys of every named block held (in use or cached), for the prefix-affinity router."""
+        keys = b"".join(block_hash[:KEY_BYTES] for block_hash in self.by_hash)
+        return PrefixDigest(self.block_size, keys, self.version)

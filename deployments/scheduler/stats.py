@@ -25,11 +25,14 @@ class EngineCounters:
     preemptions_total: int = 0
     generation_tokens_total: int = 0  # reply tokens of finished requests
     requests_by_key: dict[str, int] = field(default_factory=dict)  # finished requests per API-key label
+    requests_by_route: dict[str, int] = field(default_factory=dict)  # finished requests per router reason
     histograms: RequestHistograms = field(default_factory=RequestHistograms)
 
     def finished(self, stats: RequestStats, reason: FinishReason, key_label: str = "none") -> None:
         self.requests_total += 1
         self.requests_by_key[key_label] = self.requests_by_key.get(key_label, 0) + 1
+        if stats.route_reason:  # empty: Serve's own router chose (one replica, or affinity routing off)
+            self.requests_by_route[stats.route_reason] = self.requests_by_route.get(stats.route_reason, 0) + 1
         self.generation_tokens_total += stats.completion_tokens
         self.histograms.observe(stats, reason)
         if reason == FinishReason.ABORT:
@@ -45,6 +48,7 @@ class EngineCounters:
         # Runs after every step: copy the mutable parts by hand rather than deepcopy the lot.
         copied = copy.copy(self)
         copied.requests_by_key = dict(self.requests_by_key)
+        copied.requests_by_route = dict(self.requests_by_route)
         copied.histograms = self.histograms.snapshot()
         return copied
 

@@ -1,0 +1,57 @@
+"""Chained block hashes of token ids: the prefix cache's block names, the router's match keys.
+
+A full block of `block_size` tokens is named by the hash of its parent's name and its own ids, so one name
+stands for a whole prefix. The Scheduler's block manager names its blocks this way, the prefix-affinity
+router hashes each request's prompt the same way (once, in Ingress) and the engine reuses those names, and
+prompt states on disk are named by them too: so never Python's salted `hash()`.
+"""
+
+import hashlib
+from dataclasses import dataclass
+
+HASH_BYTES = 16
+KEY_BYTES = 8  # a digest carries each name's first 8 bytes: a false match needs a 64-bit collision
+
+
+def chain_hash(parent: bytes | None, token_ids: list[int] | tuple[int, ...]) -> bytes:
+    """The name of a full block whose parent is named `parent` (None for the first block)."""
+    digest = hashlib.blake2b(digest_size=HASH_BYTES)
+    digest.update(parent or b"\x00" * HASH_BYTES)
+    digest.update(b"".join(t.to_bytes(4, "little", signed=False) for t in token_ids))
+    return digest.digest()
+
+
+@dataclass
+class PromptHashes:
+    """The names of a prompt's full blocks, in order (set by the router, reused by the engine)."""
+
+    block_size: int
+    hashes: list[bytes]
+
+    @classmethod
+    def of(cls, token_ids: list[int], block_size: int) -> "PromptHashes":
+        hashes: list[bytes] = []
+        parent: bytes | None = None
+        for start in range(0, len(token_ids) - block_size + 1, block_size):
+            parent = chain_hash(parent, token_ids[start : start + block_size])
+            hashes.append(parent)
+        return cls(block_size, hashes)
+
+    def keys(self) -> list[bytes]:
+        return [h[:KEY_BYTES] for h in self.hashes]
+
+
+@dataclass
+class PrefixDigest:
+    """What one Scheduler replica holds: the keys of its resident named blocks (sent with routing stats)."""
+
+    block_size: int
+    keys: bytes  # KEY_BYTES per resident block, in no particular order
+    version: int = 0  # the block manager's change count when it was taken
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.keys) // KEY_BYTES
+
+    def key_set(self) -> set[bytes]:
+        return {self.keys[i : i + KEY_BYTES] for i in range(0, len(self.keys), KEY_BYTES)}

@@ -1,0 +1,67 @@
+"""The prefix-affinity routing rule, pure: which Scheduler replica a prompt should go to, and why.
+
+A request goes to the replica holding the longest run of its prompt's leading blocks (matched on the
+chained block names, exactly), unless that replica's queue is longer than the least loaded one's by more
+than an absolute and a relative margin (SGLang's router balances the same way): then the least loaded one
+takes it. A prompt nobody holds enough of goes to the least loaded replica, ties to the one holding the
+fewest blocks, so new conversations spread over the replicas.
+"""
+
+from dataclasses import dataclass
+
+AFFINITY, BALANCE, NO_MATCH = "affinity", "balance", "no_match"
+ROUTE_REASONS = (AFFINITY, BALANCE, NO_MATCH)
+
+
+@dataclass(frozen=True)
+class RoutingKnobs:
+    """Set from the app's args (`routing_*`)."""
+
+    balance_abs: int = 4  # queue difference (requests) the affinity target may lead the least loaded by
+    balance_rel: float = 1.5  # ... and the ratio of their queues it may reach; past both, load wins
+    min_match: float = 0.25  # share of the prompt's full blocks a replica must hold to count as a match
+
+
+@dataclass
+class ReplicaView:
+    """What the router knows of one replica when it routes a request."""
+
+    replica_id: str
+    load: int  # requests in flight there (what this router sent, or what the replica reported if more)
+    resident: set[bytes]  # block keys it holds: its last digest, plus the prompts routed there since
+    routed: int = 0  # requests this router sent there so far
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    replica_id: str
+    reason: str  # one of ROUTE_REASONS
+    matched_blocks: int  # leading prompt blocks the chosen replica holds
+
+
+def matched_blocks(keys: list[bytes], resident: set[bytes]) -> int:
+    """Leading blocks of the prompt that `resident` holds (the engine stops its match at the first miss)."""
+    count = 0
+    for key in keys:
+        if key not in resident:
+            break
+        count += 1
+    return count
+
+
+def overloaded(target: ReplicaView, least: ReplicaView, knobs: RoutingKnobs) -> bool:
+    gap = target.load - least.load
+    return gap > knobs.balance_abs and target.load > knobs.balance_rel * least.load
+
+
+def choose_replica(views: list[ReplicaView], keys: list[bytes], knobs: RoutingKnobs) -> RouteDecision:
+    """The replica for a prompt whose full blocks have these keys; `views` is never empty."""
+    matches = {view.replica_id: matched_blocks(keys, view.resident) for view in views}
+    least = min(views, key=lambda v: (v.load, len(v.resident), v.routed, v.replica_id))
+    best = max(views, key=lambda v: (matches[v.replica_id], -v.load, -v.routed, v.replica_id))
+    matched = matches[best.replica_id]
+    if not keys or matched == 0 or matched < knobs.min_match * len(keys):
+        return RouteDecision(least.replica_id, NO_MATCH, matches[least.replica_id])
+    if best is not least and overloaded(best, least, knobs):
+        return RouteDecision(least.replica_id, BALANCE, matches[least.replica_id])
+    return RouteDecision(best.replica_id, AFFINITY, matched)
