@@ -70,12 +70,12 @@ def test_cli_flags_build_the_same_args(ckpt: Path) -> None:
     argv = ["serve", str(ckpt), "--host", "0.0.0.0", "--port", "9000", "--name", "m", "--alias", "a1",
             "--alias", "a2", "--context", "256", "--parallel", "auto", "--dtype", "bfloat16",
             "--tensor-parallel-size", "2", "--data-parallel-size", "3", "--prompt-cache-gib", "1.5",
-            "--decode-share", "0.1", "--ready-wait", "7.5"]  # fmt: skip
+            "--decode-share", "0.1", "--ready-wait", "7.5", "--router", "serve"]  # fmt: skip
     args = app_args_from(build_parser().parse_args(argv))
     assert args == AppArgs(model=str(ckpt), host="0.0.0.0", port=9000, name="m", aliases=["a1", "a2"],
                            context=256, parallel="auto", dtype="bfloat16", tensor_parallel_size=2,
                            data_parallel_size=3, prompt_cache_gib=1.5, decode_share=0.1,
-                           ready_wait_s=7.5)  # fmt: skip
+                           ready_wait_s=7.5, router="serve")  # fmt: skip
     assert app_args_from(build_parser().parse_args(["serve", str(ckpt), "--parallel", "4"])).parallel == 4
 
 
@@ -149,6 +149,21 @@ def test_data_parallel_is_scheduler_replicas(ckpt: Path) -> None:
     assert "placement_group_bundles" not in options
     gpu = scheduler_options(AppArgs(model=str(ckpt)), "cuda")
     assert gpu["ray_actor_options"]["num_gpus"] == 1
+
+
+def test_data_parallel_routes_by_prefix_affinity_by_default(ckpt: Path) -> None:
+    from deployments.scheduler.request_router import PrefixAffinityRouter
+
+    options = scheduler_options(AppArgs(model=str(ckpt), data_parallel_size=2, block_size=32,
+                                        routing_balance_abs=9), "cpu")  # fmt: skip
+    config = options["request_router_config"]
+    assert config.request_router_class == f"{PrefixAffinityRouter.__module__}.{PrefixAffinityRouter.__name__}"
+    assert config.request_router_kwargs["block_size"] == 32 and config.request_router_kwargs["balance_abs"] == 9
+    assert config.request_routing_stats_period_s == 1.0
+    assert "request_router_config" not in scheduler_options(AppArgs(model=str(ckpt)), "cpu")  # one copy
+    serve_router = AppArgs(model=str(ckpt), data_parallel_size=2, router="serve")
+    assert "request_router_config" not in scheduler_options(serve_router, "cpu")
+    assert AppArgs(model=str(ckpt), router="affinity").affinity_routing
 
 
 def test_serve_refuses_a_taken_port_before_starting_ray(capsys: pytest.CaptureFixture[str]) -> None:

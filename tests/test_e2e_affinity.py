@@ -144,3 +144,39 @@ def test_a_restarted_replica_loses_only_its_cache(base_url: str) -> None:
         assert [r["tensorfold"]["token_sha"] for r in replies_after] == \
             [r["tensorfold"]["token_sha"] for r in replies_before]  # fmt: skip
     assert all(r["tensorfold"]["replica"] != killed for replies in after for r in replies)
+
+
+def _second_turn_routing(base_url: str, path: str, first: dict, second: dict) -> tuple[dict, dict]:
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        replies = []
+        for body in (first, second):
+            response = client.post(path, json=body)
+            assert response.status_code == 200, response.text
+            replies.append(response.json())
+    return replies[0], replies[1]
+
+
+@pytest.mark.parametrize("family", ["messages", "responses", "completions-token-ids"])
+def test_every_route_family_uses_the_router(base_url: str, family: str) -> None:
+    text = OPENING.format(topic=f"{family} notes")
+    if family == "messages":
+        body = {"model": "m", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": text}]}
+        longer = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Fine."},
+                                       {"role": "user", "content": TURNS[0]}]}  # fmt: skip
+        first, second = _second_turn_routing(base_url, "/v1/messages", body, longer)
+        cached = second["usage"]["cache_read_input_tokens"]
+        previous = first["usage"]["input_tokens"] + first["usage"]["cache_read_input_tokens"]
+    elif family == "responses":
+        body = {"model": "m", "max_output_tokens": 8, "temperature": 0, "input": text}
+        longer = {**body, "input": [{"role": "user", "content": text}, {"role": "assistant", "content": "Fine."},
+                                    {"role": "user", "content": TURNS[0]}]}  # fmt: skip
+        first, second = _second_turn_routing(base_url, "/v1/responses", body, longer)
+        cached, previous = second["usage"]["input_tokens_details"]["cached_tokens"], first["usage"]["input_tokens"]
+    else:  # a prompt of token ids: no tokenizer on the way, the same block names
+        ids = [(7 * i) % 500 + 20 for i in range(200)]
+        body = {"model": "m", "max_tokens": 8, "temperature": 0, "prompt": ids}
+        first, second = _second_turn_routing(base_url, "/v1/completions", body, {**body, "prompt": ids + [5] * 40})
+        cached, previous = second["usage"]["prompt_tokens_details"]["cached_tokens"], first["usage"]["prompt_tokens"]
+    assert second["tensorfold"]["route"] == "affinity"
+    assert second["tensorfold"]["replica"] == first["tensorfold"]["replica"]
+    assert cached >= 0.9 * previous

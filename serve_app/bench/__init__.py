@@ -52,4 +52,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--http-entry", choices=["ingress", "proxy", "both"], default="both",
                        help="who answers HTTP in the graph started here: the Ingress replica (as `tensorfold "
                             "serve`), Serve's proxy (as `serve run`), or both, one after the other")
+    serve.add_argument("--multi-turn", action="store_true",
+                       help="conversations over --data-parallel-size replicas: prefix-affinity routing vs "
+                            "Serve's default, cached-token share and TTFT side by side")
+    serve.add_argument("--conversations", type=int, default=8, help="--multi-turn: conversations at once")
+    serve.add_argument("--turns", type=int, default=4, help="--multi-turn: turns per conversation")
+    serve.add_argument("--data-parallel-size", type=int, default=2, help="--multi-turn: Scheduler replicas")
     serve.set_defaults(func=_runner("serve_bench"))

@@ -153,6 +153,10 @@ def replica_threads(app_args: AppArgs) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.multi_turn:
+        from serve_app.bench.turns_bench import run as run_turns
+
+        return run_turns(args)
     rounds = _rounds(args.rounds, args.concurrency, args.prompt_tokens)
     app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency)
     for name in ("stream_interval_ms", "stream_events_per_second"):
