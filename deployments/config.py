@@ -36,3 +36,10 @@ class EngineConfig(BaseModel):
     # node's tensor-parallel ranks; deployments/model_rank/threads.py), never Ray's OMP_NUM_THREADS.
     engine_threads: int | None = Field(default=None, ge=1)
     reserved_cpus: float = Field(default=0.0, ge=0.0)  # CPUs the graph's other replicas on the node need
+    # The disk prompt-state store (deployments/prompt_store): every state kept in RAM also goes to disk, and
+    # a prompt continuing past RAM's state resumes from disk when reading beats prefilling.
+    learn_conversations: bool = False
+    learn_dir: str = "~/.cache/tensorfold/learned"
+    learn_gib: float = Field(default=32.0, gt=0.0)  # every model's sets together
+    learn_min_free_gib: float = Field(default=4.0, ge=0.0)
+    learn_daily_gib: float = Field(default=32.0, gt=0.0)

@@ -132,6 +132,7 @@ class RequestStats:
     prefill_widths: list[int] = field(default_factory=list)  # the chunk sizes its prompt was prefilled in
     loop_period: int | None = None  # the cycle length the loop guard closed, if it fired
     stop_string: str | None = None  # the stop string that ended the reply, if one did
+    disk_tokens: int = 0  # of cached_tokens, those read back from the disk store for this request
     route_reason: str = ""  # the router's reason for this replica (the request's `route_reason`)
     replica: str = ""  # the Scheduler replica that served it (set by that replica on the last chunk)
 

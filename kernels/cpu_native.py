@@ -64,14 +64,20 @@ def _build(target: Path) -> None:
 
 
 @functools.cache
+def source_digest() -> str:
+    """The kernels' sources and compile flags: what decides the bits they compute."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(COMPILE_FLAGS).encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels with AMX enabled for this process, or None (the reason is logged once)."""
     missing = [flag for flag in CPU_FLAGS if flag not in _cpu_flags()]
     if missing:
         log.info("native CPU kernels off: this CPU lacks %s", ", ".join(missing))
         return None
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(COMPILE_FLAGS).encode())
-    target = cache_dir() / f"tensorfold_cpu-{digest.hexdigest()[:16]}.so"
+    target = cache_dir() / f"tensorfold_cpu-{source_digest()}.so"
     try:
         if not target.exists():
             _build(target)

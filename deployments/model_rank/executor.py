@@ -7,6 +7,8 @@ step's plan to all of them; every rank draws the same tokens, and rank 0's are u
 
 from typing import Protocol
 
+import numpy as np
+
 from deployments.config import EngineConfig
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
@@ -37,6 +39,12 @@ class InProcessExecutor:
 
     def execute(self, plan: StepPlan) -> StepOutput:
         return self.runner.execute(plan)
+
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
+        return self.runner.read_block_rows(block_ids)
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
+        self.runner.write_block_rows(block_ids, rows)
 
     def shutdown(self) -> None:
         pass

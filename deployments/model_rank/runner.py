@@ -7,6 +7,7 @@ ModelRank actor holds one and every rank runs the same plan.
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
@@ -74,7 +75,25 @@ class ModelRunner:
         dtype = self.model.config.dtype
         caches = [spec.allocate(num_blocks, block_size, dtype, self.device) for spec in self.specs]
         self.model.bind_kv_caches(caches)
+        self.caches = [tensor for cache in caches for tensor in cache]  # every layer's tensors, in order
         self.num_blocks, self.block_size = num_blocks, block_size
+
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
+        """The KV rows of these blocks as bytes: [n, block_bytes], every cache tensor's block in order."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        parts = [t.index_select(0, index).reshape(len(block_ids), -1).view(torch.uint8) for t in self.caches]
+        return torch.cat(parts, dim=1).cpu().numpy()
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
+        """Copy rows made by `read_block_rows` (here or on another run) into these blocks."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        data = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device).reshape(len(block_ids), -1)
+        start = 0
+        for t in self.caches:
+            width = t[0].numel() * t.element_size()
+            part = data[:, start : start + width].contiguous().view(t.dtype).reshape(len(block_ids), *t.shape[1:])
+            t.index_copy_(0, index, part)
+            start += width
 
     def _forward_batch(self, plan: StepPlan) -> ForwardBatch:
         ids: list[int] = []

@@ -18,6 +18,7 @@ from ray import serve
 
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
+from deployments.prompt_store.links import ActorStoreLink
 from deployments.scheduler.engine import Engine
 from deployments.scheduler.engine_loop import EngineLoop
 from deployments.scheduler.engine_process import EngineProcess
@@ -63,7 +64,8 @@ def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
     if config.engine_process and config.tensor_parallel_size == 1:
         driver = EngineProcess(config)
     else:
-        driver = EngineLoop(Engine(config))
+        link = ActorStoreLink(config) if config.learn_conversations else None
+        driver = EngineLoop(Engine(config, link))
     driver.start()
     return driver
 

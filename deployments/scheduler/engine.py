@@ -11,10 +11,12 @@ from pathlib import Path
 
 from deployments.config import EngineConfig
 from deployments.model_rank.executor import Executor, make_executor
-from deployments.model_rank.runner import resolve_device
+from deployments.model_rank.runner import RunnerInfo, resolve_device
 from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.grammar import GrammarBackend, follow_written
-from deployments.prefix_hashes import PrefixDigest
+from deployments.prefix_hashes import PrefixDigest, PromptHashes
+from deployments.prompt_store.identity import set_id
+from deployments.scheduler.disk_states import DiskStates, StoreLink
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
 from deployments.scheduler.planner import PlannedStep, Planner
@@ -33,7 +35,7 @@ DIGEST_INTERVAL_S = 0.25  # the router reads digests every second or so: rebuild
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, store_link: StoreLink | None = None) -> None:
         self.config = config
         self.tokenizer: TokenizerBundle = load_tokenizer(config.model)
         self._check_weights_fit()
@@ -57,6 +59,7 @@ class Engine:
         cached_cap = None if config.prompt_cache_gib is None else int(config.prompt_cache_gib * GIB) // bytes_per_block
         self.blocks = BlockManager(pool.num_blocks, config.block_size, cached_cap)
         self.counters = EngineCounters()
+        self.disk = self._open_disk_states(store_link, runner) if config.learn_conversations else None
         self._digest_at, self._digest_version = 0.0, -1  # the last digest handed to the router
         self.planner = Planner(
             self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share, on_preempt=self._count_preemption
@@ -147,6 +150,9 @@ class Engine:
         seq.grammar = None if request.grammar is None else self.grammars.reply_grammar(request.grammar)
         seq.logprob_rows = None if request.logprobs is None else []
         seq.prompt_rows = None if request.prompt_logprobs is None else []
+        if self.disk is not None and request.prompt_logprobs is None:
+            hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.config.block_size)
+            seq.stats.disk_tokens = self.disk.restore(request.prompt_token_ids, hashes)
         self._by_id[request.request_id] = seq
         self.planner.add(seq)
 
@@ -163,6 +169,23 @@ class Engine:
     # ---- the loop body --------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.planner.has_work() or bool(self._outbox)
+
+    def has_idle_work(self) -> bool:
+        """States waiting for disk: written one piece per idle turn, so a new request waits for one piece."""
+        return self.disk is not None and self.disk.has_writes()
+
+    def idle_work(self) -> None:
+        if self.disk is not None:
+            self.disk.write_one()
+
+    def _open_disk_states(self, link: StoreLink | None, runner: RunnerInfo) -> DiskStates:
+        if link is None or not hasattr(self.executor, "read_block_rows"):
+            raise ValueError("learn_conversations needs an engine that can keep states on disk (tensor parallel 1)")
+        layout = ",".join(f"{s.kind}:{s.elements_per_token()}" for s in self.executor.runner.specs)
+        store_set = set_id(self.config.model, runner.dtype, f"{layout}/b{self.config.block_size}",
+                           self.config.tensor_parallel_size)  # fmt: skip
+        block_bytes = runner.kv_bytes_per_token * self.config.block_size
+        return DiskStates(link, store_set, self.blocks, self.executor, block_bytes)
 
     def step(self) -> list[EngineChunk]:
         """Plan and run one step; returns every chunk produced (at most one per request)."""
@@ -217,6 +240,8 @@ class Engine:
                     self._finish(seq, FinishReason.ERROR, failure)
         if is_prefill:
             self.rates.prefill_pass(new_tokens, seconds)
+            if self.disk is not None:
+                self.disk.measured_prefill(new_tokens, seconds)
         else:
             self.counters.rounds_total += 1
             self.rates.decoded(len(output.draws))
@@ -288,6 +313,8 @@ class Engine:
         if seq.finish_reason is not None:
             return
         seq.finish_reason = reason
+        if self.disk is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.disk.remember(self.blocks.resident_chain(seq.block_table))  # before its blocks are released
         self.planner.remove(seq)
         self._by_id.pop(seq.request_id, None)
         stats = seq.stats

@@ -23,10 +23,12 @@ from deployments.log_setup import configure_logging
 from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import Engine, EngineInfo
 from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
+from deployments.scheduler.store_relay import RelayStoreLink
 from deployments.scheduler.wire import ContextRefusal, InvalidPrompt
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
 log = logging.getLogger("tensorfold.engine")
+STOP_WRITES_S = 15.0  # of the manual's 20 s for a planned stop: the replica flushes the actor after
 INFO_INTERVAL_S = 0.05  # snapshots (counters, histograms) cost a pickle: not one per step under load
 
 
@@ -80,33 +82,37 @@ class MemoryAnswer:
 
 def serve(conn: Connection) -> None:
     config: EngineConfig = conn.recv()
+    link = RelayStoreLink(conn) if config.learn_conversations else None
     try:
-        engine = Engine(config)
+        engine = Engine(config, link)
     except Exception as exc:  # the replica raises it from its constructor: the deployment fails to start
         log.exception("the engine could not start")
         conn.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         return
     conn.send(Ready(engine.info()))
     try:
-        _run(engine, conn)
+        _run(engine, conn, link)
     except (EOFError, OSError):  # the replica closed the socket: nothing is left to serve
         log.info("the Scheduler replica is gone; the engine process exits")
     finally:
         engine.shutdown()
 
 
-def _run(engine: Engine, conn: Connection) -> None:
+def _run(engine: Engine, conn: Connection, link: RelayStoreLink | None) -> None:
     device = str(engine.info().device)
     info_sent_at = 0.0
     while True:
         out = Stepped(info=None, cuda_memory={})
         handled = False
-        while conn.poll(0.0 if engine.has_work() or handled else None):
-            message = conn.recv()
+        while (link is not None and link.pending) or conn.poll(_wait(engine, handled)):
+            message = link.pending.popleft() if link is not None and link.pending else conn.recv()
             if isinstance(message, Stop):
+                _finish_writes(engine)
                 return
             handled = True
             _handle(engine, conn, message, out)
+        if not engine.has_work() and not handled and engine.has_idle_work():
+            engine.idle_work()  # one piece to disk; a request arriving meanwhile waits for it alone
         if engine.has_work():
             try:
                 out.chunks.extend(engine.step())
@@ -119,6 +125,18 @@ def _run(engine: Engine, conn: Connection) -> None:
             out.info, out.cuda_memory, info_sent_at = engine.info(), cuda_memory_of(device), now
         out.digest = engine.fresh_digest(force=not engine.has_work())
         conn.send(out)
+
+
+def _wait(engine: Engine, handled: bool) -> float | None:
+    """How long to wait for a message: not at all while there is work (idle writes included)."""
+    return 0.0 if engine.has_work() or handled or engine.has_idle_work() else None
+
+
+def _finish_writes(engine: Engine) -> None:
+    """A planned stop writes what is waiting, within STOP_WRITES_S."""
+    deadline = time.monotonic() + STOP_WRITES_S
+    while engine.has_idle_work() and time.monotonic() < deadline:
+        engine.idle_work()
 
 
 def _handle(engine: Engine, conn: Connection, message: object, out: Stepped) -> None:

@@ -74,11 +74,16 @@ class EngineLoop(StreamHub):
         while True:
             with self._wake:
                 while not self._stopping and not self._adds and not self._aborts and not self.engine.has_work():
+                    if self.engine.has_idle_work():
+                        break
                     self._wake.wait()
                 if self._stopping:
                     break
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
+            if not adds and not aborts and not self.engine.has_work():
+                self.engine.idle_work()  # one piece to disk; a request arriving meanwhile waits for it alone
+                continue
             failed = False
             try:
                 for request in adds:
@@ -96,6 +101,8 @@ class EngineLoop(StreamHub):
             self.deliver_chunks(chunks)
             if failed:
                 self.fail_all("internal engine error")
+        while self.engine.has_idle_work():  # a planned stop writes what is waiting
+            self.engine.idle_work()
         self.fail_all("the server is shutting down")
 
     def _add(self, request: EngineRequest) -> None:

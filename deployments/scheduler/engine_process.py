@@ -23,13 +23,16 @@ from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import EngineInfo
 from deployments.scheduler.engine_child import (AbortRequest, AddRequest, MemoryAnswer, MemoryQuery, Ready,
                                                 StartFailed, Stepped, Stop)  # fmt: skip
+from deployments.prompt_store.links import ActorStoreLink
 from deployments.scheduler.memory_report import ReplicaMemory
+from deployments.scheduler.store_relay import StoreCall, answer_store_call
 from deployments.scheduler.stream_hub import Delivery, StreamHub
 from deployments.scheduler.wire import ContextRefusal, InvalidPrompt
 from deployments.types import EngineRequest
 
 log = logging.getLogger("tensorfold.engine")
 MEMORY_TIMEOUT_S = 5.0
+STORE_FLUSH_S = 5.0  # after the child's own 15 s of writes: a planned stop ends within the manual's 20 s
 STOP_TIMEOUT_S = 30.0
 # The replica's event loop, the sender and the reader share the GIL. A thread woken by its socket waits for
 # the loop to yield it for up to Python's switch interval (5 ms by default), and every request and every
@@ -56,6 +59,7 @@ class EngineProcess(StreamHub):
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._queries: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[ReplicaMemory]]] = {}
         self._query_ids = itertools.count()
+        self._store = ActorStoreLink(config) if config.learn_conversations else None  # the child's relayed calls
         self._stopping = False
         self._alive = True
         self._sender = threading.Thread(target=self._send_loop, name="tensorfold-engine-send", daemon=True)
@@ -75,6 +79,9 @@ class EngineProcess(StreamHub):
         except subprocess.TimeoutExpired:
             log.warning("the engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
             self._process.kill()
+        self._reader.join(timeout=STORE_FLUSH_S)  # it relays the child's last writes
+        if self._store is not None:
+            self._store.flush(STORE_FLUSH_S)
         self._conn.close()
 
     def alive(self) -> bool:
@@ -130,6 +137,10 @@ class EngineProcess(StreamHub):
                     self._on_step(message)
                 elif isinstance(message, MemoryAnswer):
                     self._on_memory(message)
+                elif isinstance(message, StoreCall) and self._store is not None:
+                    reply = answer_store_call(self._store, message)
+                    if reply is not None:
+                        self._outbox.put(reply)
             except Exception:  # a bug here must not stop the reader: every stream depends on it
                 log.exception("could not hand over a message from the engine process")
         self._alive = False

@@ -162,3 +162,34 @@ class BlockManager:
         """The keys of every named block held (in use or cached), for the prefix-affinity router."""
         keys = b"".join(block_hash[:KEY_BYTES] for block_hash in self.by_hash)
         return PrefixDigest(self.block_size, keys, self.version)
+
+    def take_for_restore(self, count: int) -> list[int]:
+        """Blocks to copy restored rows into (referenced until `name_restored` hands them to the cache)."""
+        return [self._take_block() for _ in range(count)]
+
+    def name_restored(self, block_id: int, block_hash: bytes, token_ids: list[int]) -> None:
+        """A block whose rows were read back from disk joins the cache as its most recently used entry."""
+        block = self.blocks[block_id]
+        block.ref_count = 0
+        if block_hash in self.by_hash or self.max_cached_blocks == 0:
+            self.free_ids.append(block_id)
+            return
+        block.block_hash, block.token_ids = block_hash, tuple(token_ids)
+        self.by_hash[block_hash] = block_id
+        self.version += 1
+        self.evictable[block_id] = None
+        self.evictable.move_to_end(block_id)
+        self._trim_cache()
+
+    def resident_chain(self, table: BlockTable) -> list[tuple[bytes, int, tuple[int, ...]]]:
+        """A sequence's named blocks: (name, block id, tokens), in chain order (what the disk store keeps)."""
+        named = []
+        for block_id in table.block_ids[: table.num_hashed]:
+            block = self.blocks[block_id]
+            if block.block_hash is None:  # a duplicate of a block named elsewhere: the chain stops here
+                break
+            named.append((block.block_hash, block_id, block.token_ids))
+        return named
+
+    def still_holds(self, block_hash: bytes, block_id: int) -> bool:
+        return self.by_hash.get(block_hash) == block_id

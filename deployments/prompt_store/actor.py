@@ -1,0 +1,56 @@
+"""The PromptStore actor: one per node, named for its node and pinned to it, shared by every Scheduler
+replica there. It owns the learn folder and does every disk read and write; the Schedulers decide what to
+write and whether to restore. Its calls run one at a time, so a read waits for at most one piece's write.
+"""
+
+import logging
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from deployments.prompt_store.store import BlockRows, PieceWrite, PromptStoreFiles, StoreCaps, StoreStats
+
+log = logging.getLogger("tensorfold.store")
+ACTOR_CPUS = 0.05  # it mostly waits on the disk
+
+
+class PromptStoreActor:
+    def __init__(self, root: str, caps: StoreCaps) -> None:
+        from deployments.log_setup import configure_logging
+
+        configure_logging()
+        self._files = PromptStoreFiles(Path(root), caps)
+
+    def open_set(self, set_id: str) -> list[bytes]:
+        return self._files.open_set(set_id)
+
+    def write(self, piece: PieceWrite) -> list[bytes]:
+        return self._files.write(piece)
+
+    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
+        return self._files.read(set_id, hashes)
+
+    def delete_set(self, set_id: str) -> int:
+        return self._files.delete_set(set_id)
+
+    def stats(self, set_id: str) -> StoreStats:
+        return self._files.stats(set_id)
+
+
+def store_actor(root: str, caps: StoreCaps) -> "ray.actor.ActorHandle":
+    """This node's store actor, started on first use (a detached actor, so replicas come and go under it)."""
+    node_id = ray.get_runtime_context().get_node_id()
+    remote = ray.remote(PromptStoreActor).options(
+        name=f"tensorfold-prompt-store-{node_id[:16]}-{_folder_tag(root)}", namespace="tensorfold", get_if_exists=True,
+        lifetime="detached", num_cpus=ACTOR_CPUS,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    )  # fmt: skip
+    return remote.remote(root, caps)
+
+
+def _folder_tag(root: str) -> str:
+    """One actor per node and learn folder: two servers with different folders must not share one."""
+    import hashlib
+
+    return hashlib.sha256(str(Path(root).expanduser().resolve()).encode()).hexdigest()[:8]

@@ -1,0 +1,285 @@
+"""The prompt-state store on disk, pure (the PromptStore actor wraps it): sets, pieces, caps, checks.
+
+Layout under the learn folder (0700 folders, 0600 files):
+  written            today's date and the bytes written today (the daily cap)
+  clock              the sets, least recently opened first (other sets go first when the cap needs room)
+  <set id>/used      when this set was last opened
+  <set id>/*.piece   runs of blocks (files.py), named by their first block; each block stored once per set
+A set is one checkpoint identity, dtype, KV layout, parallel shape and kernel build (identity.py).
+"""
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from deployments.prompt_store.files import (
+    PIECE_SUFFIX, DamagedPiece, decode_piece, encode_piece, read_file, read_header, secure_dir, write_file_atomically,
+)  # fmt: skip
+
+log = logging.getLogger("tensorfold.store")
+PIECE_BYTES = 16 << 20  # a piece's payload at most: what a request arriving during a write waits for
+
+
+@dataclass(frozen=True)
+class StoreCaps:
+    max_bytes: int  # every set together (--learn-gib)
+    min_free_bytes: int  # free disk kept (--learn-min-free-gib)
+    daily_bytes: int  # written per day (--learn-daily-gib)
+
+
+@dataclass
+class PieceWrite:
+    """A run of blocks a Scheduler asks to store (the payload travels through Ray's object store)."""
+
+    set_id: str
+    parent: bytes | None  # the name of the block before the first one (None: the chain's start)
+    hashes: list[bytes]
+    token_ids: list[list[int]]
+    block_bytes: int
+    payload: np.ndarray  # uint8, block_bytes per block, in `hashes` order
+
+
+@dataclass
+class BlockRows:
+    """Blocks read back, checked: the longest run of the asked names the set holds."""
+
+    hashes: list[bytes]
+    token_ids: list[list[int]]
+    payload: np.ndarray  # uint8, block_bytes per block
+    read_seconds: float
+
+
+@dataclass
+class StoreStats:
+    bytes_held: int = 0  # this set's pieces
+    pieces_written: int = 0
+    pieces_read: int = 0
+    blocks_read: int = 0
+    damaged_pieces: int = 0
+    writes_skipped: int = 0  # by a cap (total size, free disk, daily)
+
+
+@dataclass
+class _Piece:
+    path: Path
+    parent: bytes | None
+    hashes: list[bytes]
+    size: int
+    used: float
+
+
+@dataclass
+class _Set:
+    folder: Path
+    pieces: dict[str, _Piece] = field(default_factory=dict)
+    blocks: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # name -> (piece, index in it)
+    stats: StoreStats = field(default_factory=StoreStats)
+
+
+class PromptStoreFiles:
+    def __init__(self, root: Path, caps: StoreCaps) -> None:
+        self.root = secure_dir(Path(root).expanduser())
+        self.caps = caps
+        self._sets: dict[str, _Set] = {}
+        self._skip_logged: set[str] = set()
+
+    # ---- sets -----------------------------------------------------------------------------------------
+    def open_set(self, set_id: str) -> list[bytes]:
+        """Index a set's pieces (headers only) and stamp it used; returns the block names it holds."""
+        if set_id not in self._sets:
+            folder = secure_dir(self.root / set_id)
+            entry = _Set(folder)
+            for path in sorted(folder.glob(f"*{PIECE_SUFFIX}")):
+                try:
+                    header = read_header(path)
+                except DamagedPiece as exc:
+                    log.warning("prompt store: deleting a damaged piece: %s", exc)
+                    path.unlink(missing_ok=True)
+                    continue
+                self._index(entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime))
+            self._sets[set_id] = entry
+        entry = self._sets[set_id]
+        write_file_atomically(entry.folder / "used", f"{time.time():.3f}\n".encode())
+        self._touch_clock(set_id)
+        return list(entry.blocks)
+
+    def delete_set(self, set_id: str) -> int:
+        """Forget a set's states: its pieces go, its folder and `used` stamp stay. Returns the bytes freed."""
+        entry = self._sets.get(set_id) or self._sets.setdefault(set_id, _Set(secure_dir(self.root / set_id)))
+        freed = 0
+        for path in entry.folder.glob(f"*{PIECE_SUFFIX}"):
+            freed += path.stat().st_size
+            path.unlink(missing_ok=True)
+        entry.pieces.clear()
+        entry.blocks.clear()
+        entry.stats.bytes_held = 0
+        return freed
+
+    def stats(self, set_id: str) -> StoreStats:
+        return self._sets[set_id].stats
+
+    # ---- writes ---------------------------------------------------------------------------------------
+    def write(self, piece: PieceWrite) -> list[bytes]:
+        """Store the blocks the set does not hold yet; returns the names now stored ([] if a cap said no)."""
+        entry = self._sets[piece.set_id]
+        keep = [i for i, h in enumerate(piece.hashes) if h not in entry.blocks]
+        if not keep:
+            return []
+        rows = piece.payload.reshape(len(piece.hashes), piece.block_bytes)[keep]
+        parent = piece.parent if keep[0] == 0 else piece.hashes[keep[0] - 1]
+        data = encode_piece(parent, [piece.hashes[i] for i in keep], [piece.token_ids[i] for i in keep],
+                            rows.tobytes(), piece.block_bytes)  # fmt: skip
+        if not self._room_for(piece.set_id, len(data)):
+            entry.stats.writes_skipped += 1
+            return []
+        path = entry.folder / f"{piece.hashes[keep[0]].hex()}{PIECE_SUFFIX}"
+        write_file_atomically(path, data)
+        self._count_written(len(data))
+        self._index(entry, _Piece(path, parent, [piece.hashes[i] for i in keep], len(data), time.time()))
+        entry.stats.pieces_written += 1
+        return [piece.hashes[i] for i in keep]
+
+    def _room_for(self, set_id: str, size: int) -> bool:
+        """Whether `size` more bytes may be written now, making room under the total cap if needed."""
+        day, written = self._written_today()
+        if written + size > self.caps.daily_bytes:
+            return self._skip("daily", f"the daily write cap ({self.caps.daily_bytes} bytes) is reached")
+        if shutil.disk_usage(self.root).free - size < self.caps.min_free_bytes:
+            return self._skip("free", f"less than {self.caps.min_free_bytes} bytes of disk would stay free")
+        while self._total_bytes() + size > self.caps.max_bytes:
+            if not self._evict_one(set_id):
+                return self._skip("total", f"the store's cap ({self.caps.max_bytes} bytes) is reached")
+        return True
+
+    def _skip(self, kind: str, why: str) -> bool:
+        if kind not in self._skip_logged:  # one line per cause: states stay in RAM only, replies do not change
+            log.warning("prompt store: not writing to disk: %s; states stay in RAM only", why)
+            self._skip_logged.add(kind)
+        return False
+
+    def _evict_one(self, keep_set: str) -> bool:
+        """Delete one thing: another set's folder contents first (least recently opened), then this set's
+        least recently used piece (a chain's tail before its prefix, since a tail is used no later)."""
+        for other in self._clock():
+            if other != keep_set and any((self.root / other).glob(f"*{PIECE_SUFFIX}")):
+                self.delete_set(other)
+                return True
+        entry = self._sets[keep_set]
+        if not entry.pieces:
+            return False
+        name = min(entry.pieces, key=lambda n: (entry.pieces[n].used, -len(self._depth(entry, n))))
+        self._drop(entry, name)
+        return True
+
+    # ---- reads ----------------------------------------------------------------------------------------
+    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
+        """The longest leading run of `hashes` the set holds, every piece checked; None if it holds none."""
+        started = time.perf_counter()
+        entry = self._sets[set_id]
+        rows: list[np.ndarray] = []
+        tokens: list[list[int]] = []
+        found: list[bytes] = []
+        cache: dict[str, tuple[list[list[int]], np.ndarray]] = {}
+        for name in hashes:
+            where = entry.blocks.get(name)
+            if where is None:
+                break
+            piece_name, index = where
+            if piece_name not in cache:
+                loaded = self._load(entry, piece_name)
+                if loaded is None:
+                    break
+                cache[piece_name] = loaded
+            piece_tokens, payload = cache[piece_name]
+            rows.append(payload[index])
+            tokens.append(piece_tokens[index])
+            found.append(name)
+        if not found:
+            return None
+        entry.stats.pieces_read += len(cache)
+        entry.stats.blocks_read += len(found)
+        return BlockRows(found, tokens, np.concatenate(rows), time.perf_counter() - started)
+
+    def _load(self, entry: _Set, piece_name: str) -> tuple[list[list[int]], np.ndarray] | None:
+        piece = entry.pieces[piece_name]
+        try:
+            header, payload = decode_piece(piece.path)
+        except (DamagedPiece, OSError) as exc:
+            log.warning("prompt store: %s; deleting it and the states that need it", exc)
+            entry.stats.damaged_pieces += 1
+            self._drop_with_dependents(entry, piece_name)
+            return None
+        piece.used = time.time()
+        return header.token_ids, np.frombuffer(payload, dtype=np.uint8).reshape(len(header.hashes), -1)
+
+    # ---- bookkeeping ----------------------------------------------------------------------------------
+    def _index(self, entry: _Set, piece: _Piece) -> None:
+        entry.pieces[piece.path.name] = piece
+        for index, name in enumerate(piece.hashes):
+            entry.blocks[name] = (piece.path.name, index)
+        entry.stats.bytes_held += piece.size
+
+    def _drop(self, entry: _Set, name: str) -> None:
+        piece = entry.pieces.pop(name)
+        piece.path.unlink(missing_ok=True)
+        for block in piece.hashes:
+            if entry.blocks.get(block, (None,))[0] == name:
+                del entry.blocks[block]
+        entry.stats.bytes_held -= piece.size
+
+    def _drop_with_dependents(self, entry: _Set, name: str) -> None:
+        """A damaged piece and every piece continuing a chain through it (they can never be reached)."""
+        doomed, names = {name}, set(entry.pieces[name].hashes)
+        changed = True
+        while changed:
+            changed = False
+            for other, piece in entry.pieces.items():
+                if other not in doomed and piece.parent in names:
+                    doomed.add(other)
+                    names.update(piece.hashes)
+                    changed = True
+        for other in doomed:
+            self._drop(entry, other)
+
+    def _depth(self, entry: _Set, name: str) -> list[bytes]:
+        """The chain of block names before a piece, as far as the set holds it (for eviction order)."""
+        chain: list[bytes] = []
+        parent = entry.pieces[name].parent
+        while parent is not None and parent in entry.blocks and len(chain) < 1 << 16:
+            chain.append(parent)
+            parent = entry.pieces[entry.blocks[parent][0]].parent
+        return chain
+
+    def _total_bytes(self) -> int:
+        total = 0
+        for folder in self.root.iterdir():
+            if folder.is_dir() and not folder.is_symlink():
+                total += sum(p.stat().st_size for p in folder.glob(f"*{PIECE_SUFFIX}"))
+        return total
+
+    def _written_today(self) -> tuple[str, int]:
+        today = time.strftime("%Y-%m-%d")
+        try:
+            body = json.loads(read_file(self.root / "written"))
+            return today, int(body["bytes"]) if body.get("day") == today else 0
+        except (OSError, ValueError, KeyError):
+            return today, 0
+
+    def _count_written(self, size: int) -> None:
+        day, written = self._written_today()
+        write_file_atomically(self.root / "written", json.dumps({"day": day, "bytes": written + size}).encode())
+
+    def _clock(self) -> list[str]:
+        try:
+            return [str(s) for s in json.loads(read_file(self.root / "clock"))]
+        except (OSError, ValueError):
+            return []
+
+    def _touch_clock(self, set_id: str) -> None:
+        order = [s for s in self._clock() if s != set_id and (self.root / s).is_dir()] + [set_id]
+        write_file_atomically(self.root / "clock", json.dumps(order).encode())
