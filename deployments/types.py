@@ -115,6 +115,31 @@ class EngineRequest:
 
 
 @dataclass
+class ImprintQuery:
+    """A rendered conversation the imprint routes ask about (set by Ingress; routed as its request would be)."""
+
+    prompt_token_ids: list[int]
+    load: bool = False  # True: read its disk state into RAM now (POST /v1/imprint/load)
+    prompt_hashes: PromptHashes | None = None  # set by the router, as on EngineRequest
+    route_reason: str = ""
+
+
+@dataclass
+class ImprintAnswer:
+    """The manual's imprint fields (set by the engine, between rounds)."""
+
+    tokens: int  # the rendered prompt
+    ram_tokens: int  # the longest kept state in RAM
+    disk_tokens: int  # ... and on disk
+    disk_bytes: int  # what reading the disk state past RAM's takes
+    resume_from: str  # "ram", "disk" or "none"
+    wait_seconds: float  # estimated wait before the first token: the read, then prefilling the rest
+    disk: bool  # whether this server keeps states on disk
+    loaded_tokens: int | None = None  # load only: tokens read into RAM now (0: RAM held as much, or not worth it)
+    load_seconds: float | None = None
+
+
+@dataclass
 class RequestStats:
     """Figures for usage, the runtime block, metrics and the finish log (set by the engine at the end)."""
 

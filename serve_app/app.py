@@ -107,7 +107,8 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
                                thinking_budget=args.thinking_budget, loop_guard=args.loop_guard)  # fmt: skip
     auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
     settings = settings.model_copy(update={"auth": auth, "max_body_bytes": args.max_body_bytes})
-    settings = settings.model_copy(update={"dashboard": args.dashboard, "ready_wait_s": args.ready_wait_s})
+    settings = settings.model_copy(update={"dashboard": args.dashboard, "ready_wait_s": args.ready_wait_s,
+                                           "learn_conversations": args.learn_conversations})  # fmt: skip
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
     renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus), logging_config=QUIET)

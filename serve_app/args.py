@@ -77,6 +77,14 @@ class AppArgs(BaseModel):
     engine_process: bool = True
     engine_threads: int | None = Field(default=None, ge=1)  # None: the node's cores less Ingress's and the Renderer's
 
+    # The disk prompt-state store (deployments/prompt_store): every state the engine keeps in RAM also goes
+    # to disk, and a conversation resumes from there after a restart or an eviction from RAM.
+    learn_conversations: bool = False
+    learn_dir: str = "~/.cache/tensorfold/learned"
+    learn_gib: float = Field(default=32.0, gt=0.0)  # every model's sets together
+    learn_min_free_gib: float = Field(default=4.0, ge=0.0)  # past it, states stay in RAM only
+    learn_daily_gib: float = Field(default=32.0, gt=0.0)  # written per day; past it, states stay in RAM only
+
     # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
     chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
@@ -117,6 +125,15 @@ class AppArgs(BaseModel):
         if any(not alias.strip() for alias in value):
             raise ValueError("aliases must be nonempty strings")
         return value
+
+    @model_validator(mode="after")
+    def _learning_possible(self) -> "AppArgs":
+        """Refuse at startup what cannot keep states on disk, naming the fix."""
+        if self.learn_conversations and self.tensor_parallel_size > 1:
+            raise ValueError("learn_conversations keeps states of tensor_parallel_size 1 engines only; drop one")
+        if self.learn_conversations and self.prompt_cache_gib == 0:
+            raise ValueError("learn_conversations needs the engine to keep prompt states: prompt_cache_gib 0 keeps none")
+        return self
 
     @model_validator(mode="after")
     def _model_exists(self) -> "AppArgs":
@@ -163,4 +180,9 @@ class AppArgs(BaseModel):
             tensor_parallel_size=self.tensor_parallel_size,
             engine_threads=self.engine_threads,
             reserved_cpus=self.ingress_cpus + self.renderer_cpus,
+            learn_conversations=self.learn_conversations,
+            learn_dir=self.learn_dir,
+            learn_gib=self.learn_gib,
+            learn_min_free_gib=self.learn_min_free_gib,
+            learn_daily_gib=self.learn_daily_gib,
         )

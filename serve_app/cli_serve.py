@@ -48,6 +48,11 @@ _FLAG_FIELDS = {
     "max_body_bytes": "max_body_bytes",
     "dashboard": "dashboard",
     "ready_wait": "ready_wait_s",
+    "learn_conversations": "learn_conversations",
+    "learn_dir": "learn_dir",
+    "learn_gib": "learn_gib",
+    "learn_min_free_gib": "learn_min_free_gib",
+    "learn_daily_gib": "learn_daily_gib",
 }
 
 
@@ -89,6 +94,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413 (default 16 MiB)")
     parser.add_argument("--dashboard", action="store_true", default=None,
                         help="serve a live /dashboard page and its /stats JSON snapshot")
+    parser.add_argument("--learn-conversations", action="store_true", default=None,
+                        help="keep every prompt state on disk too: conversations resume after a restart")
+    parser.add_argument("--learn-dir", metavar="PATH", help="the store's folder (default ~/.cache/tensorfold/learned)")
+    parser.add_argument("--learn-gib", type=float, help="disk the stored states may take, every model (default 32)")
+    parser.add_argument("--learn-min-free-gib", type=float, help="free disk to keep (default 4)")
+    parser.add_argument("--learn-daily-gib", type=float, help="bytes the store may write per day (default 32)")
     parser.add_argument("--ready-wait", type=float, metavar="SECONDS",
                         help="how long a request sent while the model loads waits for it, then 503 (default 60)")
     parser.add_argument("--http-entry", choices=HTTP_ENTRIES, default="ingress",

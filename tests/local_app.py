@@ -15,13 +15,18 @@ WINDOW = 160
 
 
 @contextmanager
-def local_backend(served_model: str, window: int = WINDOW) -> Iterator[LocalBackend]:
+def local_backend(served_model: str, window: int = WINDOW, learn_dir: str | None = None) -> Iterator[LocalBackend]:
+    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process)."""
+    from deployments.prompt_store.links import LocalStoreLink
     from deployments.scheduler.engine import Engine
     from deployments.scheduler.engine_loop import EngineLoop
     from serve_app.args import AppArgs
 
     model_dir = AppArgs(model=served_model).model_dir
-    engine = Engine(EngineConfig(model=str(model_dir), context=window, kv_cache_gib=0.05, device="cpu"))
+    config = EngineConfig(model=str(model_dir), context=window, kv_cache_gib=0.05, device="cpu")
+    if learn_dir is not None:
+        config = config.model_copy(update={"learn_conversations": True, "learn_dir": learn_dir})
+    engine = Engine(config, LocalStoreLink(config) if learn_dir is not None else None)
     loop = EngineLoop(engine)
     loop.start()
     try:

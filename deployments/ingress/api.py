@@ -16,6 +16,7 @@ from deployments.ingress.limits import BodyLimitMiddleware
 from deployments.ingress.openapi_bodies import document_bodies
 from deployments.ingress.responses.route import responses_router
 from deployments.ingress.routes_generate import generate_router
+from deployments.ingress.routes_imprint import imprint_router
 from deployments.ingress.routes_info import info_router
 from deployments.ingress.routes_tokenize import tokenize_router
 
@@ -30,6 +31,7 @@ def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None
     app.include_router(messages_router(ctx))
     app.include_router(tokenize_router(ctx))
     app.include_router(decisions_router(ctx))
+    app.include_router(imprint_router(ctx))
     app.include_router(metrics_router(ctx))
     app.include_router(memory_router(ctx))
     app.include_router(dashboard_router(ctx))

@@ -16,7 +16,7 @@ from deployments.renderer.deployment import RenderRefusal
 from deployments.renderer.prompt_renderer import ChatRenderRequest, RenderedPrompt, TokenizerCard
 from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
-from deployments.types import EngineRequest
+from deployments.types import EngineRequest, ImprintAnswer, ImprintQuery
 
 log = logging.getLogger("tensorfold.ingress")
 STATUS_TIMEOUT_S = 5.0
@@ -46,6 +46,10 @@ class Backend(Protocol):
     async def replicas(self) -> list[ReplicaStatus]: ...
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]: ...
+
+    async def imprint(self, query: ImprintQuery) -> ImprintAnswer: ...
+
+    async def forget_disk(self) -> int: ...
 
     async def save_response(self, entry: StoredResponse) -> None: ...
 
@@ -128,6 +132,18 @@ class GraphBackend:
             log.warning("no Scheduler replica reported its memory: %s", exc)
             return []
         return [r for r in results if isinstance(r, ReplicaMemory)]
+
+    async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
+        return await self._scheduler.imprint.remote(query)  # the router picks its conversation's replica
+
+    async def forget_disk(self) -> int:
+        """Every replica forgets its node's set; replicas sharing a node's store free it once."""
+        response = self._scheduler.broadcast("forget_disk")
+        results = await response.results_async(timeout_s=60.0, return_exceptions=True)
+        failures = [r for r in results if not isinstance(r, int)]
+        if failures:
+            raise RuntimeError(f"a Scheduler replica could not forget its states: {failures[0]}")
+        return sum(results)
 
     async def save_response(self, entry: StoredResponse) -> None:
         await self._responses.save.remote(entry)

@@ -36,6 +36,7 @@ class IngressSettings(BaseModel):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies are refused with 413
     dashboard: bool = False  # serve /dashboard and /stats (404 when off)
     ready_wait_s: float = Field(default=DEFAULT_READY_WAIT_S, ge=0.0)  # a request sent while the model loads waits
+    learn_conversations: bool = False  # the disk prompt-state store is on: the imprint routes answer
 
 
 @dataclass

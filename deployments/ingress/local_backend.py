@@ -18,7 +18,7 @@ from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.engine_loop import EngineLoop
 from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
-from deployments.types import EngineRequest
+from deployments.types import EngineRequest, ImprintAnswer, ImprintQuery
 
 
 class _LocalStream:
@@ -78,6 +78,12 @@ class LocalBackend:
         if self._loop is None:
             return []
         return [replace(await self._loop.memory(reset_peak), replica="local")]
+
+    async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
+        return await self.loop.engine_call("imprint", query)  # type: ignore[return-value]
+
+    async def forget_disk(self) -> int:
+        return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
 
     async def save_response(self, entry: StoredResponse) -> None:
         self._responses.save(entry)

@@ -27,7 +27,7 @@ from deployments.scheduler.ray_metrics import RayMetricsExport
 from deployments.scheduler.request_router import routing_stats
 from deployments.scheduler.stream_hub import StreamHub
 from deployments.scheduler.wire import EngineInfo, ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
-from deployments.types import ContextLengthError, EngineRequest
+from deployments.types import ContextLengthError, EngineRequest, ImprintAnswer, ImprintQuery
 
 
 async def engine_stream(loop: StreamHub, request: EngineRequest, replica: str = "") -> AsyncIterator[UpstreamItem]:
@@ -93,6 +93,12 @@ class Scheduler:
                 yield item
         finally:
             await stream.aclose()
+
+    async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
+        return await self._loop.engine_call("imprint", query)  # type: ignore[return-value]
+
+    async def forget_disk(self) -> int:
+        return await self._loop.engine_call("forget_disk")  # type: ignore[return-value]
 
     def record_routing_stats(self) -> dict[str, object]:
         """Serve's routing stats, read by the prefix-affinity router: the blocks held and the queue."""

@@ -19,6 +19,7 @@ import numpy as np
 from deployments.prefix_hashes import PromptHashes
 from deployments.prompt_store.store import PIECE_BYTES, BlockRows, PieceWrite, StoreStats
 from deployments.scheduler.kv_blocks import BlockManager, BlockTable
+from deployments.types import ImprintAnswer
 
 log = logging.getLogger("tensorfold.store")
 FIRST_READ_BYTES_PER_S = 200e6  # until a read is measured: a cautious local disk
@@ -171,6 +172,16 @@ class DiskStates:
     def measured_prefill(self, tokens: int, seconds: float) -> None:
         if tokens >= self.blocks.block_size and seconds > 0:
             self.prefill_rate = (1 - RATE_WEIGHT) * self.prefill_rate + RATE_WEIGHT * tokens / seconds
+
+    def answer(self, prompt: list[int], hashes: PromptHashes) -> ImprintAnswer:
+        """Where this prompt would resume from, and the estimated wait before its first token."""
+        plan = self.resumable(prompt, hashes)
+        from_disk = plan.worth_reading
+        resumed = plan.disk_tokens if from_disk else plan.ram_tokens
+        wait = (plan.read_seconds if from_disk else 0.0) + (plan.tokens - resumed) / self.prefill_rate
+        source = "disk" if from_disk else ("ram" if plan.ram_tokens else "none")
+        return ImprintAnswer(plan.tokens, plan.ram_tokens, plan.disk_tokens, plan.disk_bytes if from_disk else 0,
+                             source, round(wait, 6), disk=True)  # fmt: skip
 
     def forget_all(self) -> int:
         """DELETE /v1/imprint: the set's states on disk go (RAM's stay until evicted)."""

@@ -28,9 +28,10 @@ from deployments.scheduler.text_output import IncrementalText
 from deployments.scheduler.wire import EngineInfo
 from deployments.step_plan import StepOutput, StepResult
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
-from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
+from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason, ImprintAnswer, ImprintQuery
 
 log = logging.getLogger("tensorfold.engine")
+ENGINE_CALLS = frozenset({"imprint", "forget_disk"})  # what a driver may run on the engine between steps
 DIGEST_INTERVAL_S = 0.25  # the router reads digests every second or so: rebuilding one per step is waste
 
 
@@ -169,6 +170,23 @@ class Engine:
     # ---- the loop body --------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.planner.has_work() or bool(self._outbox)
+
+    def imprint(self, query: ImprintQuery) -> ImprintAnswer:
+        """The imprint routes' answer for a rendered conversation (loading its disk state first if asked)."""
+        assert self.disk is not None, "the imprint routes answer 404 unless learn_conversations is on"
+        prompt = query.prompt_token_ids
+        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.config.block_size)
+        if not query.load:
+            return self.disk.answer(prompt, hashes)
+        started = time.perf_counter()
+        loaded = self.disk.restore(prompt, hashes)
+        answer = self.disk.answer(prompt, hashes)
+        answer.loaded_tokens, answer.load_seconds = loaded, round(time.perf_counter() - started if loaded else 0.0, 6)
+        return answer
+
+    def forget_disk(self) -> int:
+        """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first)."""
+        return 0 if self.disk is None else self.disk.forget_all()
 
     def has_idle_work(self) -> bool:
         """States waiting for disk: written one piece per idle turn, so a new request waits for one piece."""

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
 from deployments.prefix_hashes import PrefixDigest
-from deployments.scheduler.engine import Engine, EngineInfo
+from deployments.scheduler.engine import ENGINE_CALLS, Engine, EngineInfo
 from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
 from deployments.scheduler.store_relay import RelayStoreLink
 from deployments.scheduler.wire import ContextRefusal, InvalidPrompt
@@ -46,6 +46,20 @@ class AbortRequest:
 class MemoryQuery:
     query_id: int
     reset_peak: bool
+
+
+@dataclass
+class EngineCall:
+    query_id: int
+    name: str  # one of ENGINE_CALLS
+    args: tuple
+
+
+@dataclass
+class EngineCallAnswer:
+    query_id: int
+    value: object
+    error: str | None = None
 
 
 @dataclass
@@ -146,6 +160,12 @@ def _handle(engine: Engine, conn: Connection, message: object, out: Stepped) -> 
         engine.abort_request(message.request_id)
     elif isinstance(message, MemoryQuery):
         conn.send(MemoryAnswer(message.query_id, replica_memory("", engine, message.reset_peak)))
+    elif isinstance(message, EngineCall) and message.name in ENGINE_CALLS:
+        try:
+            conn.send(EngineCallAnswer(message.query_id, getattr(engine, message.name)(*message.args)))
+        except Exception as exc:  # the caller gets the error; the engine goes on
+            log.exception("engine call %s failed", message.name)
+            conn.send(EngineCallAnswer(message.query_id, None, f"{type(exc).__name__}: {exc}"))
     else:
         log.error("unknown message for the engine process: %r", type(message).__name__)
 

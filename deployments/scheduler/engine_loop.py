@@ -4,11 +4,12 @@ Request coroutines and the engine thread exchange through a locked inbox (adds, 
 the thread hands that step's chunks to the StreamHub, which wakes each caller loop once.
 """
 
+import asyncio
 import logging
 import threading
 
 from deployments.prefix_hashes import PrefixDigest
-from deployments.scheduler.engine import Engine, EngineInfo
+from deployments.scheduler.engine import ENGINE_CALLS, Engine, EngineInfo
 from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
 from deployments.scheduler.stream_hub import StreamHub
 from deployments.types import EngineChunk, EngineRequest, FinishReason
@@ -23,6 +24,7 @@ class EngineLoop(StreamHub):
         self._wake = threading.Condition(self._lock)
         self._adds: list[EngineRequest] = []
         self._aborts: list[str] = []
+        self._calls: list[tuple[str, tuple, asyncio.AbstractEventLoop, asyncio.Future]] = []  # run between steps
         self._stopping = False
         self._info = engine.info()
         self._digest = PrefixDigest(engine.config.block_size, b"")
@@ -55,6 +57,16 @@ class EngineLoop(StreamHub):
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         return replica_memory("", self.engine, reset_peak)
 
+    async def engine_call(self, name: str, *args: object) -> object:
+        """One of ENGINE_CALLS, run on the engine's thread between steps."""
+        assert name in ENGINE_CALLS, name
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        with self._wake:
+            self._calls.append((name, args, loop, future))
+            self._wake.notify()
+        return await future
+
     # ---- caller side ----------------------------------------------------------------------------------
     def _check(self, request: EngineRequest) -> None:
         self.engine.validate(request)  # on the caller's thread, so a refusal never waits for a step
@@ -73,7 +85,7 @@ class EngineLoop(StreamHub):
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and not self._adds and not self._aborts and not self.engine.has_work():
+                while not (self._stopping or self._adds or self._aborts or self._calls or self.engine.has_work()):
                     if self.engine.has_idle_work():
                         break
                     self._wake.wait()
@@ -81,7 +93,10 @@ class EngineLoop(StreamHub):
                     break
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
-            if not adds and not aborts and not self.engine.has_work():
+                calls, self._calls = self._calls, []
+            for name, args, loop, future in calls:
+                _run_call(self.engine, name, args, loop, future)
+            if not adds and not aborts and not calls and not self.engine.has_work():
                 self.engine.idle_work()  # one piece to disk; a request arriving meanwhile waits for it alone
                 continue
             failed = False
@@ -111,3 +126,21 @@ class EngineLoop(StreamHub):
         except Exception as exc:  # validated already; anything here is a server fault for this request only
             log.exception("could not add request %s", request.request_id)
             self.deliver_chunks([EngineChunk(request.request_id, finish_reason=FinishReason.ERROR, error=str(exc))])
+
+
+def _run_call(engine: Engine, name: str, args: tuple, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    try:
+        result = getattr(engine, name)(*args)
+    except Exception as exc:  # the caller gets the error; the loop goes on
+        loop.call_soon_threadsafe(_settle, future, None, exc)
+    else:
+        loop.call_soon_threadsafe(_settle, future, result, None)
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

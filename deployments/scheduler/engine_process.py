@@ -15,14 +15,15 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from deployments.config import EngineConfig
 from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import EngineInfo
-from deployments.scheduler.engine_child import (AbortRequest, AddRequest, MemoryAnswer, MemoryQuery, Ready,
-                                                StartFailed, Stepped, Stop)  # fmt: skip
+from deployments.scheduler.engine_child import (AbortRequest, AddRequest, EngineCall, EngineCallAnswer, MemoryAnswer,
+                                                MemoryQuery, Ready, StartFailed, Stepped, Stop)  # fmt: skip
 from deployments.prompt_store.links import ActorStoreLink
 from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.store_relay import StoreCall, answer_store_call
@@ -32,6 +33,7 @@ from deployments.types import EngineRequest
 
 log = logging.getLogger("tensorfold.engine")
 MEMORY_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 120.0  # an imprint load reads a whole conversation from disk
 STORE_FLUSH_S = 5.0  # after the child's own 15 s of writes: a planned stop ends within the manual's 20 s
 STOP_TIMEOUT_S = 30.0
 # The replica's event loop, the sender and the reader share the GIL. A thread woken by its socket waits for
@@ -57,7 +59,7 @@ class EngineProcess(StreamHub):
         self._digest = PrefixDigest(config.block_size, b"")
         self._cuda_memory: dict[str, int] = {}
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._queries: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[ReplicaMemory]]] = {}
+        self._queries: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}  # memory and engine calls
         self._query_ids = itertools.count()
         self._store = ActorStoreLink(config) if config.learn_conversations else None  # the child's relayed calls
         self._stopping = False
@@ -99,13 +101,20 @@ class EngineProcess(StreamHub):
         return self._digest
 
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
+        return await self._ask(lambda query_id: MemoryQuery(query_id, reset_peak), MEMORY_TIMEOUT_S)
+
+    async def engine_call(self, name: str, *args: object) -> object:
+        """One of ENGINE_CALLS, run by the child between steps."""
+        return await self._ask(lambda query_id: EngineCall(query_id, name, args), CALL_TIMEOUT_S)
+
+    async def _ask(self, message: Callable[[int], object], timeout_s: float) -> object:
         loop = asyncio.get_running_loop()
         query_id = next(self._query_ids)
-        future: asyncio.Future[ReplicaMemory] = loop.create_future()
+        future: asyncio.Future = loop.create_future()
         self._queries[query_id] = (loop, future)
-        self._outbox.put(MemoryQuery(query_id, reset_peak))
+        self._outbox.put(message(query_id))
         try:
-            return await asyncio.wait_for(future, MEMORY_TIMEOUT_S)
+            return await asyncio.wait_for(future, timeout_s)
         finally:
             self._queries.pop(query_id, None)
 
@@ -136,7 +145,10 @@ class EngineProcess(StreamHub):
                 if isinstance(message, Stepped):
                     self._on_step(message)
                 elif isinstance(message, MemoryAnswer):
-                    self._on_memory(message)
+                    self._on_answer(message.query_id, message.memory)
+                elif isinstance(message, EngineCallAnswer):
+                    error = None if message.error is None else RuntimeError(message.error)
+                    self._on_answer(message.query_id, message.value, error)
                 elif isinstance(message, StoreCall) and self._store is not None:
                     reply = answer_store_call(self._store, message)
                     if reply is not None:
@@ -159,11 +171,11 @@ class EngineProcess(StreamHub):
         if step.failed is not None:
             self.fail_all(step.failed)
 
-    def _on_memory(self, answer: MemoryAnswer) -> None:
-        entry = self._queries.get(answer.query_id)
+    def _on_answer(self, query_id: int, value: object, error: Exception | None = None) -> None:
+        entry = self._queries.get(query_id)
         if entry is not None:
             loop, future = entry
-            loop.call_soon_threadsafe(_resolve, future, answer.memory)
+            loop.call_soon_threadsafe(_resolve, future, value, error)
 
 
 class RefusedPrompt(ValueError):
@@ -180,9 +192,13 @@ def _refusal_error(refusal: ContextRefusal | InvalidPrompt) -> Exception:
     return RefusedPrompt(refusal.message, refusal.param)
 
 
-def _resolve(future: "asyncio.Future[ReplicaMemory]", memory: ReplicaMemory) -> None:
-    if not future.done():  # (it timed out already)
-        future.set_result(memory)
+def _resolve(future: asyncio.Future, value: object, error: Exception | None) -> None:
+    if future.done():  # (it timed out already)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 def _start_child() -> tuple[Connection, subprocess.Popen]:

@@ -15,7 +15,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 from deployments.prefix_hashes import PrefixDigest, PromptHashes
 from deployments.scheduler.affinity import ReplicaView, RoutingKnobs, choose_replica
-from deployments.types import EngineRequest
+from deployments.types import EngineRequest, ImprintQuery
 
 log = logging.getLogger("tensorfold.router")
 ROUTED_KEYS_CAP = 200_000  # keys remembered per replica between its reports (~a few MB at most)
@@ -89,7 +89,7 @@ class PrefixAffinityRouter(RequestRouter):
         load = max(memory.in_flight, memory.reported_load)
         return ReplicaView(replica.replica_id.unique_id, load, resident, memory.routed)
 
-    def _prompt_hashes(self, request: EngineRequest) -> PromptHashes:
+    def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
         """The request's block names (computed once: a retry of the same request reuses them)."""
         if request.prompt_hashes is None or request.prompt_hashes.block_size != self._block_size:
             request.prompt_hashes = PromptHashes.of(request.prompt_token_ids, self._block_size)
@@ -114,8 +114,9 @@ class PrefixAffinityRouter(RequestRouter):
                 del memory.routed_keys[key]
 
 
-def _engine_request(pending: PendingRequest | None) -> EngineRequest | None:
+def _engine_request(pending: PendingRequest | None) -> EngineRequest | ImprintQuery | None:
+    """A generation request, or an imprint query (it asks about the replica its conversation would go to)."""
     if pending is None or not pending.args:
         return None
     first = pending.args[0]
-    return first if isinstance(first, EngineRequest) else None
+    return first if isinstance(first, (EngineRequest, ImprintQuery)) else None

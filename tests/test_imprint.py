@@ -1,0 +1,95 @@
+"""The imprint routes and a conversation resumed from the disk store, over the real routes in-process."""
+
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from deployments.ingress.api import build_api
+from deployments.ingress.context import IngressSettings
+from deployments.ingress.routes_imprint import OFF_MESSAGE
+from tests.local_app import local_backend, local_client
+
+WINDOW = 1024
+OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the harbour opens at dawn." for i in range(20))
+
+
+def _client(served_model: str, learn_dir: Path):
+    class Served:
+        def __enter__(self) -> TestClient:
+            self._backend = local_backend(served_model, WINDOW, str(learn_dir))
+            backend = self._backend.__enter__()
+            settings = IngressSettings(served_name="tiny", model_ids=["tiny"], learn_conversations=True)
+            self._client = TestClient(build_api(backend, settings))
+            return self._client.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            self._client.__exit__(*exc)
+            self._backend.__exit__(*exc)
+
+    return Served()
+
+
+def _body(messages: list[dict]) -> dict:
+    return {"model": "tiny", "messages": messages, "max_tokens": 10, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+
+
+def _wait_on_disk(client: TestClient, body: dict) -> dict:
+    """The engine writes while idle: wait until the store holds the conversation."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        answer = client.post("/v1/imprint/resume", json=body).json()
+        if answer["disk_tokens"] >= answer["ram_tokens"] > 0:
+            return answer
+        time.sleep(0.1)
+    raise AssertionError(answer)
+
+
+def test_without_the_store_the_routes_answer_404(served_model: str) -> None:
+    with local_client(served_model) as client:
+        for method, path in [("POST", "/v1/imprint/resume"), ("POST", "/v1/imprint/load"), ("DELETE", "/v1/imprint")]:
+            response = client.request(method, path, json=_body([{"role": "user", "content": "Hi"}]))
+            assert response.status_code == 404
+            assert response.json()["error"]["message"] == OFF_MESSAGE
+
+
+def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp_path: Path) -> None:
+    first_turn = [{"role": "user", "content": OPENING}]
+    with _client(served_model, tmp_path) as client:
+        first = client.post("/v1/chat/completions", json=_body(first_turn)).json()
+        second_turn = [*first_turn, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                       {"role": "user", "content": "What time does it open?"}]  # fmt: skip
+        kept = _wait_on_disk(client, _body(second_turn))
+        assert kept["resume_from"] == "ram" and kept["disk"] is True and kept["tokens"] > kept["ram_tokens"]
+        assert "loaded_tokens" not in kept
+        bad = client.post("/v1/imprint/resume", json={"model": "tiny"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+    with _client(served_model, tmp_path) as client:  # a restart: RAM is empty, the disk holds the state
+        answer = client.post("/v1/imprint/resume", json=_body(second_turn)).json()
+        assert answer["resume_from"] == "disk" and answer["ram_tokens"] == 0
+        assert answer["disk_tokens"] == kept["disk_tokens"] and answer["disk_bytes"] > 0 and answer["wait_seconds"] > 0
+        resumed = client.post("/v1/chat/completions", json=_body(second_turn)).json()
+        assert resumed["usage"]["prompt_tokens_details"]["cached_tokens"] >= answer["disk_tokens"]
+    with _client(served_model, tmp_path / "elsewhere") as client:  # a fresh server, no states anywhere
+        fresh = client.post("/v1/chat/completions", json=_body(second_turn)).json()
+        assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert resumed["choices"][0]["message"] == fresh["choices"][0]["message"]
+    assert resumed["tensorfold"]["token_sha"] == fresh["tensorfold"]["token_sha"]
+
+
+def test_load_reads_the_state_into_ram_and_delete_forgets_it(served_model: str, tmp_path: Path) -> None:
+    turn = [{"role": "user", "content": OPENING}]
+    with _client(served_model, tmp_path) as client:
+        client.post("/v1/chat/completions", json=_body(turn))
+        _wait_on_disk(client, _body(turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}]))
+    with _client(served_model, tmp_path) as client:
+        loaded = client.post("/v1/imprint/load", json=_body(turn)).json()
+        assert loaded["loaded_tokens"] > 0 and loaded["load_seconds"] > 0 and loaded["resume_from"] == "ram"
+        again = client.post("/v1/imprint/load", json=_body(turn)).json()
+        assert again["loaded_tokens"] == 0 and again["load_seconds"] == 0  # RAM already holds as much
+        freed = client.delete("/v1/imprint").json()["freed_bytes"]
+        assert freed > 0 and not list(tmp_path.rglob("*.piece"))
+        assert (tmp_path / "written").exists() and (tmp_path / "clock").exists()
+        after = client.post("/v1/imprint/resume", json=_body(turn)).json()
+        assert after["disk_tokens"] == 0 and after["ram_tokens"] > 0  # RAM's states stay until evicted
