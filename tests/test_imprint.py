@@ -48,6 +48,8 @@ def _wait_on_disk(client: TestClient, body: dict) -> dict:
 
 def test_without_the_store_the_routes_answer_404(served_model: str) -> None:
     with local_client(served_model) as client:
+        assert "store" not in client.get("/health").json()
+        assert "tensorfold:store_bytes" not in client.get("/metrics").text
         for method, path in [("POST", "/v1/imprint/resume"), ("POST", "/v1/imprint/load"), ("DELETE", "/v1/imprint")]:
             response = client.request(method, path, json=_body([{"role": "user", "content": "Hi"}]))
             assert response.status_code == 404
@@ -71,6 +73,11 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
         assert answer["disk_tokens"] == kept["disk_tokens"] and answer["disk_bytes"] > 0 and answer["wait_seconds"] > 0
         resumed = client.post("/v1/chat/completions", json=_body(second_turn)).json()
         assert resumed["usage"]["prompt_tokens_details"]["cached_tokens"] >= answer["disk_tokens"]
+        metrics = client.get("/metrics").text
+        restored = [line for line in metrics.splitlines() if line.startswith("tensorfold:store_restored_tokens_total")]
+        assert float(restored[0].split()[-1]) == answer["disk_tokens"]
+        store = client.get("/health").json()["store"]
+        assert store["pieces_read"] >= 1 and store["bytes_held"] > 0 and store["damaged_pieces"] == 0
     with _client(served_model, tmp_path / "elsewhere") as client:  # a fresh server, no states anywhere
         fresh = client.post("/v1/chat/completions", json=_body(second_turn)).json()
         assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

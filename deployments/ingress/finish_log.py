@@ -34,7 +34,8 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
         summary.tokens_per_second,
         stats.replica or "-",
         stats.route_reason or "-",
-        "" if stats.loop_period is None else f" loop=period:{stats.loop_period}",  # the loop guard closed it
+        ("" if stats.loop_period is None else f" loop=period:{stats.loop_period}")  # the loop guard closed it
+        + ("" if not stats.disk_tokens else f" resumed=disk:{stats.disk_tokens}"),  # read back from the disk store
     )
 
 

@@ -77,4 +77,18 @@ def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dic
         if first.device_name:
             body["device"] = first.device_name
     body.update(_counters(replicas))
+    store = store_summary(replicas)
+    if store is not None:
+        body["store"] = store
     return body
+
+
+def store_summary(replicas: list[ReplicaStatus]) -> dict[str, int] | None:
+    """The disk store's figures (None when it is off). Replicas on one node share a store, so each figure
+    is the largest any replica reports; restored tokens are each replica's own and add up."""
+    stores = [r.store for r in replicas if r.store is not None]
+    if not stores:
+        return None
+    summary = {name: max(getattr(s, name) for s in stores) for name in vars(stores[0])}
+    summary["restored_tokens"] = sum(r.counters.disk_tokens_total for r in replicas)
+    return summary

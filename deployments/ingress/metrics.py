@@ -20,12 +20,20 @@ from prometheus_client.registry import Collector
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import error_body
+from deployments.ingress.health import store_summary
 from deployments.scheduler.affinity import ROUTE_REASONS
 from deployments.scheduler.metrics import RequestHistograms
 from deployments.scheduler.stats import EngineCounters
 from deployments.scheduler.wire import ReplicaStatus
 
 PREFIX = "tensorfold:"
+STORE_COUNTERS = {
+    "pieces_written": "Pieces the disk store wrote.",
+    "pieces_read": "Pieces the disk store read back (each checked against its hash).",
+    "restored_tokens": "Prompt tokens of finished requests read back from the disk store.",
+    "damaged_pieces": "Pieces found damaged on read, deleted with the states that needed them.",
+    "writes_skipped": "Writes a cap turned away (total size, free disk or the daily cap): RAM only.",
+}
 # Our histogram name -> (tensorfold name, vLLM's name when it differs, help).
 HISTOGRAM_FAMILIES: dict[str, tuple[str, str | None, str]] = {
     "latency": ("request_latency_seconds", "e2e_request_latency_seconds", "Arrival to last token (finished requests)."),
@@ -118,6 +126,16 @@ class ReplicasCollector(Collector):
             yield self._counter(name, "Requests that gave up their lane to another.", counters.preemptions_total)
         yield self._counter("decode_rounds", "Decode rounds run.", counters.rounds_total)
         yield self._routing_decisions()
+        yield from self._store()
+
+    def _store(self) -> Iterator[Metric]:
+        """The disk prompt-state store's families, only while it is on."""
+        store = store_summary(self._replicas)
+        if store is None:
+            return
+        yield self._gauge("store_bytes", "Bytes the disk store holds for this model and build.", store["bytes_held"])
+        for name, doc in STORE_COUNTERS.items():
+            yield self._counter(f"store_{name}", doc, store[name])
 
     def _routing_decisions(self) -> Metric:
         """Finished requests by the prefix-affinity router's reason (all zero when Serve's router chose)."""

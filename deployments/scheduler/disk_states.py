@@ -72,6 +72,8 @@ class DiskStates:
         self.read_rate = FIRST_READ_BYTES_PER_S
         self.prefill_rate = FIRST_PREFILL_TOKENS_PER_S
         self.restored_tokens_total = 0
+        self.latest: StoreStats | None = None  # the store's figures for this set, refreshed while idle
+        self.stats_stale = True
 
     @property
     def on_disk(self) -> set[bytes]:
@@ -90,6 +92,10 @@ class DiskStates:
 
     def has_writes(self) -> bool:
         return bool(self._queue)
+
+    def refresh_stats(self) -> None:
+        _ = self.on_disk  # the set is opened before the store has figures for it
+        self.latest, self.stats_stale = self.link.stats(self.set_id), False
 
     def write_one(self) -> None:
         """Send one piece of queued blocks still held in RAM (called while the engine is idle)."""
@@ -110,6 +116,7 @@ class DiskStates:
         piece = PieceWrite(self.set_id, run[0][0], [name for _, name, _, _ in run],
                            [list(tokens) for *_, tokens in run], self.block_bytes, payload)  # fmt: skip
         self.link.write(piece)
+        self.stats_stale = True
         self.on_disk.update(piece.hashes)  # optimistic: a cap may refuse it, and a later read then misses
 
     # ---- reads ----------------------------------------------------------------------------------------
@@ -160,6 +167,7 @@ class DiskStates:
             self.blocks.name_restored(block_id, name, tokens)
         self._measured_read(count * self.block_bytes, rows.read_seconds)
         self.restored_tokens_total += count * bs
+        self.stats_stale = True
         return count * bs
 
     def _forget_missing(self, names: list[bytes]) -> None:
@@ -188,4 +196,5 @@ class DiskStates:
         self._queue.clear()
         freed = self.link.delete_set(self.set_id)
         self._on_disk = set()
+        self.stats_stale = True
         return freed

@@ -16,6 +16,7 @@ from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.grammar import GrammarBackend, follow_written
 from deployments.prefix_hashes import PrefixDigest, PromptHashes
 from deployments.prompt_store.identity import set_id
+from deployments.prompt_store.store import StoreStats
 from deployments.scheduler.disk_states import DiskStates, StoreLink
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
@@ -152,8 +153,7 @@ class Engine:
         seq.logprob_rows = None if request.logprobs is None else []
         seq.prompt_rows = None if request.prompt_logprobs is None else []
         if self.disk is not None and request.prompt_logprobs is None:
-            hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.config.block_size)
-            seq.stats.disk_tokens = self.disk.restore(request.prompt_token_ids, hashes)
+            seq.stats.disk_tokens = self._restore(request)
         self._by_id[request.request_id] = seq
         self.planner.add(seq)
 
@@ -170,6 +170,16 @@ class Engine:
     # ---- the loop body --------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.planner.has_work() or bool(self._outbox)
+
+    def _restore(self, request: EngineRequest) -> int:
+        """Tokens of the prompt read back from disk (0 when RAM holds as much, a read does not pay, or it fails)."""
+        assert self.disk is not None
+        hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.config.block_size)
+        try:
+            return self.disk.restore(request.prompt_token_ids, hashes)
+        except Exception:  # the store failing costs a prompt pass, never the request
+            log.exception("prompt store: restoring failed; prefilling instead")
+            return 0
 
     def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         """The imprint routes' answer for a rendered conversation (loading its disk state first if asked)."""
@@ -190,11 +200,19 @@ class Engine:
 
     def has_idle_work(self) -> bool:
         """States waiting for disk: written one piece per idle turn, so a new request waits for one piece."""
-        return self.disk is not None and self.disk.has_writes()
+        return self.disk is not None and (self.disk.has_writes() or self.disk.stats_stale)
 
     def idle_work(self) -> None:
-        if self.disk is not None:
-            self.disk.write_one()
+        if self.disk is None:
+            return
+        try:
+            if self.disk.has_writes():
+                self.disk.write_one()
+            else:  # after the writes: the store's figures for /metrics and /health
+                self.disk.refresh_stats()
+        except Exception:  # the store failing costs its states, never the engine: they stay in RAM only
+            log.exception("prompt store: writing failed; states stay in RAM only")
+            self.disk.stats_stale = False
 
     def _open_disk_states(self, link: StoreLink | None, runner: RunnerInfo) -> DiskStates:
         if link is None or not hasattr(self.executor, "read_block_rows"):
@@ -374,6 +392,7 @@ class Engine:
             model_type=self.runner_info.model_type,
             counters=self.counters.snapshot(),
             prompt_cache=self.blocks.max_cached_blocks > 0,
+            store=None if self.disk is None else self.disk.latest or StoreStats(),
         )
 
     def fresh_digest(self, force: bool = False) -> PrefixDigest | None:

@@ -18,6 +18,7 @@ class EngineCounters:
     requests_failed_total: int = 0
     prompt_tokens_total: int = 0  # of finished requests
     cached_tokens_total: int = 0  # prompt tokens of finished requests found in the prefix cache
+    disk_tokens_total: int = 0  # of those, read back from the disk store
     completion_tokens_total: int = 0  # every reply token drawn, running replies included
     prefill_seconds_total: float = 0.0
     decode_seconds_total: float = 0.0
@@ -41,6 +42,7 @@ class EngineCounters:
             self.requests_failed_total += 1
         self.prompt_tokens_total += stats.prompt_tokens
         self.cached_tokens_total += stats.cached_tokens
+        self.disk_tokens_total += stats.disk_tokens
         self.prefill_seconds_total += stats.prefill_seconds
         self.decode_seconds_total += stats.decode_seconds
 

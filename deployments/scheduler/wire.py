@@ -7,6 +7,7 @@ four arguments), and Ingress must answer a refusal before it opens any stream.
 
 from dataclasses import dataclass, field
 
+from deployments.prompt_store.store import StoreStats
 from deployments.scheduler.stats import EngineCounters
 from deployments.types import ContextLengthError, EngineChunk
 
@@ -59,6 +60,7 @@ class EngineInfo:
     model_type: str
     counters: EngineCounters
     prompt_cache: bool = True  # whether prompt blocks are kept for reuse across requests
+    store: StoreStats | None = None  # the disk store's figures for this replica's set (None: the store is off)
 
 
 @dataclass
