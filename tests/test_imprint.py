@@ -100,3 +100,25 @@ def test_load_reads_the_state_into_ram_and_delete_forgets_it(served_model: str, 
         assert (tmp_path / "written").exists() and (tmp_path / "clock").exists()
         after = client.post("/v1/imprint/resume", json=_body(turn)).json()
         assert after["disk_tokens"] == 0 and after["ram_tokens"] > 0  # RAM's states stay until evicted
+
+
+def test_a_shared_prefix_is_stored_once(served_model: str, tmp_path: Path) -> None:
+    system = {"role": "system", "content": OPENING}
+    with _client(served_model, tmp_path) as client:
+        def stored_after(question: str) -> int:
+            turn = [system, {"role": "user", "content": question}]
+            client.post("/v1/chat/completions", json=_body(turn))
+            _wait_on_disk(client, _body(turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}]))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the figures refresh once the engine is idle again
+                store = client.get("/health").json()["store"]
+                if store["pieces_written"] == pieces + 1:
+                    return store["bytes_held"]
+                time.sleep(0.05)
+            raise AssertionError(store)
+
+        pieces = 0
+        first = stored_after("Which note is first? " * 8)
+        pieces = 1
+        both = stored_after("Which note is last, and why? " * 8)
+    assert 0 < both - first < 0.3 * first  # the second conversation added its own blocks only

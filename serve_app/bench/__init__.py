@@ -28,6 +28,14 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--profile", action="store_true", help="also print where a step's time goes, by part")
     engine.set_defaults(func=_runner("engine_bench"))
 
+    store = kinds.add_parser("store", help="a long conversation's first token: restored from the disk store vs prefilled")
+    store.add_argument("--checkpoint", help="checkpoint dir (default: a random bf16 Qwen3 model of --size)")
+    store.add_argument("--size", default="qwen3-190m", choices=["qwen3-190m", "bench"])
+    store.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    store.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    store.add_argument("--prompt-tokens", type=int, default=8192)
+    store.set_defaults(func=_runner("store_bench"))
+
     grammar = kinds.add_parser("grammar", help="decode tok/s at N concurrent: json_schema grammar vs unconstrained")
     grammar.add_argument("--checkpoint", help="checkpoint dir (default: a random ~130M Qwen3-shaped bf16 model)")
     grammar.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
