@@ -107,7 +107,9 @@ def test_engine_forces_the_close_identically_solo_and_batched(glm) -> None:
     assert solo.token_ids == batch["batched"].token_ids and solo.text == batch["batched"].text
     close = rendered.reply.think_close_ids
     assert solo.token_ids[0] == rendered.reply.think_opener_id and solo.token_ids[4:4 + len(close)] == close
-    assert solo.text.startswith("<think>17 * 3") and "\n</think>\n\n" in solo.text  # corpus: "17 * 3 = 10..."
+    # The corpus's "17 * 3 = 10..." starts "1", "7", " *": with <think>, four of the budget's five tokens;
+    # the fifth is the forced "\n".
+    assert solo.text.startswith("<think>17 *\n</think>\n\n")
 
 
 # ---- the loop guard on a model that loops -----------------------------------------------------------------
