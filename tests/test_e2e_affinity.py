@@ -18,13 +18,16 @@ TOPICS = ["rivers", "bridges", "comets", "forests", "glaciers", "harbours", "isl
 # A long first message per conversation: each turn's prompt spans many blocks, so block rounding is small.
 OPENING = "Here are my notes on {topic}, line by line. " + " ".join(f"Note {i}: {{topic}} matter." for i in range(14))
 TURNS = ["Summarise them.", "Now add one more note."]
+STATS_PERIOD_S = 0.25
 REQUEST = {"model": "m", "max_tokens": 12, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
 def base_url(serve_url: str, served_model: str) -> str:
     # balance_abs 2: three streams in flight on one replica are enough to overload it against an idle one.
-    deploy_apps([load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model, routing_balance_abs=2)])
+    # Reports every 0.25 s, so an idle replica's queue reads empty soon after it empties.
+    deploy_apps([load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model, routing_balance_abs=2,
+                                 routing_stats_period_s=STATS_PERIOD_S)])  # fmt: skip
     yield f"{serve_url}{PREFIX}"
     delete_apps([APP])
 
@@ -87,7 +90,17 @@ async def _hold_streams(client: httpx.AsyncClient, messages: list[dict], count: 
     return held
 
 
+def _wait_idle(base_url: str) -> None:
+    """No request running anywhere, and every replica has reported so since (queues reported as empty)."""
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{base_url}/health").json()["requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(8 * STATS_PERIOD_S)
+
+
 def test_an_overloaded_replica_gives_its_conversations_away(base_url: str) -> None:
+    _wait_idle(base_url)
+
     async def run() -> tuple[dict, dict]:
         async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
             messages = [{"role": "user", "content": OPENING.format(topic="lighthouses")}]
