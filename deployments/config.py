@@ -38,8 +38,13 @@ class EngineConfig(BaseModel):
     reserved_cpus: float = Field(default=0.0, ge=0.0)  # CPUs the graph's other replicas on the node need
     # The disk prompt-state store (deployments/prompt_store): every state kept in RAM also goes to disk, and
     # a prompt continuing past RAM's state resumes from disk when reading beats prefilling.
-    learn_conversations: bool = False
+    learn: bool = False  # shared prefixes only (blocks a later request found cached), in a store of their own
+    learn_conversations: bool = False  # every state kept in RAM (implies learn, in place of its store)
     learn_dir: str = "~/.cache/tensorfold/learned"
     learn_gib: float = Field(default=32.0, gt=0.0)  # every model's sets together
     learn_min_free_gib: float = Field(default=4.0, ge=0.0)
     learn_daily_gib: float = Field(default=32.0, gt=0.0)
+
+    @property
+    def learning(self) -> bool:
+        return self.learn or self.learn_conversations

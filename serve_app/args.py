@@ -79,7 +79,8 @@ class AppArgs(BaseModel):
 
     # The disk prompt-state store (deployments/prompt_store): every state the engine keeps in RAM also goes
     # to disk, and a conversation resumes from there after a restart or an eviction from RAM.
-    learn_conversations: bool = False
+    learn: bool = False  # shared prefixes only (what a later request found cached), in a store of their own
+    learn_conversations: bool = False  # implies learn: every state, in the store that takes learn's place
     learn_dir: str = "~/.cache/tensorfold/learned"
     learn_gib: float = Field(default=32.0, gt=0.0)  # every model's sets together
     learn_min_free_gib: float = Field(default=4.0, ge=0.0)  # past it, states stay in RAM only
@@ -129,10 +130,9 @@ class AppArgs(BaseModel):
     @model_validator(mode="after")
     def _learning_possible(self) -> "AppArgs":
         """Refuse at startup what cannot keep states on disk, naming the fix."""
-        if self.learn_conversations and self.tensor_parallel_size > 1:
-            raise ValueError("learn_conversations keeps states of tensor_parallel_size 1 engines only; drop one")
-        if self.learn_conversations and self.prompt_cache_gib == 0:
-            raise ValueError("learn_conversations needs the engine to keep prompt states: prompt_cache_gib 0 keeps none")
+        flag = "learn_conversations" if self.learn_conversations else "learn"
+        if (self.learn or self.learn_conversations) and self.prompt_cache_gib == 0:
+            raise ValueError(f"{flag} needs the engine to keep prompt states: prompt_cache_gib 0 keeps none")
         return self
 
     @model_validator(mode="after")
@@ -180,6 +180,7 @@ class AppArgs(BaseModel):
             tensor_parallel_size=self.tensor_parallel_size,
             engine_threads=self.engine_threads,
             reserved_cpus=self.ingress_cpus + self.renderer_cpus,
+            learn=self.learn,
             learn_conversations=self.learn_conversations,
             learn_dir=self.learn_dir,
             learn_gib=self.learn_gib,

@@ -48,6 +48,7 @@ _FLAG_FIELDS = {
     "max_body_bytes": "max_body_bytes",
     "dashboard": "dashboard",
     "ready_wait": "ready_wait_s",
+    "learn": "learn",
     "learn_conversations": "learn_conversations",
     "learn_dir": "learn_dir",
     "learn_gib": "learn_gib",
@@ -94,6 +95,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413 (default 16 MiB)")
     parser.add_argument("--dashboard", action="store_true", default=None,
                         help="serve a live /dashboard page and its /stats JSON snapshot")
+    parser.add_argument("--learn", action="store_true", default=None,
+                        help="keep shared prompt prefixes on disk too (what later requests found cached)")
     parser.add_argument("--learn-conversations", action="store_true", default=None,
                         help="keep every prompt state on disk too: conversations resume after a restart")
     parser.add_argument("--learn-dir", metavar="PATH", help="the store's folder (default ~/.cache/tensorfold/learned)")

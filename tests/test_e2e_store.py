@@ -25,10 +25,12 @@ def _chat(url: str, messages: list[dict]) -> dict:
     return response.json()
 
 
-def test_a_conversation_resumes_from_disk_after_its_replicas_restart(serve_url: str, served_model: str,
+@pytest.mark.parametrize("config", ["glm.yaml", "glm-tp2.yaml"])
+def test_a_conversation_resumes_from_disk_after_its_replicas_restart(serve_url: str, served_model: str, config: str,
                                                                       tmp_path_factory: pytest.TempPathFactory) -> None:  # fmt: skip
+    """At tensor parallel 2 every rank's KV shard is stored and restored; the reply equals a TP1 fresh one."""
     learn_dir = str(tmp_path_factory.mktemp("learned"))
-    learned = load_app_config("glm.yaml", "e2e-store", "/store", model=served_model, learn_conversations=True,
+    learned = load_app_config(config, "e2e-store", "/store", model=served_model, learn_conversations=True,
                               learn_dir=learn_dir)  # fmt: skip
     url = f"{serve_url}/store"
     first_turn = [{"role": "user", "content": OPENING}]

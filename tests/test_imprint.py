@@ -19,7 +19,7 @@ def _client(served_model: str, learn_dir: Path):
         def __enter__(self) -> TestClient:
             self._backend = local_backend(served_model, WINDOW, str(learn_dir))
             backend = self._backend.__enter__()
-            settings = IngressSettings(served_name="tiny", model_ids=["tiny"], learn_conversations=True)
+            settings = IngressSettings(served_name="tiny", model_ids=["tiny"], learn_conversations=True, dashboard=True)
             self._client = TestClient(build_api(backend, settings))
             return self._client.__enter__()
 
@@ -78,6 +78,7 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
         assert float(restored[0].split()[-1]) == answer["disk_tokens"]
         store = client.get("/health").json()["store"]
         assert store["pieces_read"] >= 1 and store["bytes_held"] > 0 and store["damaged_pieces"] == 0
+        assert client.get("/stats").json()["store"]["restored_tokens"] == answer["disk_tokens"]  # the dashboard
     with _client(served_model, tmp_path / "elsewhere") as client:  # a fresh server, no states anywhere
         fresh = client.post("/v1/chat/completions", json=_body(second_turn)).json()
         assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -128,3 +128,29 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
     fresh_config = config.model_copy(update={"learn_conversations": False})
     fresh, fresh_stats = _run(Engine(fresh_config), next_turn, "c")
     assert resumed == fresh and fresh_stats.cached_tokens == 0  # the same reply as a fresh prompt pass
+
+
+def test_learn_alone_keeps_only_shared_prefixes_in_a_store_of_their_own(served_model: str, tmp_path: Path) -> None:
+    from deployments.scheduler.engine import Engine
+
+    shared = [(7 * i) % 500 + 30 for i in range(160)]
+    config = _config(served_model, tmp_path).model_copy(update={"learn_conversations": False, "learn": True})
+    engine = Engine(config, LocalStoreLink(config))
+    _run(engine, shared + [1, 2, 3], "a")
+    while engine.has_idle_work():
+        engine.idle_work()
+    assert engine.disk.latest.pieces_written == 0  # nothing was shared yet
+    _, stats = _run(engine, shared + [4, 5, 6], "b")  # finds the first prompt's blocks cached: shared
+    while engine.has_idle_work():
+        engine.idle_work()
+    held = engine.disk.latest
+    assert held.pieces_written == 1 and held.bytes_held < 1.2 * stats.cached_tokens * engine.disk.block_bytes / 16
+    engine.shutdown()
+    restarted = Engine(config, LocalStoreLink(config))
+    _, resumed = _run(restarted, shared + [7, 8, 9], "c")
+    assert resumed.disk_tokens == stats.cached_tokens
+    conversations = _config(served_model, tmp_path)  # --learn-conversations: its own store, not the prefixes
+    other = Engine(conversations, LocalStoreLink(conversations))
+    _, fresh = _run(other, shared + [7, 8, 9], "d")
+    assert fresh.disk_tokens == 0
+    assert sorted(p.name.rsplit("-", 1)[-1] for p in tmp_path.iterdir() if p.is_dir()) == ["conversations", "prefixes"]

@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from deployments.ingress.context import ServingContext
 from deployments.ingress.dashboard_page import DASHBOARD_HTML
 from deployments.ingress.errors import error_body
+from deployments.ingress.health import store_summary
 from deployments.ingress.metrics import merged_counters
 from deployments.scheduler.metrics import Histogram
 from deployments.scheduler.wire import ReplicaStatus
@@ -90,6 +91,7 @@ def stats_snapshot(model: str, replicas: list[ReplicaStatus]) -> dict[str, Any]:
         },
         "histograms": {name: _histogram_json(h) for name, h in counters.histograms.histograms.items()},
         "replicas": [_replica_json(r) for r in ordered],
+        "store": store_summary(replicas),  # the disk prompt-state store's figures; null when it is off
     }
 
 

@@ -89,6 +89,9 @@ function tiles(stats) {
     ["prompt tokens", t.prompt_tokens_total], ["cached tokens", t.cached_tokens_total],
     ["reply tokens", t.completion_tokens_total], ["disconnects", t.client_disconnections_total],
     ["replicas", stats.replicas.length]];
+  if (stats.store) {  // the disk prompt-state store, when it is on
+    items.push(["on disk MB", (stats.store.bytes_held / 1e6).toFixed(1)], ["restored tokens", stats.store.restored_tokens]);
+  }
   document.getElementById("tiles").innerHTML =
     items.map(([name, value]) => `<div class="tile"><b>${value}</b><span>${name}</span></div>`).join("");
 }

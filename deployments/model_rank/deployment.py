@@ -3,6 +3,7 @@
 import os
 import socket
 
+import numpy as np
 import ray
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -58,6 +59,14 @@ class ModelRank:
     def execute(self, plan: StepPlan) -> StepOutput:
         assert self.runner is not None
         return self.runner.execute(plan)
+
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
+        assert self.runner is not None
+        return self.runner.read_block_rows(block_ids)
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
+        assert self.runner is not None
+        self.runner.write_block_rows(block_ids, rows)
 
 
 def _rank_options(config: EngineConfig, index: int) -> dict:

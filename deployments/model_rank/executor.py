@@ -5,6 +5,7 @@ group (one bundle each after the replica's own), joins them in one torch.distrib
 step's plan to all of them; every rank draws the same tokens, and rank 0's are used.
 """
 
+import functools
 from typing import Protocol
 
 import numpy as np
@@ -23,6 +24,12 @@ class Executor(Protocol):
 
     def execute(self, plan: StepPlan) -> StepOutput: ...
 
+    def kv_bytes_per_token(self) -> int: ...  # every rank's shard together
+
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...  # [n, block bytes] (the disk store's rows)
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -39,6 +46,9 @@ class InProcessExecutor:
 
     def execute(self, plan: StepPlan) -> StepOutput:
         return self.runner.execute(plan)
+
+    def kv_bytes_per_token(self) -> int:
+        return self.runner.info().kv_bytes_per_token
 
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
         return self.runner.read_block_rows(block_ids)
@@ -70,6 +80,24 @@ class RayRanksExecutor:
 
     def execute(self, plan: StepPlan) -> StepOutput:
         return self._all("execute", plan)[0]
+
+    def kv_bytes_per_token(self) -> int:
+        """Every rank's KV shard together (what a stored block holds)."""
+        return sum(self._rank_token_bytes())
+
+    @functools.cache
+    def _rank_token_bytes(self) -> list[int]:
+        return [info.kv_bytes_per_token for info in self._all("info")]
+
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
+        """Each rank's rows of these blocks side by side: [n, rank 0's bytes + rank 1's + ...]."""
+        return np.concatenate(self._all("read_block_rows", block_ids), axis=1)
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
+        widths = [share * rows.shape[1] // self.kv_bytes_per_token() for share in self._rank_token_bytes()]
+        starts = np.cumsum([0, *widths])
+        parts = [rows[:, starts[i] : starts[i + 1]] for i in range(len(self.ranks))]
+        self._ray.get([rank.write_block_rows.remote(block_ids, part) for rank, part in zip(self.ranks, parts)])
 
     def shutdown(self) -> None:
         for rank in self.ranks:

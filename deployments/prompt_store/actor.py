@@ -16,10 +16,9 @@ ACTOR_CPUS = 0.05  # it mostly waits on the disk
 
 
 class PromptStoreActor:
-    def __init__(self, root: str, caps: StoreCaps) -> None:
-        from deployments.log_setup import configure_logging
+    """The store's calls (also used in-process: links.LocalStoreLink); each is one disk operation."""
 
-        configure_logging()
+    def __init__(self, root: str, caps: StoreCaps) -> None:
         self._files = PromptStoreFiles(Path(root), caps)
 
     def open_set(self, set_id: str) -> list[bytes]:

@@ -46,8 +46,12 @@ def kernel_build() -> str:
     return f"torch{torch.__version__}-{native}-{platform.machine()}"
 
 
-def set_id(model_dir: str, dtype: str, kv_layout: str, tensor_parallel_size: int) -> str:
-    """The set's folder name: readable prefix, then a hash of everything that decides the stored bits."""
+CONVERSATIONS, PREFIXES = "conversations", "prefixes"  # --learn-conversations' store, --learn's
+
+
+def set_id(model_dir: str, dtype: str, kv_layout: str, tensor_parallel_size: int, kind: str = CONVERSATIONS) -> str:
+    """The set's folder name: readable prefix, a hash of everything that decides the stored bits, and the
+    kind of store (a --learn-conversations server never reads or writes a plain --learn one's prefixes)."""
     parts = [checkpoint_identity(model_dir), dtype, kv_layout, f"tp{tensor_parallel_size}", kernel_build()]
     tag = hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
-    return f"{Path(model_dir).name[:40]}-{dtype}-{tag}"
+    return f"{Path(model_dir).name[:40]}-{dtype}-{tag}-{kind}"

@@ -1,10 +1,9 @@
 """How an engine reaches its node's store: in-process (tests, benchmarks) or over Ray (a Scheduler's own
 thread). An engine in the replica's child process goes through the replica (scheduler/store_relay.py)."""
 
-from pathlib import Path
-
 from deployments.config import EngineConfig
-from deployments.prompt_store.store import BlockRows, PieceWrite, PromptStoreFiles, StoreCaps, StoreStats
+from deployments.prompt_store.actor import PromptStoreActor
+from deployments.prompt_store.store import BlockRows, PieceWrite, StoreCaps, StoreStats
 
 GIB = 1 << 30
 
@@ -13,26 +12,11 @@ def store_caps(config: EngineConfig) -> StoreCaps:
     return StoreCaps(int(config.learn_gib * GIB), int(config.learn_min_free_gib * GIB), int(config.learn_daily_gib * GIB))
 
 
-class LocalStoreLink:
-    """The store's files opened in this process (no actor)."""
+class LocalStoreLink(PromptStoreActor):
+    """The store's files opened in this process (no actor): tests, benchmarks."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self._files = PromptStoreFiles(Path(config.learn_dir), store_caps(config))
-
-    def open_set(self, set_id: str) -> list[bytes]:
-        return self._files.open_set(set_id)
-
-    def write(self, piece: PieceWrite) -> None:
-        self._files.write(piece)
-
-    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
-        return self._files.read(set_id, hashes)
-
-    def delete_set(self, set_id: str) -> int:
-        return self._files.delete_set(set_id)
-
-    def stats(self, set_id: str) -> StoreStats:
-        return self._files.stats(set_id)
+        super().__init__(config.learn_dir, store_caps(config))
 
 
 class ActorStoreLink:

@@ -23,6 +23,7 @@ from deployments.prompt_store.files import (
 
 log = logging.getLogger("tensorfold.store")
 PIECE_BYTES = 16 << 20  # a piece's payload at most: what a request arriving during a write waits for
+PREFIX_SET_SUFFIX = "-prefixes"  # identity.PREFIXES: a plain --learn store's sets, the first to go
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,9 @@ class PromptStoreFiles:
         return False
 
     def _evict_one(self, keep_set: str) -> bool:
-        """Delete one thing: another set's folder contents first (least recently opened), then this set's
-        least recently used piece (a chain's tail before its prefix, since a tail is used no later)."""
-        for other in self._clock():
+        """Delete one thing: another set's folder contents first (plain --learn prefix sets, then the least
+        recently opened), then this set's least recently used piece (a chain's tail before its prefix)."""
+        for other in sorted(self._clock(), key=lambda name: not name.endswith(PREFIX_SET_SUFFIX)):
             if other != keep_set and any((self.root / other).glob(f"*{PIECE_SUFFIX}")):
                 self.delete_set(other)
                 return True

@@ -64,7 +64,7 @@ def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
     if config.engine_process and config.tensor_parallel_size == 1:
         driver = EngineProcess(config)
     else:
-        link = ActorStoreLink(config) if config.learn_conversations else None
+        link = ActorStoreLink(config) if config.learning else None
         driver = EngineLoop(Engine(config, link))
     driver.start()
     return driver

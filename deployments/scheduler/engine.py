@@ -15,7 +15,7 @@ from deployments.model_rank.runner import RunnerInfo, resolve_device
 from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.grammar import GrammarBackend, follow_written
 from deployments.prefix_hashes import PrefixDigest, PromptHashes
-from deployments.prompt_store.identity import set_id
+from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
 from deployments.prompt_store.store import StoreStats
 from deployments.scheduler.disk_states import DiskStates, StoreLink
 from deployments.scheduler.kv_blocks import BlockManager
@@ -61,7 +61,7 @@ class Engine:
         cached_cap = None if config.prompt_cache_gib is None else int(config.prompt_cache_gib * GIB) // bytes_per_block
         self.blocks = BlockManager(pool.num_blocks, config.block_size, cached_cap)
         self.counters = EngineCounters()
-        self.disk = self._open_disk_states(store_link, runner) if config.learn_conversations else None
+        self.disk = self._open_disk_states(store_link, runner) if config.learning else None
         self._digest_at, self._digest_version = 0.0, -1  # the last digest handed to the router
         self.planner = Planner(
             self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share, on_preempt=self._count_preemption
@@ -215,12 +215,14 @@ class Engine:
             self.disk.stats_stale = False
 
     def _open_disk_states(self, link: StoreLink | None, runner: RunnerInfo) -> DiskStates:
-        if link is None or not hasattr(self.executor, "read_block_rows"):
-            raise ValueError("learn_conversations needs an engine that can keep states on disk (tensor parallel 1)")
-        layout = ",".join(f"{s.kind}:{s.elements_per_token()}" for s in self.executor.runner.specs)
+        if link is None:
+            raise ValueError("learn needs the node's prompt store")
+        token_bytes = self.executor.kv_bytes_per_token()  # every rank's shard
+        layout = f"{token_bytes}B-per-token"
+        kind = CONVERSATIONS if self.config.learn_conversations else PREFIXES
         store_set = set_id(self.config.model, runner.dtype, f"{layout}/b{self.config.block_size}",
-                           self.config.tensor_parallel_size)  # fmt: skip
-        block_bytes = runner.kv_bytes_per_token * self.config.block_size
+                           self.config.tensor_parallel_size, kind)  # fmt: skip
+        block_bytes = token_bytes * self.config.block_size
         return DiskStates(link, store_set, self.blocks, self.executor, block_bytes)
 
     def step(self) -> list[EngineChunk]:
@@ -350,7 +352,10 @@ class Engine:
             return
         seq.finish_reason = reason
         if self.disk is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
-            self.disk.remember(self.blocks.resident_chain(seq.block_table))  # before its blocks are released
+            chain = self.blocks.resident_chain(seq.block_table)  # before its blocks are released
+            if not self.config.learn_conversations:  # --learn: only the prefix it shared with earlier requests
+                chain = chain[: seq.stats.cached_tokens // self.config.block_size]
+            self.disk.remember(chain)
         self.planner.remove(seq)
         self._by_id.pop(seq.request_id, None)
         stats = seq.stats

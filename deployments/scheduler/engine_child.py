@@ -96,7 +96,7 @@ class MemoryAnswer:
 
 def serve(conn: Connection) -> None:
     config: EngineConfig = conn.recv()
-    link = RelayStoreLink(conn) if config.learn_conversations else None
+    link = RelayStoreLink(conn) if config.learning else None
     try:
         engine = Engine(config, link)
     except Exception as exc:  # the replica raises it from its constructor: the deployment fails to start

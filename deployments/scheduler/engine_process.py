@@ -61,7 +61,7 @@ class EngineProcess(StreamHub):
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._queries: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}  # memory and engine calls
         self._query_ids = itertools.count()
-        self._store = ActorStoreLink(config) if config.learn_conversations else None  # the child's relayed calls
+        self._store = ActorStoreLink(config) if config.learning else None  # the child's relayed calls
         self._stopping = False
         self._alive = True
         self._sender = threading.Thread(target=self._send_loop, name="tensorfold-engine-send", daemon=True)
