@@ -29,15 +29,17 @@ REFERENCE = {"messages": USER, "max_tokens": 8, "temperature": 0.8, "seed": 5}
 
 
 @pytest.fixture(scope="module")
-def backend(served_model: str) -> Iterator[LocalBackend]:
-    with local_backend(served_model) as value:
+def backend(served_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
+    # The disk store on, so the imprint routes validate their bodies too (off, they answer 404 to anything).
+    with local_backend(served_model, learn_dir=str(tmp_path_factory.mktemp("learned"))) as value:
         yield value
 
 
 @pytest.fixture(scope="module")
 def client(backend: LocalBackend) -> Iterator[TestClient]:
     auth = auth_settings([KEY], None, False, None)
-    app = build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"], auth=auth))
+    settings = IngressSettings(served_name="tiny", model_ids=["tiny"], auth=auth, learn_conversations=True)
+    app = build_api(backend, settings)
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
 

@@ -67,6 +67,8 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
         assert "loaded_tokens" not in kept
         bad = client.post("/v1/imprint/resume", json={"model": "tiny"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+        too_long = client.post("/v1/imprint/load", json={**_body(second_turn), "max_tokens": 10**6}).json()["error"]
+        assert (too_long["param"], too_long["code"]) == ("messages", "context_length_exceeded")  # as chat refuses it
     with _client(served_model, tmp_path) as client:  # a restart: RAM is empty, the disk holds the state
         answer = client.post("/v1/imprint/resume", json=_body(second_turn)).json()
         assert answer["resume_from"] == "disk" and answer["ram_tokens"] == 0

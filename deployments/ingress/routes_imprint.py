@@ -15,10 +15,10 @@ from fastapi import APIRouter, Request
 
 from deployments.ingress.chat_path import checked_body, render_chat_body
 from deployments.ingress.context import ServingContext
-from deployments.ingress.errors import APIError, json_body, parse_body
+from deployments.ingress.errors import APIError, context_error, json_body, parse_body
 from deployments.ingress.openai_models import ChatCompletionRequest
 from deployments.ingress.tool_checks import CHAT, check_tools
-from deployments.types import ImprintQuery
+from deployments.types import ContextLengthError, ImprintQuery
 
 OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
 
@@ -31,16 +31,21 @@ def imprint_router(ctx: ServingContext) -> APIRouter:
             raise APIError(404, OFF_MESSAGE, "not_found_error")
 
     async def rendered_ids(http: Request) -> list[int]:
+        """The body's prompt, refused as its chat completion would be (the query is about that request)."""
         raw = await json_body(http)
         checked_body(raw)
         check_tools(raw.get("tools"), CHAT)
         fields = parse_body(ChatCompletionRequest, raw)
-        return (await render_chat_body(ctx, fields)).prompt_token_ids
+        ids = (await render_chat_body(ctx, fields)).prompt_token_ids
+        window = (await ctx.facts()).window  # a query sent while the model loads waits, as a chat request does
+        requested = fields.reply_limit
+        if len(ids) >= window or (requested is not None and len(ids) + requested > window):
+            raise context_error(ContextLengthError(window, len(ids), requested, "messages"))
+        return ids
 
     async def answer(http: Request, load: bool) -> dict[str, Any]:
         require_store()
         ids = await rendered_ids(http)
-        await ctx.facts()  # a query sent while the model loads waits for it, as a chat request does
         reply = await ctx.backend.imprint(ImprintQuery(ids, load=load))
         body = asdict(reply)
         if not load:
