@@ -47,11 +47,19 @@ class PrefixDigest:
 
     block_size: int
     keys: bytes  # KEY_BYTES per resident block, in no particular order
-    version: int = 0  # the block manager's change count when it was taken
+    version: int = 0  # counts the digests an engine took: a new one means something changed
+    disk_keys: bytes = b""  # the same for the blocks its node's disk store holds (learn on)
 
     @property
     def num_blocks(self) -> int:
         return len(self.keys) // KEY_BYTES
 
     def key_set(self) -> set[bytes]:
-        return {self.keys[i : i + KEY_BYTES] for i in range(0, len(self.keys), KEY_BYTES)}
+        return split_keys(self.keys)
+
+    def disk_key_set(self) -> set[bytes]:
+        return split_keys(self.disk_keys)
+
+
+def split_keys(keys: bytes) -> set[bytes]:
+    return {keys[i : i + KEY_BYTES] for i in range(0, len(keys), KEY_BYTES)}

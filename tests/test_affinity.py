@@ -79,3 +79,12 @@ def test_a_small_shared_prefix_is_no_match() -> None:
     views = [_view("a", holds=PROMPT[:16]), _view("b")]  # one block of four: under min_match
     decision = choose_replica(views, _keys(PROMPT), RoutingKnobs(min_match=0.5))
     assert decision.reason == NO_MATCH and decision.replica_id == "b"
+
+
+def test_a_prefix_on_a_nodes_disk_counts_as_a_partial_match() -> None:
+    keys = _keys(PROMPT)
+    on_disk = ReplicaView("a", 0, set(keys[:1]), 0, on_disk=set(keys))  # one block in RAM, all four on disk
+    in_ram = _view("b", holds=PROMPT[:32])  # two blocks in RAM
+    decision = choose_replica([on_disk, in_ram], keys, KNOBS)
+    assert (decision.replica_id, decision.matched_blocks) == ("a", 1 + 0.5 * 3)
+    assert choose_replica([on_disk, _view("b", holds=PROMPT[:48])], keys, KNOBS).replica_id == "b"

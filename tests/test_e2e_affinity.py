@@ -13,7 +13,7 @@ import pytest
 from tests.serve_harness import delete_apps, deploy_apps, load_app_config
 
 pytestmark = pytest.mark.e2e
-APP, PREFIX = "e2e-affinity", "/affinity"
+APP, PREFIX, TIGHT = "e2e-affinity", "/affinity", "e2e-affinity-tight"
 TOPICS = ["rivers", "bridges", "comets", "forests", "glaciers", "harbours", "islands", "volcanoes"]
 # A long first message per conversation: each turn's prompt spans many blocks, so block rounding is small.
 OPENING = "Here are my notes on {topic}, line by line. " + " ".join(f"Note {i}: {{topic}} matter." for i in range(14))
@@ -23,13 +23,26 @@ REQUEST = {"model": "m", "max_tokens": 12, "temperature": 0, "chat_template_kwar
 
 
 @pytest.fixture(scope="module")
-def base_url(serve_url: str, served_model: str) -> str:
-    # balance_abs 2: three streams in flight on one replica are enough to overload it against an idle one.
-    # Reports every 0.25 s, so an idle replica's queue reads empty soon after it empties.
-    deploy_apps([load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model, routing_balance_abs=2,
+def apps(serve_url: str, served_model: str) -> dict[str, str]:
+    """Two apps, deployed together (a declarative deploy replaces the session's apps):
+    - the YAML's defaults: 8 conversations, 4 per replica, never lead each other by more than balance_abs;
+    - tight: balance_abs 2, so three streams in flight on one replica overload it against an idle one, and
+      reports every 0.25 s, so an idle replica's queue reads empty soon after it empties."""
+    deploy_apps([load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model),
+                 load_app_config("glm-dp2.yaml", TIGHT, "/tight", model=served_model, routing_balance_abs=2,
                                  routing_stats_period_s=STATS_PERIOD_S)])  # fmt: skip
-    yield f"{serve_url}{PREFIX}"
-    delete_apps([APP])
+    yield {"base": f"{serve_url}{PREFIX}", "tight": f"{serve_url}/tight"}
+    delete_apps([APP, TIGHT])
+
+
+@pytest.fixture(scope="module")
+def base_url(apps: dict[str, str]) -> str:
+    return apps["base"]
+
+
+@pytest.fixture(scope="module")
+def tight_url(apps: dict[str, str]) -> str:
+    return apps["tight"]
 
 
 async def _chat(client: httpx.AsyncClient, messages: list[dict], **extra: object) -> dict:
@@ -98,11 +111,11 @@ def _wait_idle(base_url: str) -> None:
     time.sleep(8 * STATS_PERIOD_S)
 
 
-def test_an_overloaded_replica_gives_its_conversations_away(base_url: str) -> None:
-    _wait_idle(base_url)
+def test_an_overloaded_replica_gives_its_conversations_away(tight_url: str) -> None:
+    _wait_idle(tight_url)
 
     async def run() -> tuple[dict, dict]:
-        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        async with httpx.AsyncClient(base_url=tight_url, timeout=120) as client:
             messages = [{"role": "user", "content": OPENING.format(topic="lighthouses")}]
             first = await _chat(client, messages)
             follow_up = _next_turn(messages, first, TURNS[0])

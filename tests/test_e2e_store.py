@@ -52,6 +52,10 @@ def test_a_conversation_resumes_from_disk_after_its_replicas_restart(serve_url: 
         assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert resumed["tensorfold"]["token_sha"] == fresh["tensorfold"]["token_sha"]
         assert resumed["choices"][0]["message"] == fresh["choices"][0]["message"]
+        from ray import serve
+
+        stats = serve.get_deployment_handle("Scheduler", "e2e-store").record_routing_stats.remote().result()
+        assert len(stats["disk_keys"]) >= 8 * (answer["disk_tokens"] // 16)  # the router sees the disk's blocks
         off = httpx.post(f"{serve_url}/fresh/v1/imprint/resume", json=_body(second_turn), timeout=60)
         assert off.status_code == 404
         assert httpx.delete(f"{url}/v1/imprint", timeout=60).json()["freed_bytes"] > 0

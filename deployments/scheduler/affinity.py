@@ -4,12 +4,14 @@ A request goes to the replica holding the longest run of its prompt's leading bl
 chained block names, exactly), unless that replica's queue is longer than the least loaded one's by more
 than an absolute and a relative margin (SGLang's router balances the same way): then the least loaded one
 takes it. A prompt nobody holds enough of goes to the least loaded replica, ties to the one holding the
-fewest blocks, so new conversations spread over the replicas.
+fewest blocks, so new conversations spread over the replicas. Blocks a replica's node holds on disk (the
+prompt-state store) count as a partial match.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 AFFINITY, BALANCE, NO_MATCH = "affinity", "balance", "no_match"
+DISK_WEIGHT = 0.5  # a block its node's disk store holds counts half: read back, not prefilled, but not in RAM
 ROUTE_REASONS = (AFFINITY, BALANCE, NO_MATCH)
 
 
@@ -30,13 +32,14 @@ class ReplicaView:
     load: int  # requests in flight there (what this router sent, or what the replica reported if more)
     resident: set[bytes]  # block keys it holds: its last digest, plus the prompts routed there since
     routed: int = 0  # requests this router sent there so far
+    on_disk: set[bytes] = field(default_factory=set)  # block keys its node's disk store holds (learn on)
 
 
 @dataclass(frozen=True)
 class RouteDecision:
     replica_id: str
     reason: str  # one of ROUTE_REASONS
-    matched_blocks: int  # leading prompt blocks the chosen replica holds
+    matched_blocks: float  # leading prompt blocks the chosen replica holds (disk-held ones count DISK_WEIGHT)
 
 
 def matched_blocks(keys: list[bytes], resident: set[bytes]) -> int:
@@ -49,6 +52,15 @@ def matched_blocks(keys: list[bytes], resident: set[bytes]) -> int:
     return count
 
 
+def match_score(keys: list[bytes], view: ReplicaView) -> float:
+    """Leading blocks held in RAM, then DISK_WEIGHT for each further one its node's disk store holds."""
+    in_ram = matched_blocks(keys, view.resident)
+    if not view.on_disk:
+        return float(in_ram)
+    either = matched_blocks(keys, view.resident | view.on_disk)
+    return in_ram + DISK_WEIGHT * (either - in_ram)
+
+
 def overloaded(target: ReplicaView, least: ReplicaView, knobs: RoutingKnobs) -> bool:
     gap = target.load - least.load
     return gap > knobs.balance_abs and target.load > knobs.balance_rel * least.load
@@ -56,7 +68,7 @@ def overloaded(target: ReplicaView, least: ReplicaView, knobs: RoutingKnobs) -> 
 
 def choose_replica(views: list[ReplicaView], keys: list[bytes], knobs: RoutingKnobs) -> RouteDecision:
     """The replica for a prompt whose full blocks have these keys; `views` is never empty."""
-    matches = {view.replica_id: matched_blocks(keys, view.resident) for view in views}
+    matches = {view.replica_id: match_score(keys, view) for view in views}
     least = min(views, key=lambda v: (v.load, len(v.resident), v.routed, v.replica_id))
     best = max(views, key=lambda v: (matches[v.replica_id], -v.load, -v.routed, v.replica_id))
     matched = matches[best.replica_id]

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from deployments.prefix_hashes import PromptHashes
+from deployments.prefix_hashes import KEY_BYTES, PromptHashes
 from deployments.prompt_store.store import PIECE_BYTES, BlockRows, PieceWrite, StoreStats
 from deployments.scheduler.kv_blocks import BlockManager, BlockTable
 from deployments.types import ImprintAnswer
@@ -74,11 +74,13 @@ class DiskStates:
         self.restored_tokens_total = 0
         self.latest: StoreStats | None = None  # the store's figures for this set, refreshed while idle
         self.stats_stale = True
+        self.version = 0  # counts changes to `on_disk`, for the router's digest
 
     @property
     def on_disk(self) -> set[bytes]:
         if self._on_disk is None:
             self._on_disk = set(self.link.open_set(self.set_id))
+            self.version += 1
         return self._on_disk
 
     # ---- writes ---------------------------------------------------------------------------------------
@@ -89,6 +91,10 @@ class DiskStates:
             if name not in self.on_disk:
                 self._queue.append((parent, name, block_id, tokens))
             parent = name
+
+    def disk_keys(self) -> bytes:
+        """The keys of the blocks the store holds for this set (none before it is opened), for the router."""
+        return b"".join(name[:KEY_BYTES] for name in self._on_disk or ())
 
     def has_writes(self) -> bool:
         return bool(self._queue)
@@ -118,6 +124,7 @@ class DiskStates:
         self.link.write(piece)
         self.stats_stale = True
         self.on_disk.update(piece.hashes)  # optimistic: a cap may refuse it, and a later read then misses
+        self.version += 1
 
     # ---- reads ----------------------------------------------------------------------------------------
     def resumable(self, prompt: list[int], hashes: PromptHashes) -> Resumable:
@@ -172,6 +179,7 @@ class DiskStates:
 
     def _forget_missing(self, names: list[bytes]) -> None:
         self.on_disk.difference_update(names)
+        self.version += 1
 
     def _measured_read(self, size: int, seconds: float) -> None:
         if seconds > 0:
@@ -197,4 +205,5 @@ class DiskStates:
         freed = self.link.delete_set(self.set_id)
         self._on_disk = set()
         self.stats_stale = True
+        self.version += 1
         return freed

@@ -62,7 +62,8 @@ class Engine:
         self.blocks = BlockManager(pool.num_blocks, config.block_size, cached_cap)
         self.counters = EngineCounters()
         self.disk = self._open_disk_states(store_link, runner) if config.learning else None
-        self._digest_at, self._digest_version = 0.0, -1  # the last digest handed to the router
+        self._digest_at, self._digest_version = 0.0, (-1, -1)  # the last digest handed to the router
+        self._digests = 0
         self.planner = Planner(
             self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share, on_preempt=self._count_preemption
         )
@@ -404,10 +405,15 @@ class Engine:
         """The resident blocks' keys for the router when they changed, at most every DIGEST_INTERVAL_S
         (`force`: whatever the interval, as the engine goes idle); else None."""
         now = time.monotonic()
-        if self.blocks.version == self._digest_version or (not force and now - self._digest_at < DIGEST_INTERVAL_S):
+        version = (self.blocks.version, 0 if self.disk is None else self.disk.version)
+        if version == self._digest_version or (not force and now - self._digest_at < DIGEST_INTERVAL_S):
             return None
-        self._digest_at, self._digest_version = now, self.blocks.version
-        return self.blocks.digest()
+        self._digest_at, self._digest_version = now, version
+        digest = self.blocks.digest()
+        digest.version = self._digests = self._digests + 1  # RAM's or the disk's change: a new digest
+        if self.disk is not None:  # what the node's disk store holds counts as a partial match
+            digest.disk_keys = self.disk.disk_keys()
+        return digest
 
     def shutdown(self) -> None:
         self.executor.shutdown()

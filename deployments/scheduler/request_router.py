@@ -19,11 +19,13 @@ from deployments.types import EngineRequest, ImprintQuery
 
 log = logging.getLogger("tensorfold.router")
 ROUTED_KEYS_CAP = 200_000  # keys remembered per replica between its reports (~a few MB at most)
+ROUTED_KEYS_TTL_PERIODS = 30  # a sent prompt no report has shown yet is remembered this many periods
 
 
 def routing_stats(digest: PrefixDigest, load: int) -> dict[str, object]:
     """What a Scheduler replica reports: plain values, since Serve's controller relays them unimported."""
-    return {"block_size": digest.block_size, "keys": digest.keys, "version": digest.version, "load": load}
+    return {"block_size": digest.block_size, "keys": digest.keys, "disk_keys": digest.disk_keys,
+            "version": digest.version, "load": load}  # fmt: skip
 
 
 @dataclass
@@ -32,6 +34,7 @@ class _ReplicaMemory:
 
     version: int = -1  # of the digest parsed last
     reported: set[bytes] = field(default_factory=set)
+    reported_disk: set[bytes] = field(default_factory=set)  # what its node's disk store holds
     reported_load: int = 0
     reported_at: float = 0.0  # when that digest was parsed here
     routed_keys: dict[bytes, float] = field(default_factory=dict)  # prompt keys sent there -> when
@@ -79,15 +82,19 @@ class PrefixAffinityRouter(RequestRouter):
         stats = replica.routing_stats or {}
         fresh = stats.get("version", -1) != memory.version and stats.get("block_size") == self._block_size
         if fresh and isinstance(stats.get("keys"), bytes):
-            digest = PrefixDigest(int(stats["block_size"]), stats["keys"], int(stats["version"]))
+            digest = PrefixDigest(int(stats["block_size"]), stats["keys"], int(stats["version"]),
+                                  bytes(stats.get("disk_keys", b"")))  # fmt: skip
             memory.version, memory.reported, memory.reported_at = digest.version, digest.key_set(), now
-            # Prompts sent well before this report are in it if they are still held: forget them.
-            horizon = now - 2 * self._stats_period_s
-            memory.routed_keys = {k: t for k, t in memory.routed_keys.items() if t >= horizon}
+            memory.reported_disk = digest.disk_key_set()
+            # A report can lag behind what was sent (it is relayed by Serve's controller): a prompt sent there is
+            # forgotten once a report holds it, or after ROUTED_KEYS_TTL_PERIODS reports' time at most.
+            horizon = now - ROUTED_KEYS_TTL_PERIODS * self._stats_period_s
+            memory.routed_keys = {k: t for k, t in memory.routed_keys.items()
+                                  if t >= horizon and k not in memory.reported}  # fmt: skip
         memory.reported_load = int(stats.get("load", 0))
         resident = memory.reported | memory.routed_keys.keys()
         load = max(memory.in_flight, memory.reported_load)
-        return ReplicaView(replica.replica_id.unique_id, load, resident, memory.routed)
+        return ReplicaView(replica.replica_id.unique_id, load, resident, memory.routed, memory.reported_disk)
 
     def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
         """The request's block names (computed once: a retry of the same request reuses them)."""
