@@ -125,3 +125,26 @@ def test_a_shared_prefix_is_stored_once(served_model: str, tmp_path: Path) -> No
         pieces = 1
         both = stored_after("Which note is last, and why? " * 8)
     assert 0 < both - first < 0.3 * first  # the second conversation added its own blocks only
+
+
+def test_a_damaged_piece_costs_a_prompt_pass_not_the_reply(served_model: str, tmp_path: Path) -> None:
+    turn = [{"role": "user", "content": OPENING}]
+    later = turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And then?"}]
+    with _client(served_model, tmp_path) as client:
+        client.post("/v1/chat/completions", json=_body(turn))
+        _wait_on_disk(client, _body(later))
+    for piece in tmp_path.rglob("*.piece"):  # flip one byte of every piece's payload
+        raw = bytearray(piece.read_bytes())
+        raw[-1] ^= 0xFF
+        piece.write_bytes(bytes(raw))
+    with _client(served_model, tmp_path) as client:
+        assert client.post("/v1/imprint/resume", json=_body(later)).json()["resume_from"] == "disk"
+        damaged = client.post("/v1/chat/completions", json=_body(later)).json()
+        assert damaged["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # prefilled instead
+        assert not list(tmp_path.rglob("*.piece"))  # deleted, with the states that needed it
+        metrics = client.get("/metrics").text
+        assert any(line.startswith("tensorfold:store_damaged_pieces_total") and float(line.split()[-1]) >= 1
+                   for line in metrics.splitlines())  # fmt: skip
+    with _client(served_model, tmp_path / "fresh") as client:
+        fresh = client.post("/v1/chat/completions", json=_body(later)).json()
+    assert damaged["choices"][0]["message"] == fresh["choices"][0]["message"]

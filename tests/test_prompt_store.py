@@ -91,6 +91,9 @@ def test_caps_skip_writes_and_evict_other_sets_first(tmp_path: Path) -> None:
     daily = PromptStoreFiles(tmp_path / "d", StoreCaps(max_bytes=1 << 40, min_free_bytes=0, daily_bytes=10))
     daily.open_set("s")
     assert daily.write(_piece("s", list(range(8)))) == [] and daily.stats("s").writes_skipped == 1
+    no_room = PromptStoreFiles(tmp_path / "f", StoreCaps(max_bytes=1 << 40, min_free_bytes=1 << 60, daily_bytes=1 << 40))
+    no_room.open_set("s")  # the disk would keep less free space than asked: RAM only
+    assert no_room.write(_piece("s", list(range(8)))) == [] and not list((tmp_path / "f").rglob("*.piece"))
     written = json.loads((tmp_path / "written").read_text())  # today's bytes, every set's (three pieces)
     assert written["day"] == time.strftime("%Y-%m-%d") and 2.5 * piece_size < written["bytes"] < 4 * piece_size
 
