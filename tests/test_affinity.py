@@ -88,3 +88,10 @@ def test_a_prefix_on_a_nodes_disk_counts_as_a_partial_match() -> None:
     decision = choose_replica([on_disk, in_ram], keys, KNOBS)
     assert (decision.replica_id, decision.matched_blocks) == ("a", 1 + 0.5 * 3)
     assert choose_replica([on_disk, _view("b", holds=PROMPT[:48])], keys, KNOBS).replica_id == "b"
+
+
+def test_a_prompt_sent_before_the_last_report_still_counts() -> None:
+    keys = _keys(PROMPT)
+    sent_there = ReplicaView("a", 0, set(), 0, sent=set(keys[:3]))  # no report shows it yet
+    decision = choose_replica([sent_there, _view("b")], keys, KNOBS)
+    assert (decision.replica_id, decision.reason, decision.matched_blocks) == ("a", AFFINITY, 3)

@@ -8,6 +8,7 @@ fewest blocks, so new conversations spread over the replicas. Blocks a replica's
 prompt-state store) count as a partial match.
 """
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 AFFINITY, BALANCE, NO_MATCH = "affinity", "balance", "no_match"
@@ -30,9 +31,17 @@ class ReplicaView:
 
     replica_id: str
     load: int  # requests in flight there (what this router sent, or what the replica reported if more)
-    resident: set[bytes]  # block keys it holds: its last digest, plus the prompts routed there since
+    resident: set[bytes]  # block keys its last digest holds
     routed: int = 0  # requests this router sent there so far
     on_disk: set[bytes] = field(default_factory=set)  # block keys its node's disk store holds (learn on)
+    sent: Collection[bytes] = ()  # prompt keys sent there that no report has shown yet (held there by now)
+
+    def in_ram(self, key: bytes) -> bool:
+        return key in self.resident or key in self.sent
+
+    @property
+    def held(self) -> int:
+        return len(self.resident) + len(self.sent)
 
 
 @dataclass(frozen=True)
@@ -42,11 +51,11 @@ class RouteDecision:
     matched_blocks: float  # leading prompt blocks the chosen replica holds (disk-held ones count DISK_WEIGHT)
 
 
-def matched_blocks(keys: list[bytes], resident: set[bytes]) -> int:
-    """Leading blocks of the prompt that `resident` holds (the engine stops its match at the first miss)."""
+def matched_blocks(keys: list[bytes], holds: Callable[[bytes], bool]) -> int:
+    """Leading blocks of the prompt that `holds` (the engine stops its match at the first miss)."""
     count = 0
     for key in keys:
-        if key not in resident:
+        if not holds(key):
             break
         count += 1
     return count
@@ -54,10 +63,10 @@ def matched_blocks(keys: list[bytes], resident: set[bytes]) -> int:
 
 def match_score(keys: list[bytes], view: ReplicaView) -> float:
     """Leading blocks held in RAM, then DISK_WEIGHT for each further one its node's disk store holds."""
-    in_ram = matched_blocks(keys, view.resident)
+    in_ram = matched_blocks(keys, view.in_ram)
     if not view.on_disk:
         return float(in_ram)
-    either = matched_blocks(keys, view.resident | view.on_disk)
+    either = in_ram + matched_blocks(keys[in_ram:], lambda key: view.in_ram(key) or key in view.on_disk)
     return in_ram + DISK_WEIGHT * (either - in_ram)
 
 
@@ -69,7 +78,7 @@ def overloaded(target: ReplicaView, least: ReplicaView, knobs: RoutingKnobs) -> 
 def choose_replica(views: list[ReplicaView], keys: list[bytes], knobs: RoutingKnobs) -> RouteDecision:
     """The replica for a prompt whose full blocks have these keys; `views` is never empty."""
     matches = {view.replica_id: match_score(keys, view) for view in views}
-    least = min(views, key=lambda v: (v.load, len(v.resident), v.routed, v.replica_id))
+    least = min(views, key=lambda v: (v.load, v.held, v.routed, v.replica_id))
     best = max(views, key=lambda v: (matches[v.replica_id], -v.load, -v.routed, v.replica_id))
     matched = matches[best.replica_id]
     if not keys or matched == 0 or matched < knobs.min_match * len(keys):

@@ -92,9 +92,9 @@ class PrefixAffinityRouter(RequestRouter):
             memory.routed_keys = {k: t for k, t in memory.routed_keys.items()
                                   if t >= horizon and k not in memory.reported}  # fmt: skip
         memory.reported_load = int(stats.get("load", 0))
-        resident = memory.reported | memory.routed_keys.keys()
         load = max(memory.in_flight, memory.reported_load)
-        return ReplicaView(replica.replica_id.unique_id, load, resident, memory.routed, memory.reported_disk)
+        return ReplicaView(replica.replica_id.unique_id, load, memory.reported, memory.routed, memory.reported_disk,
+                           memory.routed_keys.keys())  # fmt: skip
 
     def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
         """The request's block names (computed once: a retry of the same request reuses them)."""
