@@ -112,6 +112,9 @@ class EngineRequest:
     # engine's prefix match reuses them) and why it went where it did (affinity, balance, no_match).
     prompt_hashes: PromptHashes | None = None
     route_reason: str = ""
+    # False: the serial reference (one token per round, no drafts); True: the engine's drafter, if it has one.
+    # Either way the reply is the same, token for token (set by Ingress from the request's `draft`).
+    draft: bool = True
 
 
 @dataclass
@@ -160,6 +163,20 @@ class RequestStats:
     disk_tokens: int = 0  # of cached_tokens, those read back from the disk store for this request
     route_reason: str = ""  # the router's reason for this replica (the request's `route_reason`)
     replica: str = ""  # the Scheduler replica that served it (set by that replica on the last chunk)
+    draft_method: str = "off"  # "mtp", "ngram" or "off" (the request asked for none, or the engine has none)
+    drafted: int = 0  # draft tokens sent to verify rounds
+    accepted: int = 0  # of those, kept (equal to the token the keyed draw gave at their row)
+    draft_rounds: int = 0  # decode rounds that verified at least one draft
+    accepted_per_position: list[int] = field(default_factory=list)  # [k]: drafts kept at draft position k
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Reply tokens each decode round wrote (the first token comes from the prompt pass): 1.0 serially."""
+        return (self.completion_tokens - 1) / self.rounds if self.rounds and self.completion_tokens else 0.0
 
 
 @dataclass

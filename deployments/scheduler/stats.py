@@ -28,6 +28,10 @@ class EngineCounters:
     requests_by_key: dict[str, int] = field(default_factory=dict)  # finished requests per API-key label
     requests_by_route: dict[str, int] = field(default_factory=dict)  # finished requests per router reason
     histograms: RequestHistograms = field(default_factory=RequestHistograms)
+    drafted_total: int = 0  # draft tokens verified, of finished requests
+    accepted_total: int = 0  # of those, kept
+    draft_rounds_total: int = 0  # verify rounds that carried drafts, of finished requests (vLLM's num_drafts)
+    accepted_by_position: dict[int, int] = field(default_factory=dict)  # draft position k -> kept drafts there
 
     def finished(self, stats: RequestStats, reason: FinishReason, key_label: str = "none") -> None:
         self.requests_total += 1
@@ -45,12 +49,18 @@ class EngineCounters:
         self.disk_tokens_total += stats.disk_tokens
         self.prefill_seconds_total += stats.prefill_seconds
         self.decode_seconds_total += stats.decode_seconds
+        self.drafted_total += stats.drafted
+        self.accepted_total += stats.accepted
+        self.draft_rounds_total += stats.draft_rounds
+        for position, kept in enumerate(stats.accepted_per_position):
+            self.accepted_by_position[position] = self.accepted_by_position.get(position, 0) + kept
 
     def snapshot(self) -> "EngineCounters":
         # Runs after every step: copy the mutable parts by hand rather than deepcopy the lot.
         copied = copy.copy(self)
         copied.requests_by_key = dict(self.requests_by_key)
         copied.requests_by_route = dict(self.requests_by_route)
+        copied.accepted_by_position = dict(self.accepted_by_position)
         copied.histograms = self.histograms.snapshot()
         return copied
 

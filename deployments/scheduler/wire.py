@@ -61,6 +61,8 @@ class EngineInfo:
     counters: EngineCounters
     prompt_cache: bool = True  # whether prompt blocks are kept for reuse across requests
     store: StoreStats | None = None  # the disk store's figures for this replica's set (None: the store is off)
+    drafts: str = "off"  # the engine's drafter: "mtp", "ngram" or "off" (then the draft families are left out)
+    draft_tokens: int = 0  # the most drafts a round verifies per sequence
 
 
 @dataclass
