@@ -45,6 +45,16 @@ class EngineConfig(BaseModel):
     learn_min_free_gib: float = Field(default=4.0, ge=0.0)
     learn_daily_gib: float = Field(default=32.0, gt=0.0)
 
+    # Drafts: several tokens per round, every reply the same as serial decoding's. auto = the checkpoint's MTP
+    # layer where it has one, else n-gram lookup; draft_tokens caps the drafts per round (None: the method's).
+    draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
+    draft_tokens: int | None = Field(default=None, ge=1, le=16)
+
+    @property
+    def wants_mtp(self) -> bool:
+        """Whether the ranks should load the MTP layer's drafting (it runs only where the checkpoint has one)."""
+        return self.draft in ("auto", "mtp")
+
     @property
     def learning(self) -> bool:
         return self.learn or self.learn_conversations

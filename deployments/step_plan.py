@@ -2,8 +2,10 @@
 
 A step computes, for each scheduled sequence, its tokens [num_computed, num_computed + len(new_token_ids)).
 When that reaches the end of the sequence, the rank draws the next token with the sequence's keyed rule.
+A verify round appends drafts d1..dK to the last known token: its K+1 last rows each draw, row i with the
+keyed rule at its own reply position, so a kept draft is exactly the token serial decoding would draw there.
 A sequence asking for prompt logprobs also gets a row for each prompt position of the step (`prompt_rows`).
-Prefill chunks, prefix hits, recomputation after preemption and decode rounds are all this one shape.
+Prefill chunks, prefix hits, recomputation after preemption, decode and verify rounds are all this one shape.
 """
 
 from dataclasses import dataclass, field
@@ -53,12 +55,27 @@ class PromptRowsWanted:
 
 
 @dataclass
+class Proposal:
+    """Drafts the rank's MTP layer proposes for a sequence's next round (set by the rank, checked by the engine).
+
+    They continue the sequence as the rank saw it after the step: its token at `after` was `last_token`.
+    The engine drops them when the reply it wrote differs (a cut, a forced close, a stop).
+    """
+
+    after: int  # position of the last token the drafts continue
+    last_token: int
+    token_ids: list[int]
+
+
+@dataclass
 class StepOutput:
     """What a rank returns for one step (rank 0's is used)."""
 
-    draws: list[StepResult] = field(default_factory=list)  # one per sequence with a draw, in plan order
+    # One per drawn row, in plan order: a sequence's `draw` first, then its `draft_draws`.
+    draws: list[StepResult] = field(default_factory=list)
     # Rows of the sequences with `prompt_rows`, keyed by their index in `StepPlan.seqs`.
     prompt_rows: dict[int, list[PromptLogprobRow]] = field(default_factory=dict)
+    proposals: dict[int, Proposal] = field(default_factory=dict)  # keyed by index in `StepPlan.seqs`
 
 
 @dataclass
@@ -69,7 +86,24 @@ class SeqStep:
     num_computed: int  # tokens already in the cache before this step (also the first new position)
     block_ids: list[int]  # the sequence's cache blocks covering num_computed + len(new_token_ids) tokens
     draw: SeqDraw | None = None  # set when this step ends at the sequence's last token
+    # A verify round: the last len(draft_draws) new tokens are drafts, and row i of them draws with
+    # draft_draws[i] (reply position and grammar mask as if the drafts before it were kept).
+    draft_draws: list[SeqDraw] = field(default_factory=list)
     prompt_rows: PromptRowsWanted | None = None  # set when the step covers prompt positions needing rows
+    # MTP drafting (the sequence drafts with the MTP layer): its rows of this step feed the MTP layer's cache,
+    # and `propose` drafts are wanted for the next round (0: none).
+    mtp: bool = False
+    propose: int = 0
+    next_token_id: int | None = None  # the token after the step's last row when that row draws nothing
+
+    @property
+    def draws(self) -> list[SeqDraw]:
+        """Every draw of the step, in row order."""
+        return [] if self.draw is None else [self.draw, *self.draft_draws]
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.draft_draws)
 
 
 @dataclass

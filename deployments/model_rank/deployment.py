@@ -46,7 +46,8 @@ class ModelRank:
         )
         # Ranks of one copy share their node (STRICT_PACK by default): each takes its share of the cores.
         use_engine_threads(self.config.engine_threads, self.config.reserved_cpus, self.config.tensor_parallel_size)
-        self.runner = ModelRunner(self.config.model, self.config.dtype, self.config.device, self.parallel)
+        self.runner = ModelRunner(self.config.model, self.config.dtype, self.config.device, self.parallel,
+                                  mtp=self.config.wants_mtp)
 
     def info(self) -> RunnerInfo:
         assert self.runner is not None

@@ -12,6 +12,7 @@ import torch
 
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
+from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.sampler import prompt_rows, sample_rows
 from deployments.step_plan import StepOutput, StepPlan
 from deployments.types import PromptLogprobRow
@@ -34,6 +35,7 @@ class RunnerInfo:
     eos_token_ids: list[int]
     device_name: str
     threads: int = 1  # intra-op threads the forward pass computes with on this rank
+    mtp: bool = False  # the rank drafts with the checkpoint's MTP layer (its cache is in kv_bytes_per_token)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -45,14 +47,19 @@ def resolve_device(device: str) -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str | Path, dtype: str, device: str, parallel: ParallelContext) -> None:
+    def __init__(self, model_dir: str | Path, dtype: str, device: str, parallel: ParallelContext,
+                 mtp: bool = False) -> None:  # fmt: skip
+        """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
         self.device = resolve_device(device)
         if self.device.type == "cuda" and parallel.is_parallel:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.model: CausalLM = load_model(model_dir, dtype=dtype, device=self.device, parallel=parallel)
+        self.mtp_on = mtp and self.model.config.has_mtp
+        self.mtp_specs = self.model.mtp_kv_cache_specs() if self.mtp_on else []  # type: ignore[operator]
         self.specs = self.model.kv_cache_specs()
         self.block_size = 0
         self.num_blocks = 0
+        self.drafter: MtpDrafter | None = None
 
     def info(self) -> RunnerInfo:
         cfg = self.model.config
@@ -65,16 +72,23 @@ class ModelRunner:
             vocab_size=cfg.vocab_size,
             max_position_embeddings=cfg.max_position_embeddings,
             weight_bytes=self.model.weight_bytes(),
-            kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
+            kv_bytes_per_token=sum(s.elements_per_token() for s in [*self.specs, *self.mtp_specs]) * itemsize,
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=name,
             threads=torch.get_num_threads(),
+            mtp=self.mtp_on,
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         dtype = self.model.config.dtype
         caches = [spec.allocate(num_blocks, block_size, dtype, self.device) for spec in self.specs]
         self.model.bind_kv_caches(caches)
+        if self.mtp_on:
+            # Rows a step never wrote (a prefix adopted before MTP saw it) only make poorer drafts.
+            mtp_caches = [s.allocate(num_blocks, block_size, dtype, self.device) for s in self.mtp_specs]
+            self.model.bind_mtp_kv_caches(mtp_caches)  # type: ignore[operator]
+            caches = [*caches, *mtp_caches]
+            self.drafter = MtpDrafter(self.model.mtp, block_size, self.device)  # type: ignore[arg-type]
         self.caches = [tensor for cache in caches for tensor in cache]  # every layer's tensors, in order
         self.num_blocks, self.block_size = num_blocks, block_size
 
@@ -108,8 +122,7 @@ class ModelRunner:
                 ids.append(token)
                 positions.append(pos)
                 slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
-            if seq.draw is not None:
-                logits_rows.append(len(ids) - 1)
+            logits_rows.extend(range(len(ids) - len(seq.draws), len(ids)))  # each drawing row: the last ones
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
         return ForwardBatch(
             input_ids=as_long(ids),
@@ -129,10 +142,12 @@ class ModelRunner:
         batch = self._forward_batch(plan)
         hidden = self.model.forward(batch)  # [T, H]
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
-        draws = [s.draw for s in plan.seqs if s.draw is not None]
+        draws = [d for s in plan.seqs for d in s.draws]
         if draws:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] float32
             output.draws = sample_rows(logits.float().cpu(), draws)
+        if self.drafter is not None and any(s.mtp for s in plan.seqs):
+            output.proposals = self.drafter.run(plan, batch, hidden, output.draws)
         return output
 
     def _prompt_rows(self, plan: StepPlan, hidden: torch.Tensor) -> dict[int, list[PromptLogprobRow]]:

@@ -18,6 +18,7 @@ from deployments.prefix_hashes import PrefixDigest, PromptHashes
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
 from deployments.prompt_store.store import StoreStats
 from deployments.scheduler.disk_states import DiskStates, StoreLink
+from deployments.scheduler.draft_rounds import DraftRounds
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
 from deployments.scheduler.planner import PlannedStep, Planner
@@ -27,7 +28,7 @@ from deployments.scheduler.stats import EngineCounters, LiveRates
 from deployments.scheduler.thinking import Forced, force_tokens
 from deployments.scheduler.text_output import IncrementalText
 from deployments.scheduler.wire import EngineInfo
-from deployments.step_plan import StepOutput, StepResult
+from deployments.step_plan import Proposal, SeqStep, StepOutput, StepResult
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason, ImprintAnswer, ImprintQuery
 
@@ -64,22 +65,37 @@ class Engine:
         self.disk = self._open_disk_states(store_link, runner) if config.learning else None
         self._digest_at, self._digest_version = 0.0, (-1, -1)  # the last digest handed to the router
         self._digests = 0
-        self.planner = Planner(
-            self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share, on_preempt=self._count_preemption
-        )
+        self.draft_method = self._draft_method(runner)
+        self.drafts = None if self.draft_method == "off" else DraftRounds(self.draft_method, config.draft_tokens)
+        self.planner = Planner(self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share,
+                               on_preempt=self._count_preemption, drafts=self.drafts)  # fmt: skip
         self.rates = LiveRates()
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(runner.eos_token_ids)
         self.salt = seed_salt()
         self.grammars = GrammarBackend(self.tokenizer, runner.vocab_size, sorted(self.eos_ids))
         self.policy = (
             f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
-            f"threads={runner.threads} kv={pool.reason}"
+            f"threads={runner.threads} kv={pool.reason} drafts={self.draft_method}"
+            + (f"x{self.drafts.max_drafts}" if self.drafts is not None else "")
         )
         self._arrivals = itertools.count()
         self._by_id: dict[str, Sequence] = {}
         self._outbox: deque[EngineChunk] = deque()
         self.last_step_kind: str | None = None  # "prefill" / "decode" / None: what the latest step ran
         log.info("engine ready: window=%d %s", self.window, self.policy)
+
+    def _draft_method(self, runner: RunnerInfo) -> str:
+        """The engine's drafter: the MTP layer where the ranks loaded one (auto, mtp), else n-gram lookup."""
+        wanted = self.config.draft
+        if wanted == "mtp" and not runner.mtp:
+            raise StartupError(
+                f"draft: mtp needs a checkpoint with an MTP layer (a glm4_moe model with num_nextn_predict_layers "
+                f">= 1 and its model.layers.N weights); this {runner.model_type} checkpoint has none: "
+                f"use --draft ngram, auto or off"
+            )
+        if wanted == "off":
+            return "off"
+        return "mtp" if runner.mtp else "ngram"
 
     def _check_weights_fit(self) -> None:
         files = sum(p.stat().st_size for p in Path(self.config.model).glob("*.safetensors"))
@@ -153,6 +169,9 @@ class Engine:
         seq.grammar = None if request.grammar is None else self.grammars.reply_grammar(request.grammar)
         seq.logprob_rows = None if request.logprobs is None else []
         seq.prompt_rows = None if request.prompt_logprobs is None else []
+        if self.drafts is not None:
+            self.drafts.start(seq)
+        seq.stats.draft_method = "off" if seq.draft is None else seq.draft.method
         if self.disk is not None and request.prompt_logprobs is None:
             seq.stats.disk_tokens = self._restore(request)
         self._by_id[request.request_id] = seq
@@ -240,6 +259,8 @@ class Engine:
             else:
                 seconds = time.perf_counter() - started
                 self.planner.record(planned, seconds)
+                if self.drafts is not None and planned.plan.kind == "decode":
+                    self.drafts.record_round(planned.plan.num_tokens, seconds)
                 self._apply(planned, output, seconds)
         chunks = list(self._outbox)
         self._outbox.clear()
@@ -249,11 +270,12 @@ class Engine:
         now = time.time()
         drawn = iter(output.draws)
         is_prefill = planned.plan.kind == "prefill"
-        new_tokens = 0
+        new_tokens = written = 0
         for index, (seq, step) in enumerate(zip(planned.seqs, planned.plan.seqs)):
+            results = [next(drawn) for _ in step.draws]
             if seq.prompt_rows is not None:
                 seq.prompt_rows.extend(output.prompt_rows.get(index, []))
-            seq.num_computed += len(step.new_token_ids)
+            seq.num_computed += len(step.new_token_ids) - step.num_drafts  # a draft's KV counts once it is kept
             self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
             if is_prefill:
                 seq.stats.prefill_seconds += seconds
@@ -261,29 +283,65 @@ class Engine:
                 new_tokens += len(step.new_token_ids)
             else:
                 seq.stats.rounds += 1
-            if step.draw is not None:
-                result = next(drawn)
-                if seq.request.score_token_ids is not None:
-                    self._scored(seq, result, now)
-                    continue
-                if seq.max_tokens == 0:  # the prompt pass was the whole request (an echo scoring its prompt)
-                    seq.prompt_done_time = now
-                    self._finish(seq, FinishReason.LENGTH)
-                    continue
-                before = seq.num_reply_tokens
-                if seq.logprob_rows is not None and result.logprobs is not None:
-                    seq.logprob_rows.append(result.logprobs)
-                self._accept(seq, result.token, now)
-                failure = follow_written(seq, before)  # the matcher follows every written token, forced too
-                if failure is not None:
-                    self._finish(seq, FinishReason.ERROR, failure)
+            if not results:
+                continue
+            if seq.request.score_token_ids is not None:
+                self._scored(seq, results[0], now)
+                continue
+            if seq.max_tokens == 0:  # the prompt pass was the whole request (an echo scoring its prompt)
+                seq.prompt_done_time = now
+                self._finish(seq, FinishReason.LENGTH)
+                continue
+            before = seq.num_reply_tokens
+            kept = self._accept_run(seq, step, results, now)
+            written += seq.num_reply_tokens - before
+            if self.drafts is not None:
+                self.drafts.record(seq, step.num_drafts, kept)
+                self._take_proposal(seq, output.proposals.get(index))
         if is_prefill:
             self.rates.prefill_pass(new_tokens, seconds)
             if self.disk is not None:
                 self.disk.measured_prefill(new_tokens, seconds)
         else:
             self.counters.rounds_total += 1
-            self.rates.decoded(len(output.draws))
+            self.rates.decoded(written)
+
+    def _accept_run(self, seq: Sequence, step: SeqStep, results: list[StepResult], now: float) -> int:
+        """Write the round's draws in order while each kept the draft after it; returns the drafts kept.
+
+        Each token goes through what a serial round does (forced closes, end tokens, stop strings, the
+        limit, the grammar), so the first cut ends the run; the reply is sent once, after it.
+        """
+        drafts = step.new_token_ids[len(step.new_token_ids) - step.num_drafts :] if step.num_drafts else []
+        kept = 0
+        for i, result in enumerate(results):
+            if i > 0:  # draft i equalled draw i - 1: its KV row is the reply's
+                kept += 1
+                seq.num_computed += 1
+                self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
+            before = seq.num_reply_tokens
+            if seq.logprob_rows is not None and result.logprobs is not None:
+                seq.logprob_rows.append(result.logprobs)
+            as_drawn = self._accept(seq, result.token, now)
+            failure = follow_written(seq, before)  # the matcher follows every written token, forced too
+            if failure is not None:
+                self._finish(seq, FinishReason.ERROR, failure)
+                break
+            if not as_drawn or i == len(drafts) or result.token != drafts[i]:
+                break
+        if seq.finish_reason is None:
+            self._emit(seq)
+        return kept
+
+    def _take_proposal(self, seq: Sequence, proposal: Proposal | None) -> None:
+        """Keep the rank's MTP drafts when they continue the reply as written."""
+        state = seq.draft
+        if state is None or state.method != "mtp":
+            return
+        fits = (proposal is not None and seq.finish_reason is None and proposal.after == len(seq.token_ids) - 1
+                and seq.token_ids[-1] == proposal.last_token)  # fmt: skip
+        state.proposed = proposal.token_ids if fits and proposal is not None else []
+        state.proposed_after = proposal.after if fits and proposal is not None else -1
 
     def _scored(self, seq: Sequence, result: StepResult, now: float) -> None:
         """A scoring request ends with its prompt pass: the drawn token is dropped, no reply token is written."""
@@ -294,29 +352,29 @@ class Engine:
         seq.scores = result.scores
         self._finish(seq, FinishReason.STOP)
 
-    def _accept(self, seq: Sequence, token: int, now: float) -> None:
+    def _accept(self, seq: Sequence, token: int, now: float) -> bool:
+        """Write a drawn token (or what replaces it); True when it was written as drawn and the reply goes on."""
         if seq.num_reply_tokens == 0:
             seq.stats.first_token_time = now
             seq.prompt_done_time = now
         forced = force_tokens(seq.reply_token_ids, token, seq.request.thinking)
         if forced is not None:  # a thinking budget or the loop guard closes the think block
             self._write_forced(seq, forced)
-            return
+            return False
         seq.token_ids.append(token)
         self.counters.completion_tokens_total += 1
         sampling = seq.request.sampling
         if token in sampling.stop_token_ids or (token in self.eos_ids and not sampling.ignore_eos):
             seq.text.flush_pending()
             self._finish(seq, FinishReason.STOP)
-            return
+            return False
         seq.text.add_token(token)
         if seq.text.stopped_by is not None:
             self._finish(seq, FinishReason.STOP)
         elif seq.num_reply_tokens >= seq.max_tokens:
             seq.text.flush_pending()
             self._finish(seq, FinishReason.LENGTH)
-        else:
-            self._emit(seq)
+        return seq.finish_reason is None
 
     def _write_forced(self, seq: Sequence, forced: Forced) -> None:
         """The forced close joins the reply like drawn tokens; the next step computes its KV."""
@@ -333,7 +391,6 @@ class Engine:
                 seq.text.flush_pending()
                 self._finish(seq, FinishReason.LENGTH)
                 return
-        self._emit(seq)
 
     def _emit(self, seq: Sequence, final: bool = False) -> None:
         chunk = EngineChunk(
@@ -399,6 +456,8 @@ class Engine:
             counters=self.counters.snapshot(),
             prompt_cache=self.blocks.max_cached_blocks > 0,
             store=None if self.disk is None else self.disk.latest or StoreStats(),
+            drafts=self.draft_method,
+            draft_tokens=0 if self.drafts is None else self.drafts.max_drafts,
         )
 
     def fresh_digest(self, force: bool = False) -> PrefixDigest | None:

@@ -63,6 +63,7 @@ class ReplyGrammar:
         self.blanks_after_think = 0  # blank tokens written since the think closer
         self.blank_chars_after_think = 0  # and their characters
         self.dead_end = False  # the last mask allowed nothing: whatever is drawn next is refused
+        self.matcher_steps = 0  # tokens the xgrammar matcher has accepted (what a rollback counts back)
         if spec.starts_in_think and spec.think_closer_id is not None:
             self.phase = _Phase.THINKING
         elif spec.think_opener_id is not None and spec.think_closer_id is not None:
@@ -120,17 +121,35 @@ class ReplyGrammar:
             self.phase = _Phase.ANSWER
         if self.matcher.is_terminated():
             return
-        if not self.matcher.accept_token(token):
+        if self.matcher.accept_token(token):
+            self.matcher_steps += 1
+        else:
             if self.dead_end:  # nothing was allowed (e.g. the only continuation is an end id): say so
                 raise GrammarFailure(f"the grammar allows no token here (end ids {self.matcher.stop_token_ids} "
                                      f"are never text to it); token {token} was drawn unconstrained")
             raise GrammarFailure(f"the grammar refused token {token} while decoding")
+
+    def checkpoint(self) -> tuple:
+        """The state `restore` returns to (drafts are walked through the grammar, then taken back)."""
+        return (self.phase, self.blanks_after_think, self.blank_chars_after_think, self.dead_end, self.matcher_steps)
+
+    def restore(self, state: tuple) -> None:
+        phase, blanks, chars, dead_end, steps = state
+        if self.matcher_steps > steps:
+            self.matcher.rollback(self.matcher_steps - steps)
+        self.phase, self.blanks_after_think, self.blank_chars_after_think = phase, blanks, chars
+        self.dead_end, self.matcher_steps = dead_end, steps
 
     def _blank_fits(self, token: int) -> bool:
         """Whether a blank token still fits the gap after the think closer (tokens and characters)."""
         width = self.blank_widths.get(token)
         return (width is not None and self.blanks_after_think < MAX_BLANKS_AFTER_THINK
                 and self.blank_chars_after_think + width <= MAX_JSON_BLANKS)  # fmt: skip
+
+
+def allows(words: torch.Tensor, token: int) -> bool:
+    """Whether a packed bitmask [W] lets `token` through."""
+    return 0 <= token < words.shape[0] * 32 and bool((int(words[token // 32]) >> (token % 32)) & 1)
 
 
 def _clear_bit(words: torch.Tensor, token: int) -> None:

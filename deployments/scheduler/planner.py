@@ -10,6 +10,7 @@ order. When blocks run out, the latest (background first) running sequence is pr
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from deployments.scheduler.draft_rounds import DraftRounds
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.sequence import Sequence, SeqStatus
 from deployments.step_plan import SeqStep, StepPlan
@@ -33,8 +34,10 @@ class Planner:
         chunk_size: int,
         decode_share: float,
         on_preempt: Callable[[Sequence], None] | None = None,
+        drafts: DraftRounds | None = None,
     ) -> None:
         self.blocks = blocks
+        self.drafts = drafts  # None: every round decodes one token per sequence
         self.max_seqs = max_seqs
         self.chunk_size = chunk_size
         self.decode_share = decode_share
@@ -189,22 +192,48 @@ class Planner:
 
     def _plan_decode(self, decoding: list[Sequence]) -> PlannedStep | None:
         planned = PlannedStep(StepPlan(kind="decode"))
+        offered = self.drafts.for_round(decoding) if self.drafts is not None else {}
         for seq in sorted(decoding, key=lambda s: (s.background, s.arrival_order)):
             if seq not in self.running:
                 continue  # preempted to make room for an earlier sequence this round
-            if not self._reserve(seq, len(seq.token_ids), planned.seqs):
-                continue
-            planned.seqs.append(seq)
-            planned.plan.seqs.append(self._seq_step(seq, seq.tokens_left))
+            if self._reserve(seq, len(seq.token_ids), planned.seqs):
+                planned.seqs.append(seq)
+        planned.seqs = [seq for seq in planned.seqs if seq in self.running]
+        # Drafts take free blocks only once every planned row has its own: they never cost anyone a lane.
+        for seq in planned.seqs:
+            drafts = self._room_for_drafts(seq, offered.get(id(seq), []))
+            planned.plan.seqs.append(self._seq_step(seq, seq.tokens_left, drafts))
         return planned if planned.seqs else None
 
-    def _seq_step(self, seq: Sequence, count: int) -> SeqStep:
+    def _room_for_drafts(self, seq: Sequence, drafts: list[int]) -> list[int]:
+        """The drafts whose slots (and the next proposal's MTP rows) fit without preempting anyone."""
+        if self.drafts is None or seq.draft is None:
+            return []
+        limit = seq.num_prompt_tokens + seq.max_tokens
+        wanted = min(limit, len(seq.token_ids) + len(drafts) + max(self.drafts.to_propose(seq) - 1, 0))
+        while drafts and not self.blocks.can_grow(seq.block_table, wanted):
+            drafts = drafts[:-1]
+            wanted = min(limit, len(seq.token_ids) + len(drafts))
+        if self.blocks.can_grow(seq.block_table, wanted):
+            self.blocks.grow(seq.block_table, wanted)
+        return drafts
+
+    def _seq_step(self, seq: Sequence, count: int, drafts: list[int] | None = None) -> SeqStep:
         start = seq.num_computed
         reaches_end = start + count == len(seq.token_ids)
-        return SeqStep(
+        step = SeqStep(
             new_token_ids=seq.token_ids[start : start + count],
             num_computed=start,
-            block_ids=list(seq.block_table.block_ids),
-            draw=seq.next_draw() if reaches_end else None,
+            block_ids=[],
             prompt_rows=seq.prompt_rows_wanted(start, count),
         )
+        if reaches_end:
+            step.draw, kept, step.draft_draws = seq.verify_draws(drafts or [])
+            step.new_token_ids += kept
+        else:
+            step.next_token_id = seq.token_ids[start + count]
+        if seq.draft is not None and seq.draft.method == "mtp":
+            step.mtp = True
+            step.propose = self.drafts.to_propose(seq) if reaches_end and self.drafts is not None else 0
+        step.block_ids = list(seq.block_table.block_ids)  # after any growth for drafts
+        return step

@@ -4,6 +4,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from deployments.scheduler.drafts import DraftState
 from deployments.scheduler.kv_blocks import BlockTable
 from deployments.scheduler.text_output import IncrementalText
 from deployments.step_plan import PromptRowsWanted, SeqDraw
@@ -40,6 +41,7 @@ class Sequence:
     scores: list[float] | None = None  # a scoring request's result, set at the end of its prompt pass
     prompt_rows: list[PromptLogprobRow] | None = None  # row j: prompt token j + 1 (prompt_logprobs requests)
     prompt_rows_sent: bool = False  # the rows went out with the first chunk after the prompt pass
+    draft: DraftState | None = None  # None: this reply decodes serially (`draft: false`, or no drafter)
 
     @property
     def request_id(self) -> str:
@@ -82,7 +84,9 @@ class Sequence:
             return None
         return PromptRowsWanted(self.request.prompt_logprobs, first - start, self.token_ids[first + 1 : end + 1])
 
-    def next_draw(self) -> SeqDraw:
+    def next_draw(self, ahead: int = 0) -> SeqDraw:
+        """The draw of the reply token `ahead` places past the next one (drafts before it taken as kept:
+        the grammar must already stand after them)."""
         s = self.request.sampling
         return SeqDraw(
             temperature=s.temperature,
@@ -90,8 +94,39 @@ class Sequence:
             top_k=s.top_k,
             min_p=s.min_p,
             seed=self.seed,
-            reply_position=self.num_reply_tokens,
+            reply_position=self.num_reply_tokens + ahead,
             allowed=None if self.grammar is None else self.grammar.allowed(),
             want_logprobs=self.request.logprobs,
             score_ids=self.request.score_token_ids,
         )
+
+    def verify_draws(self, drafts: list[int]) -> tuple[SeqDraw, list[int], list[SeqDraw]]:
+        """The next draw, the drafts the grammar lets through, and each kept draft's row draw.
+
+        Row i's mask is the grammar's state after drafts 1..i; the matcher is walked forward and taken back,
+        so it still stands where the written reply leaves it.
+        """
+        first = self.next_draw()
+        if not drafts:
+            return first, [], []
+        if self.grammar is None:
+            return first, drafts, [self.next_draw(i + 1) for i in range(len(drafts))]
+        from deployments.scheduler.grammar import GrammarFailure, allows
+
+        saved = self.grammar.checkpoint()
+        kept: list[int] = []
+        draws: list[SeqDraw] = []
+        mask = first.allowed
+        try:
+            for token in drafts:
+                if mask is None or not allows(mask, token) or self.grammar.terminated:
+                    break
+                self.grammar.accept(token)
+                kept.append(token)
+                draws.append(self.next_draw(len(kept)))
+                mask = draws[-1].allowed
+        except GrammarFailure:
+            pass
+        finally:
+            self.grammar.restore(saved)
+        return first, kept, draws

@@ -120,6 +120,10 @@ class CausalLM(nn.Module):
         """One spec per attention layer, sized for this tensor-parallel rank."""
         return [layer.cache_spec() for layer in self.model.layers]
 
+    def mtp_kv_cache_specs(self) -> list[LayerCacheSpec]:
+        """The MTP layer's cache specs ([]: the model has no MTP layer to draft with)."""
+        return []
+
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
         """Hand each attention layer its cache tensors (as allocated from `kv_cache_specs()`)."""
         if len(caches) != len(self.model.layers):

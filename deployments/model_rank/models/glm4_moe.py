@@ -116,13 +116,23 @@ class Glm4MoeMTP(nn.Module):
         next_token_ids [T] the token that follows each position; `batch` has the layout of the main step that
         produced `hidden` (its positions, block tables and slots address the MTP cache; its input_ids are
         unused). Returns [T, H] after `shared_head.norm`; logits via `compute_logits`."""
+        return self.shared_head.norm(self.residual(hidden, next_token_ids, batch))
+
+    @torch.no_grad()
+    def residual(self, hidden: torch.Tensor, next_token_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The layer's output before `shared_head.norm` [T, H]: what a chained draft feeds back as `hidden`."""
         embeds = self.enorm(self.embed_tokens(next_token_ids))  # [T, H]
         fused = self.eh_proj(torch.cat([embeds, self.hnorm(hidden)], dim=-1))  # [T, 2H] -> [T, H]
-        return self.shared_head.norm(self.layer(fused, batch))
+        return self.layer(fused, batch)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.shared_head.head(hidden)  # [R, V] float32
+
+    @torch.no_grad()
+    def greedy_drafts(self, residual: torch.Tensor) -> torch.Tensor:
+        """The likeliest next token of each row of `residual` [R, H] -> [R] int64."""
+        return torch.argmax(self.compute_logits(self.shared_head.norm(residual)), dim=-1)
 
 
 class Glm4MoeForCausalLM(CausalLM):
