@@ -76,6 +76,10 @@ class AppArgs(BaseModel):
     stream_events_per_second: float = Field(default=STREAM_EVENTS_PER_SECOND, ge=0.0)
     engine_process: bool = True
     engine_threads: int | None = Field(default=None, ge=1)  # None: the node's cores less Ingress's and the Renderer's
+    # Drafts (deployments/scheduler/drafts.py): auto = the checkpoint's MTP layer, else n-gram prompt lookup.
+    # Replies are the same as `draft: false` ones, token for token; draft_tokens caps drafts per round.
+    draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
+    draft_tokens: int | None = Field(default=None, ge=1, le=16)
 
     # The disk prompt-state store (deployments/prompt_store): every state the engine keeps in RAM also goes
     # to disk, and a conversation resumes from there after a restart or an eviction from RAM.
@@ -179,6 +183,8 @@ class AppArgs(BaseModel):
             engine_process=self.engine_process,
             tensor_parallel_size=self.tensor_parallel_size,
             engine_threads=self.engine_threads,
+            draft=self.draft,
+            draft_tokens=self.draft_tokens,
             reserved_cpus=self.ingress_cpus + self.renderer_cpus,
             learn=self.learn,
             learn_conversations=self.learn_conversations,

@@ -39,6 +39,8 @@ _FLAG_FIELDS = {
     "decode_share": "decode_share",
     "default_max_tokens": "default_max_tokens",
     "engine_threads": "engine_threads",
+    "draft": "draft",
+    "draft_tokens": "draft_tokens",
     "chat_template": "chat_template",
     "reasoning_effort": "reasoning_effort",
     "thinking_budget": "thinking_budget",
@@ -77,6 +79,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--placement-strategy", choices=["STRICT_PACK", "PACK"])
     parser.add_argument("--router", choices=["auto", "affinity", "serve"],
                         help="replica choice: prefix affinity with balance, or Serve's (default: affinity when DP > 1)")
+    parser.add_argument("--draft", choices=["auto", "mtp", "ngram", "off"],
+                        help="drafter: the checkpoint's MTP layer, n-gram lookup, or none (default auto: MTP if present)")
+    parser.add_argument("--draft-tokens", type=int, help="most drafts a round verifies (default: 3 for MTP, 4 n-gram)")
     parser.add_argument("--prompt-cache-gib", type=float, help="cap on cached prompt blocks; 0 = no reuse")
     parser.add_argument("--decode-share", type=float, help="decode time per prefill chunk (default 0.25)")
     parser.add_argument("--default-max-tokens", type=int, help="reply limit when a request sets none")

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from deployments.scheduler.engine import Engine
-from deployments.types import EngineRequest, FinishReason, RequestStats
+from deployments.types import EngineRequest, FinishReason, LogprobRow, RequestStats
 
 
 @dataclass
@@ -13,6 +13,7 @@ class Reply:
     finish_reason: FinishReason | None = None
     stats: RequestStats | None = None
     chunks: int = 0
+    logprobs: list[LogprobRow] = field(default_factory=list)
 
 
 def run_to_end(engine: Engine, requests: list[EngineRequest], max_steps: int = 100_000) -> dict[str, Reply]:
@@ -27,6 +28,7 @@ def run_to_end(engine: Engine, requests: list[EngineRequest], max_steps: int = 1
             reply.token_ids.extend(chunk.token_ids)
             reply.text += chunk.text
             reply.chunks += 1
+            reply.logprobs.extend(chunk.logprobs or [])
             if chunk.finished:
                 reply.finish_reason, reply.stats = chunk.finish_reason, chunk.stats
     assert not engine.has_work(), "engine did not finish"

@@ -142,6 +142,26 @@ def test_last_token_logits_are_batch_invariant(
     assert torch.equal(batched[2], whole)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_verify_rows_equal_serial_decode_rows(arch: str, dtype: str, checkpoints: dict[str, Path],
+                                              prompt: list[int]) -> None:  # fmt: skip
+    """A verify round's rows over [last, d1..d4] are bitwise the rows serial decoding computes at those
+    positions, alone or beside other sequences' decode and prefill rows (the drafts' exactness argument)."""
+    model = load_model(checkpoints[arch], dtype=dtype)
+    continuation = [17, 301, 45, 9, 260]
+    serial = PagedHarness(model)
+    serial.prefill(0, prompt)
+    rows = torch.stack([serial.step([(0, [token])])[0] for token in continuation])  # [5, V], one step each
+    alone = PagedHarness(model)
+    alone.prefill(0, prompt)
+    assert torch.equal(alone.step([(0, continuation)], all_logits=True), rows)
+    mixed = PagedHarness(model)
+    mixed.step([(1, prompt[:9]), (0, prompt)])
+    verified = mixed.step([(1, [3]), (0, continuation), (2, prompt[5:30])], all_logits=True)  # [1 + 5 + 25, V]
+    assert torch.equal(verified[1:6], rows)
+
+
 def test_tensor_parallel_matches_single_rank(checkpoints: dict[str, Path], prompt: list[int], tmp_path: Path) -> None:
     names = [str(checkpoints[arch]) for arch in ("qwen3", "glm4_moe", "qwen3_moe", "glm4_moe_lite")]
     out = tmp_path / "tp.pt"

@@ -61,21 +61,29 @@ class DraftRounds:
     def record_round(self, rows: int, seconds: float) -> None:
         self.cost.record(rows, seconds)
 
+    @staticmethod
+    def count_round(seq: Sequence, drafted: int) -> None:
+        """A verify round starts (counted before any token is written: the reply may end within it)."""
+        if drafted == 0:
+            return
+        stats = seq.stats
+        stats.drafted += drafted
+        stats.draft_rounds += 1
+        while len(stats.accepted_per_position) < drafted:
+            stats.accepted_per_position.append(0)
+
+    @staticmethod
+    def count_kept(seq: Sequence, position: int) -> None:
+        """Draft `position` of the round equalled its draw (counted before the token after it is written)."""
+        seq.stats.accepted += 1
+        seq.stats.accepted_per_position[position] += 1
+
     def record(self, seq: Sequence, drafted: int, kept: int) -> None:
-        """A verify round's outcome for one sequence (its stats, acceptance and next proposal length)."""
+        """A verify round's outcome for one sequence: its acceptance and next proposal length."""
         state = seq.draft
         if state is None:
             return
         state.last_length = drafted
-        if drafted == 0:
-            return
-        state.record(drafted, kept)
-        self.rate.record(drafted, kept)
-        stats = seq.stats
-        stats.drafted += drafted
-        stats.accepted += kept
-        stats.draft_rounds += 1
-        while len(stats.accepted_per_position) < drafted:
-            stats.accepted_per_position.append(0)
-        for position in range(kept):
-            stats.accepted_per_position[position] += 1
+        if drafted:
+            state.record(drafted, kept)
+            self.rate.record(drafted, kept)

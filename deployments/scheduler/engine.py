@@ -313,9 +313,11 @@ class Engine:
         limit, the grammar), so the first cut ends the run; the reply is sent once, after it.
         """
         drafts = step.new_token_ids[len(step.new_token_ids) - step.num_drafts :] if step.num_drafts else []
+        DraftRounds.count_round(seq, len(drafts))
         kept = 0
         for i, result in enumerate(results):
             if i > 0:  # draft i equalled draw i - 1: its KV row is the reply's
+                DraftRounds.count_kept(seq, kept)
                 kept += 1
                 seq.num_computed += 1
                 self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
