@@ -49,6 +49,9 @@ class EngineConfig(BaseModel):
     # layer where it has one, else n-gram lookup; draft_tokens caps the drafts per round (None: the method's).
     draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
     draft_tokens: int | None = Field(default=None, ge=1, le=16)
+    # measured: each round's lengths from acceptance and step cost (0 when drafting does not pay); fixed:
+    # every round drafts draft_tokens where the proposal and the limit allow (reproducible draft counts).
+    draft_policy: Literal["measured", "fixed"] = "measured"
 
     @property
     def wants_mtp(self) -> bool:

@@ -68,6 +68,15 @@ class Proposal:
 
 
 @dataclass
+class MtpWork:
+    """The MTP layer's share of a step (timed by the rank, so the engine can weigh drafting's cost)."""
+
+    passes: int  # forward passes of the layer: one over the step's rows, then one per chained draft
+    rows: int  # rows over all passes
+    seconds: float
+
+
+@dataclass
 class StepOutput:
     """What a rank returns for one step (rank 0's is used)."""
 
@@ -76,6 +85,7 @@ class StepOutput:
     # Rows of the sequences with `prompt_rows`, keyed by their index in `StepPlan.seqs`.
     prompt_rows: dict[int, list[PromptLogprobRow]] = field(default_factory=dict)
     proposals: dict[int, Proposal] = field(default_factory=dict)  # keyed by index in `StepPlan.seqs`
+    mtp: MtpWork | None = None  # set when the step ran the MTP layer
 
 
 @dataclass

@@ -80,6 +80,7 @@ class AppArgs(BaseModel):
     # Replies are the same as `draft: false` ones, token for token; draft_tokens caps drafts per round.
     draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
     draft_tokens: int | None = Field(default=None, ge=1, le=16)
+    draft_policy: Literal["measured", "fixed"] = "measured"  # fixed: always draft_tokens (no cost model)
 
     # The disk prompt-state store (deployments/prompt_store): every state the engine keeps in RAM also goes
     # to disk, and a conversation resumes from there after a restart or an eviction from RAM.
@@ -185,6 +186,7 @@ class AppArgs(BaseModel):
             engine_threads=self.engine_threads,
             draft=self.draft,
             draft_tokens=self.draft_tokens,
+            draft_policy=self.draft_policy,
             reserved_cpus=self.ingress_cpus + self.renderer_cpus,
             learn=self.learn,
             learn_conversations=self.learn_conversations,

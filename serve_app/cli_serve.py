@@ -41,6 +41,7 @@ _FLAG_FIELDS = {
     "engine_threads": "engine_threads",
     "draft": "draft",
     "draft_tokens": "draft_tokens",
+    "draft_policy": "draft_policy",
     "chat_template": "chat_template",
     "reasoning_effort": "reasoning_effort",
     "thinking_budget": "thinking_budget",
@@ -82,6 +83,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--draft", choices=["auto", "mtp", "ngram", "off"],
                         help="drafter: the checkpoint's MTP layer, n-gram lookup, or none (default auto: MTP if present)")
     parser.add_argument("--draft-tokens", type=int, help="most drafts a round verifies (default: 3 for MTP, 4 n-gram)")
+    parser.add_argument("--draft-policy", choices=["measured", "fixed"],
+                        help="measured: lengths from acceptance and step cost (default); fixed: always --draft-tokens")
     parser.add_argument("--prompt-cache-gib", type=float, help="cap on cached prompt blocks; 0 = no reuse")
     parser.add_argument("--decode-share", type=float, help="decode time per prefill chunk (default 0.25)")
     parser.add_argument("--default-max-tokens", type=int, help="reply limit when a request sets none")

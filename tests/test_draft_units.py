@@ -9,7 +9,7 @@ import torch
 from deployments.config import EngineConfig
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.models import load_model
-from deployments.scheduler.drafts import NgramIndex, StepCost, choose_lengths
+from deployments.scheduler.drafts import MtpCost, NgramIndex, RoundCosts, StepCost, choose_lengths
 from deployments.scheduler.engine import Engine
 from deployments.types import EngineRequest, GrammarSpec, SamplingParams
 from serve_app.args import resolve_model_dir
@@ -38,12 +38,20 @@ def test_ngram_index_catches_up_incrementally_like_a_fresh_one() -> None:
 
 def test_choose_lengths_drafts_while_it_pays() -> None:
     # Rows nearly free (a GPU, or a model whose step is all fixed cost): every good draft is worth it.
-    assert choose_lengths([0.9, 0.9], [4, 4], fixed=0.03, per_row=0.0001) == [4, 4]
+    assert choose_lengths([0.9, 0.9], [4, 4], RoundCosts(fixed=0.03, per_row=0.0001)) == [4, 4]
     # Rows as costly as the fixed part: only very likely drafts pay, and none from a poor drafter.
-    assert choose_lengths([0.1, 0.1], [4, 4], fixed=0.01, per_row=0.01) == [0, 0]
-    lengths = choose_lengths([0.95, 0.3], [4, 4], fixed=0.02, per_row=0.004)
+    assert choose_lengths([0.1, 0.1], [4, 4], RoundCosts(fixed=0.01, per_row=0.01)) == [0, 0]
+    lengths = choose_lengths([0.95, 0.3], [4, 4], RoundCosts(fixed=0.02, per_row=0.004))
     assert lengths[0] > lengths[1] >= 0
-    assert choose_lengths([0.99], [2], fixed=0.01, per_row=0.0) == [2]  # never past what was proposed
+    assert choose_lengths([0.99], [2], RoundCosts(fixed=0.01, per_row=0.0)) == [2]  # never past the proposal
+
+
+def test_choose_lengths_weighs_the_mtp_layers_passes() -> None:
+    cheap = RoundCosts(fixed=0.05, per_row=0.0005, mtp_per_pass=0.0005)  # a deep trunk: the layer is ~1% of it
+    assert choose_lengths([0.9] * 4, [3] * 4, cheap, mtp=True) == [3] * 4
+    costly = RoundCosts(fixed=0.002, per_row=0.0001, mtp_per_pass=0.002)  # the layer costs a whole step per pass
+    assert choose_lengths([0.9] * 16, [3] * 16, costly, mtp=True) == [0] * 16
+    assert choose_lengths([0.9] * 16, [3] * 16, costly, mtp=False) == [3] * 16  # n-gram: no pass to pay
 
 
 def test_step_cost_fits_fixed_and_per_row_seconds() -> None:
@@ -60,10 +68,20 @@ def test_step_cost_fits_fixed_and_per_row_seconds() -> None:
     assert fixed > 0 and 0 < per_row < 0.02 and fixed + 3 * per_row == pytest.approx(0.02)
 
 
+def test_mtp_cost_fits_passes_and_rows() -> None:
+    cost = MtpCost()
+    assert cost.fit(0.01) == (0.005, 0.0)  # before any pass: half a step per pass
+    for passes, rows in ((1, 4), (3, 8), (2, 30), (1, 16)):
+        cost.record(passes, rows, 0.001 * passes + 0.0001 * rows)
+    per_pass, per_row = cost.fit(0.01)
+    assert per_pass == pytest.approx(0.001) and per_row == pytest.approx(0.0001)
+
+
 @pytest.fixture(scope="module")
 def tiny_glm_engine() -> Engine:
     model = str(resolve_model_dir("builtin:tiny-glm"))
-    return Engine(EngineConfig(model=model, kv_cache_gib=0.01, parallel=4, draft="mtp", engine_threads=1))
+    return Engine(EngineConfig(model=model, kv_cache_gib=0.01, parallel=4, draft="mtp", engine_threads=1,
+                               draft_policy="fixed"))  # fmt: skip
 
 
 def test_grammar_cuts_drafts_and_stands_where_it_was(tiny_glm_engine: Engine) -> None:

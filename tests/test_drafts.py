@@ -41,8 +41,9 @@ def corpus_prompts(tiny_glm: str) -> list[list[int]]:
 
 
 def _engine(model: str, dtype: str, draft: str, **overrides) -> Engine:
+    # Fixed lengths: the draft counts asserted below do not depend on measured step times.
     settings = dict(model=model, dtype=dtype, kv_cache_gib=0.02, parallel=32, prefill_chunk_size=64, draft=draft,
-                    engine_threads=1)  # fmt: skip
+                    engine_threads=1, draft_policy="fixed")  # fmt: skip
     settings.update(overrides)
     return Engine(EngineConfig(**settings))
 
@@ -164,3 +165,9 @@ def test_preempted_drafted_replies_equal_serial(tiny_glm: str, corpus_prompts: l
     assert sum(r.stats.preemptions for r in drafted.values()) > 0
     solo = run_to_end(engine, [replace(requests[0], request_id="solo")])["solo"]
     assert solo.token_ids == serial["s-p0"].token_ids
+
+
+def test_measured_draft_lengths_keep_replies_equal(tiny_glm: str, corpus_prompts: list[list[int]]) -> None:
+    """The cost model picks lengths from step times (so counts vary run to run); replies never do."""
+    engine = _engine(tiny_glm, "float32", "mtp", draft_policy="measured")
+    _assert_equal(*_both(engine, _requests(corpus_prompts[1::4], "t", max_tokens=32)))

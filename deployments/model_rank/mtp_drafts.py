@@ -7,10 +7,12 @@ chains `propose` greedy drafts, feeding back its own output (the residual before
 Drafts only decide what the next round verifies, never a token of the reply.
 """
 
+import time
+
 import torch
 
 from deployments.model_rank.forward_batch import ForwardBatch
-from deployments.step_plan import Proposal, SeqStep, StepPlan, StepResult
+from deployments.step_plan import MtpWork, Proposal, SeqStep, StepPlan, StepResult
 
 
 class MtpDrafter:
@@ -18,14 +20,26 @@ class MtpDrafter:
         self.mtp = mtp
         self.block_size = block_size
         self.device = device
+        self.work = MtpWork(0, 0, 0.0)  # the latest `run`'s passes
 
     def run(self, plan: StepPlan, batch: ForwardBatch, hidden: torch.Tensor, draws: list[StepResult]
             ) -> dict[int, Proposal]:  # fmt: skip
         """Fill the MTP cache over the drafting sequences' rows and chain their proposals (keyed by plan index)."""
+        started = time.perf_counter()
+        self.work = MtpWork(0, 0, 0.0)
+        proposals = self._run(plan, batch, hidden, draws)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.work.seconds = time.perf_counter() - started
+        return proposals
+
+    def _run(self, plan: StepPlan, batch: ForwardBatch, hidden: torch.Tensor, draws: list[StepResult]
+             ) -> dict[int, Proposal]:  # fmt: skip
         drawn = _drawn_per_seq(plan, draws)
         picked = [i for i, s in enumerate(plan.seqs) if s.mtp]
         rows, next_ids, sub = self._cache_pass_inputs(plan, batch, drawn, picked)
         residual = self.mtp.residual(hidden[rows], next_ids, sub)  # [R, H]
+        self._count(len(rows))
         starts: list[tuple[int, int, int, int]] = []  # (plan index, row in residual, position, token there)
         offset = 0
         for index in picked:
@@ -99,8 +113,14 @@ class MtpDrafter:
                 block_size=bs,
             )
             state = self.mtp.residual(state[keep], chain.input_ids, chain)  # [S', H]
+            self._count(len(live))
             tokens = self.mtp.greedy_drafts(state).tolist()
         return proposals
+
+
+    def _count(self, rows: int) -> None:
+        self.work.passes += 1
+        self.work.rows += rows
 
 
 def _drawn_per_seq(plan: StepPlan, draws: list[StepResult]) -> dict[int, list[int]]:

@@ -148,6 +148,7 @@ class ModelRunner:
             output.draws = sample_rows(logits.float().cpu(), draws)
         if self.drafter is not None and any(s.mtp for s in plan.seqs):
             output.proposals = self.drafter.run(plan, batch, hidden, output.draws)
+            output.mtp = self.drafter.work
         return output
 
     def _prompt_rows(self, plan: StepPlan, hidden: torch.Tensor) -> dict[int, list[PromptLogprobRow]]:

@@ -4,16 +4,34 @@ The engine's one drafter (`mtp` or `ngram`) proposes; `choose_lengths` cuts each
 measured acceptance and step cost make worth it; the reply limit and the grammar cut it further.
 """
 
-from deployments.scheduler.drafts import DEFAULT_DRAFTS, DraftState, MethodRate, NgramIndex, StepCost, choose_lengths
+from deployments.scheduler.drafts import (
+    DEFAULT_DRAFTS,
+    DraftState,
+    MethodRate,
+    MtpCost,
+    NgramIndex,
+    RoundCosts,
+    StepCost,
+    choose_lengths,
+)
+from deployments.step_plan import MtpWork
+
+REFIT_ROUNDS = 8
 from deployments.scheduler.sequence import Sequence
 
 
 class DraftRounds:
-    def __init__(self, method: str, max_drafts: int | None) -> None:
+    def __init__(self, method: str, max_drafts: int | None, fixed: bool = False) -> None:
         self.method = method  # "mtp" or "ngram"
+        self.fixed = fixed  # every round drafts as much as it may, without the cost model
         self.max_drafts = max_drafts or DEFAULT_DRAFTS[method]
         self.rate = MethodRate()
         self.cost = StepCost()
+        self.mtp_cost = MtpCost()
+        self.round_drafts = False  # whether the round being planned drafts (set by `for_round`)
+        self.depth = self.max_drafts  # the latest drafting round's deepest draft (what prompt passes propose)
+        self._costs: RoundCosts | None = None
+        self._since_fit = 0  # decode rounds recorded since the latest fit
 
     def start(self, seq: Sequence) -> None:
         """Give a new sequence its draft state (none for a `draft: false` or scoring request)."""
@@ -37,29 +55,64 @@ class DraftRounds:
             return []  # the drafts continue a reply other than the one written (a cut, a forced close)
         return state.proposed[:room]
 
+    def costs(self) -> RoundCosts:
+        """The cost model, refitted every REFIT_ROUNDS decode rounds (a fit per round would cost a round's %)."""
+        if self._costs is None or self._since_fit >= REFIT_ROUNDS:
+            fixed, per_row = self.cost.fit()
+            mtp = self.mtp_cost.fit(fixed + per_row) if self.method == "mtp" else (0.0, 0.0)
+            self._costs, self._since_fit = RoundCosts(fixed, per_row, *mtp), 0
+        return self._costs
+
     def for_round(self, decoding: list[Sequence]) -> dict[int, list[int]]:
-        """Each decoding sequence's drafts for this round (keyed by id(seq); absent: none)."""
-        offered = {id(seq): self.proposals(seq) for seq in decoding}
-        drafting = [seq for seq in decoding if offered[id(seq)]]
+        """Each decoding sequence's drafts for this round (keyed by id(seq); absent: none).
+
+        The lengths come from the cost model over every decoding row (`draft: false` ones cost rows too).
+        MTP plans with the room its layer could fill: a round after plain ones has no proposals yet, but
+        runs the layer so the next one can draft.
+        """
+        self.round_drafts = False
+        drafting = [seq for seq in decoding if seq.draft is not None]
+        for seq in drafting:
+            seq.draft.last_length = 0  # type: ignore[union-attr]
         if not drafting:
             return {}
-        fixed, per_row = self.cost.fit()
+        offered = {id(seq): self.proposals(seq) for seq in drafting}
+        caps = [self.room(seq) if self.method == "mtp" else len(offered[id(seq)]) for seq in drafting]
         rates = [seq.draft.acceptance(self.rate.rate) for seq in drafting]  # type: ignore[union-attr]
-        caps = [len(offered[id(seq)]) for seq in drafting]
-        # Sequences with nothing to verify still take a row each: they are part of the round's cost.
-        lengths = choose_lengths(rates + [0.0] * (len(decoding) - len(drafting)),
-                                 caps + [0] * (len(decoding) - len(drafting)), fixed, per_row)  # fmt: skip
-        return {id(seq): offered[id(seq)][:k] for seq, k in zip(drafting, lengths) if k > 0}
+        idle = len(decoding) - len(drafting)
+        if self.fixed:
+            lengths = caps + [0] * idle
+        else:
+            lengths = choose_lengths(rates + [0.0] * idle, caps + [0] * idle, self.costs(), mtp=self.method == "mtp")
+        self.round_drafts = any(lengths)
+        if self.round_drafts:
+            self.depth = max(lengths)
+        chosen: dict[int, list[int]] = {}
+        for seq, k in zip(drafting, lengths):
+            seq.draft.last_length = k  # type: ignore[union-attr]
+            if k and offered[id(seq)]:
+                chosen[id(seq)] = offered[id(seq)][:k]
+        return chosen
 
-    def to_propose(self, seq: Sequence) -> int:
-        """MTP drafts the rank should chain for the sequence's next round."""
+    def mtp_rows(self, seq: Sequence, decode: bool) -> bool:
+        """Whether the sequence's rows of this step feed the MTP layer (prompt chunks always; rounds that draft)."""
+        return seq.draft is not None and seq.draft.method == "mtp" and (self.round_drafts or not decode)
+
+    def to_propose(self, seq: Sequence, decode: bool) -> int:
+        """MTP drafts the rank should chain for the sequence's next round: as deep as this round's plan
+        (a prompt pass: as deep as the latest drafting round)."""
         state = seq.draft
         if state is None or state.method != "mtp":
             return 0
-        return min(self.max_drafts, self.room(seq), state.last_length + 1) or min(1, self.room(seq))
+        return min(self.room(seq), state.last_length if decode else self.depth)
 
-    def record_round(self, rows: int, seconds: float) -> None:
-        self.cost.record(rows, seconds)
+    def record_round(self, rows: int, seconds: float, mtp: MtpWork | None) -> None:
+        """A decode round ran: `rows` verify and decode rows in `seconds`, `mtp` of it in the MTP layer."""
+        self._since_fit += 1
+        mtp_seconds = 0.0 if mtp is None else mtp.seconds
+        self.cost.record(rows, seconds - mtp_seconds)
+        if mtp is not None:
+            self.mtp_cost.record(mtp.passes, mtp.rows, mtp.seconds)
 
     @staticmethod
     def count_round(seq: Sequence, drafted: int) -> None:
@@ -79,11 +132,8 @@ class DraftRounds:
         seq.stats.accepted_per_position[position] += 1
 
     def record(self, seq: Sequence, drafted: int, kept: int) -> None:
-        """A verify round's outcome for one sequence: its acceptance and next proposal length."""
+        """A verify round's outcome for one sequence: its acceptance and the method's."""
         state = seq.draft
-        if state is None:
-            return
-        state.last_length = drafted
-        if drafted:
+        if state is not None and drafted:
             state.record(drafted, kept)
             self.rate.record(drafted, kept)

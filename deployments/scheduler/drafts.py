@@ -14,6 +14,7 @@ PRIOR_ACCEPTANCE = 0.6  # per-draft acceptance assumed before a method has been 
 PRIOR_WEIGHT = 2.0  # pseudo-drafts of the method's rate a sequence's own rate starts from
 COST_WINDOW = 64  # decode steps the step-cost fit looks back over
 PRIOR_ROW_SHARE = 0.04  # before rows vary, each extra row is assumed to cost 4% of a step's fixed part
+PRIOR_MTP_SHARE = 0.5  # before the MTP layer has run, one pass of it is assumed to cost half a step
 
 
 class NgramIndex:
@@ -54,7 +55,7 @@ class DraftState:
     ngrams: NgramIndex | None = None
     kept: int = 0  # drafts kept so far
     rejected: int = 0  # rounds that rejected a draft (each ends a run: the geometric estimate's failures)
-    last_length: int = 0  # drafts the latest round verified
+    last_length: int = 0  # drafts the latest round planned for it (how deep the MTP layer chains next)
 
     def acceptance(self, method_rate: float) -> float:
         """The chance each further draft is kept, from this sequence's record and the method's rate."""
@@ -107,25 +108,85 @@ class StepCost:
         return max(mean_seconds - slope * mean_rows, slope), slope
 
 
-def choose_lengths(rates: list[float], caps: list[int], fixed: float, per_row: float) -> list[int]:
-    """Drafts per sequence for one round, maximising expected tokens per second.
+class MtpCost:
+    """Seconds of the MTP layer's passes in a step as per_pass * passes + per_row * rows, fitted (through 0)
+    over the latest steps that ran it (the rank times them: `StepOutput.mtp`)."""
 
-    Sequence s with acceptance a keeps its k-th draft with chance a**k. Starting from plain decode rows, the
-    next draft worth the most is added while its expected tokens per second of extra row beat the round's
-    current tokens per second; that is where throughput stops rising (0 drafts when none pays).
+    def __init__(self) -> None:
+        self._steps: deque[tuple[int, int, float]] = deque(maxlen=COST_WINDOW)
+
+    def record(self, passes: int, rows: int, seconds: float) -> None:
+        if passes > 0:
+            self._steps.append((passes, rows, seconds))
+
+    def fit(self, step_seconds: float) -> tuple[float, float]:
+        """(per_pass, per_row); before any pass, a share of `step_seconds` (a plain step's cost) per pass."""
+        spp = sum(p * p for p, _, _ in self._steps)
+        spr = sum(p * r for p, r, _ in self._steps)
+        srr = sum(r * r for _, r, _ in self._steps)
+        sps = sum(p * s for p, _, s in self._steps)
+        srs = sum(r * s for _, r, s in self._steps)
+        det = spp * srr - spr * spr
+        if self._steps and det > 1e-9 * max(spp * srr, 1.0):
+            per_pass, per_row = (sps * srr - srs * spr) / det, (srs * spp - sps * spr) / det
+            if per_pass > 0 and per_row >= 0:
+                return per_pass, per_row
+        if self._steps:  # one shape only: all of it per pass
+            return sum(s for _, _, s in self._steps) / sum(p for p, _, _ in self._steps), 0.0
+        return PRIOR_MTP_SHARE * step_seconds, 0.0
+
+
+@dataclass
+class RoundCosts:
+    """What a decode round costs, from the fits (seconds)."""
+
+    fixed: float  # a decode step's fixed part
+    per_row: float  # each verify or decode row
+    mtp_per_pass: float = 0.0  # one pass of the MTP layer (0: the drafter needs no forward pass)
+    mtp_per_row: float = 0.0
+
+    def seconds(self, rows: int, drafts: int, depth: int, chained: int, mtp: bool) -> float:
+        """A round of `rows` plain rows plus `drafts` verify rows. With MTP, one pass over every row fills the
+        layer's cache and makes each first draft, then each further draft (`chained` rows over `depth` - 1
+        passes) is chained for the next round, as deep as this one in steady state."""
+        seconds = self.fixed + self.per_row * (rows + drafts)
+        if mtp and depth:
+            seconds += self.mtp_per_pass * depth + self.mtp_per_row * (rows + drafts + chained)
+        return seconds
+
+
+def choose_lengths(rates: list[float], caps: list[int], costs: RoundCosts, mtp: bool = False) -> list[int]:
+    """Drafts per sequence for one round, maximising expected tokens per second (all zeros: plain decode).
+
+    Sequence s keeps its k-th draft with chance rates[s]**k. Every depth D is tried with each sequence
+    drafting min(D, cap) (the MTP layer's passes make depth 0, no pass at all, and depth >= 1 differ by a
+    fixed cost that a greedy step from zero would not see); then, least likely first, drafts whose expected
+    tokens are worth less than the time their row takes are dropped. O(rows x depth) per round.
     """
-    lengths = [0] * len(rates)
-    tokens = float(len(rates))  # each row draws one token at least
-    seconds = fixed + per_row * len(rates)
-    while True:
-        best, gain = -1, 0.0
+    rows = len(rates)
+    best_lengths, best_rate = [0] * rows, rows / costs.seconds(rows, 0, 0, 0, mtp)
+    tokens, drafts, chained = float(rows), 0, 0
+    for depth in range(1, max(caps, default=0) + 1):
         for s, (rate, cap) in enumerate(zip(rates, caps)):
-            if lengths[s] < cap:
-                value = rate ** (lengths[s] + 1)
-                if value > gain:
-                    best, gain = s, value
-        if best < 0 or gain * seconds <= tokens * per_row:
-            return lengths
-        lengths[best] += 1
-        tokens += gain
-        seconds += per_row
+            if cap >= depth:
+                tokens += rate**depth
+                drafts += 1
+                chained += depth > 1
+        rate = tokens / costs.seconds(rows, drafts, depth, chained, mtp)
+        if rate > best_rate:
+            best_lengths, best_rate = [min(depth, cap) for cap in caps], rate
+    if not any(best_lengths):
+        return best_lengths
+    depth = max(best_lengths)
+    tokens = rows + sum(rates[s] ** k for s in range(rows) for k in range(1, best_lengths[s] + 1))
+    drafts, chained = sum(best_lengths), sum(max(k - 1, 0) for k in best_lengths)
+    # Deepest drafts first within a sequence, least likely first overall; a drop must keep one draft.
+    for value, s in sorted((rates[s] ** best_lengths[s], s) for s in range(rows) if best_lengths[s]):
+        while best_lengths[s] and drafts > 1:
+            k = best_lengths[s]
+            trial = costs.seconds(rows, drafts - 1, depth, chained - (k > 1), mtp)
+            if (tokens - rates[s] ** k) / trial <= tokens / costs.seconds(rows, drafts, depth, chained, mtp):
+                break
+            tokens, drafts, chained = tokens - rates[s] ** k, drafts - 1, chained - (k > 1)
+            best_lengths[s] -= 1
+    return best_lengths

@@ -66,7 +66,9 @@ class Engine:
         self._digest_at, self._digest_version = 0.0, (-1, -1)  # the last digest handed to the router
         self._digests = 0
         self.draft_method = self._draft_method(runner)
-        self.drafts = None if self.draft_method == "off" else DraftRounds(self.draft_method, config.draft_tokens)
+        self.drafts = None if self.draft_method == "off" else DraftRounds(
+            self.draft_method, config.draft_tokens, fixed=config.draft_policy == "fixed"
+        )
         self.planner = Planner(self.blocks, pool.max_seqs, config.prefill_chunk_size, config.decode_share,
                                on_preempt=self._count_preemption, drafts=self.drafts)  # fmt: skip
         self.rates = LiveRates()
@@ -259,9 +261,9 @@ class Engine:
             else:
                 seconds = time.perf_counter() - started
                 self.planner.record(planned, seconds)
-                if self.drafts is not None and planned.plan.kind == "decode":
-                    self.drafts.record_round(planned.plan.num_tokens, seconds)
                 self._apply(planned, output, seconds)
+                if self.drafts is not None and planned.plan.kind == "decode":
+                    self.drafts.record_round(planned.plan.num_tokens, seconds, output.mtp)
         chunks = list(self._outbox)
         self._outbox.clear()
         return chunks

@@ -202,7 +202,7 @@ class Planner:
         # Drafts take free blocks only once every planned row has its own: they never cost anyone a lane.
         for seq in planned.seqs:
             drafts = self._room_for_drafts(seq, offered.get(id(seq), []))
-            planned.plan.seqs.append(self._seq_step(seq, seq.tokens_left, drafts))
+            planned.plan.seqs.append(self._seq_step(seq, seq.tokens_left, drafts, decode=True))
         return planned if planned.seqs else None
 
     def _room_for_drafts(self, seq: Sequence, drafts: list[int]) -> list[int]:
@@ -210,7 +210,7 @@ class Planner:
         if self.drafts is None or seq.draft is None:
             return []
         limit = seq.num_prompt_tokens + seq.max_tokens
-        wanted = min(limit, len(seq.token_ids) + len(drafts) + max(self.drafts.to_propose(seq) - 1, 0))
+        wanted = min(limit, len(seq.token_ids) + len(drafts) + max(self.drafts.to_propose(seq, True) - 1, 0))
         while drafts and not self.blocks.can_grow(seq.block_table, wanted):
             drafts = drafts[:-1]
             wanted = min(limit, len(seq.token_ids) + len(drafts))
@@ -218,7 +218,7 @@ class Planner:
             self.blocks.grow(seq.block_table, wanted)
         return drafts
 
-    def _seq_step(self, seq: Sequence, count: int, drafts: list[int] | None = None) -> SeqStep:
+    def _seq_step(self, seq: Sequence, count: int, drafts: list[int] | None = None, decode: bool = False) -> SeqStep:
         start = seq.num_computed
         reaches_end = start + count == len(seq.token_ids)
         step = SeqStep(
@@ -232,8 +232,8 @@ class Planner:
             step.new_token_ids += kept
         else:
             step.next_token_id = seq.token_ids[start + count]
-        if seq.draft is not None and seq.draft.method == "mtp":
+        if self.drafts is not None and self.drafts.mtp_rows(seq, decode):
             step.mtp = True
-            step.propose = self.drafts.to_propose(seq) if reaches_end and self.drafts is not None else 0
+            step.propose = self.drafts.to_propose(seq, decode) if reaches_end else 0
         step.block_ids = list(seq.block_table.block_ids)  # after any growth for drafts
         return step

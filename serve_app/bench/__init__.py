@@ -44,6 +44,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     grammar.add_argument("--concurrency", type=int, default=16)
     grammar.set_defaults(func=_runner("grammar_bench"))
 
+    drafts = kinds.add_parser("drafts", help="decode tok/s drafted vs draft: false (MTP, n-gram, 16 streams)")
+    drafts.add_argument("--model", default="builtin:tiny-glm", help="a checkpoint with an MTP layer")
+    drafts.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    drafts.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    drafts.add_argument("--draft-tokens", type=int, default=None, help="most drafts per round (default: the method's)")
+    drafts.add_argument("--draft-policy", default="measured", choices=["measured", "fixed"])
+    drafts.add_argument("--max-tokens", type=int, default=64)
+    drafts.add_argument("--concurrency", type=int, default=16)
+    drafts.add_argument("--repeats", type=int, default=3)
+    drafts.set_defaults(func=_runner("drafts_bench"))
+
     serve = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
     serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
     serve.add_argument("--model", default="builtin:tiny-glm")

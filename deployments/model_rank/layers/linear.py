@@ -13,7 +13,8 @@ from kernels import cpu_gemm
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
 
-TILE_ROWS = 16  # float32 matmuls run in tiles of exactly this many rows
+TILE_ROWS = 16  # float32 matmuls run on row counts that are multiples of this
+CALL_ROWS = 256  # ... at most this many rows per GEMM call (past it MKL's kernel choice changes the bits)
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -29,7 +30,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if cpu_gemm.is_packed(weight):
         out = cpu_gemm.matmul(x2, weight)  # [M, N]
     elif x2.dtype == torch.float32 and x2.shape[0] > 0:
-        out = torch.cat([_tile_matmul(tile, weight) for tile in x2.split(TILE_ROWS)])  # [M, N]
+        out = _tiled_matmul(x2, weight)  # [M, N]
     else:
         out = F.linear(x2, weight)  # [M, N]
     if bias is not None:
@@ -37,12 +38,15 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return out.reshape(*lead, weight.shape[0])
 
 
-def _tile_matmul(tile: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """One GEMM of exactly TILE_ROWS rows ([m<=16, K] -> [m, N]); short tiles are padded with zeros."""
-    rows = tile.shape[0]
-    if rows < TILE_ROWS:
-        tile = torch.cat([tile, tile.new_zeros(TILE_ROWS - rows, tile.shape[1])])
-    return F.linear(tile, weight)[:rows]
+def _tiled_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[M, K] -> [M, N] on zero-padded whole tiles, CALL_ROWS rows per GEMM at most."""
+    rows = x.shape[0]
+    padded = -(-rows // TILE_ROWS) * TILE_ROWS
+    if padded != rows:
+        x = F.pad(x, (0, 0, 0, padded - rows))
+    if padded <= CALL_ROWS:
+        return F.linear(x, weight)[:rows]
+    return torch.cat([F.linear(part, weight) for part in x.split(CALL_ROWS)])[:rows]
 
 
 class ReplicatedLinear(nn.Module):
