@@ -14,10 +14,10 @@ from deployments.model_rank.executor import Executor, make_executor
 from deployments.model_rank.runner import RunnerInfo, resolve_device
 from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.grammar import GrammarBackend, follow_written
-from deployments.prefix_hashes import PrefixDigest, PromptHashes
-from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
+from deployments.prefix_hashes import PrefixDigest
 from deployments.prompt_store.store import StoreStats
-from deployments.scheduler.disk_states import DiskStates, StoreLink
+from deployments.scheduler.disk_states import StoreLink
+from deployments.scheduler.engine_disk import EngineDisk
 from deployments.scheduler.draft_rounds import DraftRounds
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
@@ -30,14 +30,14 @@ from deployments.scheduler.text_output import IncrementalText
 from deployments.scheduler.wire import EngineInfo
 from deployments.step_plan import Proposal, SeqStep, StepOutput, StepResult
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
-from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason, ImprintAnswer, ImprintQuery
+from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
 log = logging.getLogger("tensorfold.engine")
 ENGINE_CALLS = frozenset({"imprint", "forget_disk"})  # what a driver may run on the engine between steps
 DIGEST_INTERVAL_S = 0.25  # the router reads digests every second or so: rebuilding one per step is waste
 
 
-class Engine:
+class Engine(EngineDisk):
     def __init__(self, config: EngineConfig, store_link: StoreLink | None = None) -> None:
         self.config = config
         self.tokenizer: TokenizerBundle = load_tokenizer(config.model)
@@ -192,60 +192,6 @@ class Engine:
     # ---- the loop body --------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.planner.has_work() or bool(self._outbox)
-
-    def _restore(self, request: EngineRequest) -> int:
-        """Tokens of the prompt read back from disk (0 when RAM holds as much, a read does not pay, or it fails)."""
-        assert self.disk is not None
-        hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.config.block_size)
-        try:
-            return self.disk.restore(request.prompt_token_ids, hashes)
-        except Exception:  # the store failing costs a prompt pass, never the request
-            log.exception("prompt store: restoring failed; prefilling instead")
-            return 0
-
-    def imprint(self, query: ImprintQuery) -> ImprintAnswer:
-        """The imprint routes' answer for a rendered conversation (loading its disk state first if asked)."""
-        assert self.disk is not None, "the imprint routes answer 404 unless learn_conversations is on"
-        prompt = query.prompt_token_ids
-        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.config.block_size)
-        if not query.load:
-            return self.disk.answer(prompt, hashes)
-        started = time.perf_counter()
-        loaded = self.disk.restore(prompt, hashes)
-        answer = self.disk.answer(prompt, hashes)
-        answer.loaded_tokens, answer.load_seconds = loaded, round(time.perf_counter() - started if loaded else 0.0, 6)
-        return answer
-
-    def forget_disk(self) -> int:
-        """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first)."""
-        return 0 if self.disk is None else self.disk.forget_all()
-
-    def has_idle_work(self) -> bool:
-        """States waiting for disk: written one piece per idle turn, so a new request waits for one piece."""
-        return self.disk is not None and (self.disk.has_writes() or self.disk.stats_stale)
-
-    def idle_work(self) -> None:
-        if self.disk is None:
-            return
-        try:
-            if self.disk.has_writes():
-                self.disk.write_one()
-            else:  # after the writes: the store's figures for /metrics and /health
-                self.disk.refresh_stats()
-        except Exception:  # the store failing costs its states, never the engine: they stay in RAM only
-            log.exception("prompt store: writing failed; states stay in RAM only")
-            self.disk.stats_stale = False
-
-    def _open_disk_states(self, link: StoreLink | None, runner: RunnerInfo) -> DiskStates:
-        if link is None:
-            raise ValueError("learn needs the node's prompt store")
-        token_bytes = self.executor.kv_bytes_per_token()  # every rank's shard
-        layout = f"{token_bytes}B-per-token"
-        kind = CONVERSATIONS if self.config.learn_conversations else PREFIXES
-        store_set = set_id(self.config.model, runner.dtype, f"{layout}/b{self.config.block_size}",
-                           self.config.tensor_parallel_size, kind)  # fmt: skip
-        block_bytes = token_bytes * self.config.block_size
-        return DiskStates(link, store_set, self.blocks, self.executor, block_bytes)
 
     def step(self) -> list[EngineChunk]:
         """Plan and run one step; returns every chunk produced (at most one per request)."""
