@@ -118,13 +118,19 @@ def test_ngram_on_a_random_qwen3_equals_serial(tmp_path_factory: pytest.TempPath
 
 
 def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[list[int]]) -> None:
-    """Stop strings, end tokens ignored, limits, grammars, a thinking budget and logprobs cut drafts the same."""
+    """Stop strings, end tokens ignored, limits, grammars (a forced tool call too), a thinking budget and
+    logprobs cut drafts the same."""
     engine = _engine(tiny_glm, "float32", "mtp")
     tokenizer = engine.tokenizer
     prompts = corpus_prompts[::3]
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}  # fmt: skip
+    from deployments.ingress.tool_grammar import GLM, forced_call_ebnf
+    from serve_app.fixtures.tiny_glm.corpus import TOOLS
+
     think_open, think_close = tokenizer.encode("<think>"), tokenizer.encode("</think>")
+    forced = GrammarSpec("ebnf", forced_call_ebnf(TOOLS, GLM, parallel=True), think_opener_id=think_open[0],
+                         think_closer_id=think_close[0], param="tool_choice")  # fmt: skip
     thinking = ThinkingControls(opener_id=think_open[0], closer_id=think_close[0], budget=6,
                                 close_ids=tokenizer.encode("\n</think>\n\n"))  # fmt: skip
     requests: list[EngineRequest] = []
@@ -139,6 +145,8 @@ def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[l
             EngineRequest(f"regex{i}", prompt, sampling=greedy, max_tokens=24,
                           grammar=GrammarSpec("regex", r"(Paris|Red|[0-9]+)[.!]")),
             EngineRequest(f"think{i}", prompt, sampling=greedy, max_tokens=40, thinking=thinking),
+            EngineRequest(f"tool{i}", prompt, sampling=SamplingParams(temperature=0.6, seed=i), max_tokens=60,
+                          grammar=forced),
             EngineRequest(f"logprobs{i}", prompt, sampling=SamplingParams(temperature=0.8, seed=i), max_tokens=24,
                           logprobs=3),
         ]
