@@ -56,5 +56,10 @@ def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, serve
         assert tp2 == tp1
         seeded = dict(max_tokens=24, temperature=0.8, seed=7)
         assert _replies(f"{serve_url}/tp2", PROMPTS, **seeded) == _replies(f"{serve_url}/tp1", PROMPTS, **seeded)
+        # Both ranks verify the same MTP drafts: drafted TP2 replies equal the serial reference's.
+        assert _replies(f"{serve_url}/tp2", PROMPTS, **request, extra_body={"draft": False}) == tp1
+        block = httpx.post(f"{serve_url}/tp2/v1/chat/completions", timeout=120,
+                           json={"messages": PROMPTS[0], **request}).json()["tensorfold"]  # fmt: skip
+        assert block["drafts"] == "mtp" and block["drafted"] > 0
     finally:
         delete_apps(["e2e-tp1", "e2e-tp2"])

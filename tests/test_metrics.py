@@ -28,6 +28,8 @@ ALIASES = {  # vLLM's name -> our name (same prefix, identical values)
     "prefix_cache_hits": "prompt_tokens_cached",
     "prefix_cache_queries": "prompt_tokens",
     "num_preemptions": "preemptions",
+    "spec_decode_num_draft_tokens": "mtp_drafted",
+    "spec_decode_num_accepted_tokens": "mtp_accepted",
 }
 
 
@@ -38,7 +40,9 @@ def backend(served_model: str) -> LocalBackend:
     from serve_app.args import AppArgs
 
     model_dir = AppArgs(model=served_model).model_dir
-    engine = Engine(EngineConfig(model=str(model_dir), context=WINDOW, kv_cache_gib=0.05, device="cpu"))
+    # Fixed draft lengths: the draft counters asserted below do not depend on measured step times.
+    engine = Engine(EngineConfig(model=str(model_dir), context=WINDOW, kv_cache_gib=0.05, device="cpu",
+                                 draft_policy="fixed"))  # fmt: skip
     loop = EngineLoop(engine)
     loop.start()
     yield LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
@@ -118,14 +122,31 @@ def test_vllm_names_equal_their_twins(client: TestClient) -> None:
     pairs = 0
     for (name, labels), reading in scraped.items():
         for vllm, ours in ALIASES.items():
-            if name.startswith(f"tensorfold:{vllm}"):
+            if name.startswith(f"tensorfold:{vllm}") and "_per_pos" not in name:
                 twin = name.replace(f"tensorfold:{vllm}", f"tensorfold:{ours}", 1)
                 assert scraped[(twin, labels)] == reading, (name, labels)
                 pairs += 1
     assert pairs > 30
-    # No drafts in this engine: the draft families are left out, never a fabricated zero.
-    assert not any("mtp_" in name or "spec_decode" in name for name in names)
+    assert {"tensorfold:mtp_drafted_total", "tensorfold:spec_decode_num_drafts_total"} <= names
     assert client.get("/v1/metrics").status_code == 200
+
+
+def test_draft_counters_add_up_and_vanish_without_drafts(client: TestClient, backend: LocalBackend) -> None:
+    import asyncio
+    import dataclasses
+
+    chat(client, [{"role": "user", "content": "Tell me a story."}])
+    scraped = scrape(client)
+    drafted, kept = value(scraped, "mtp_drafted_total"), value(scraped, "mtp_accepted_total")
+    assert drafted >= kept > 0  # tiny-glm's MTP layer drafts its scripted story
+    per_position = [v for (name, labels), v in sorted(scraped.items(), key=lambda kv: kv[0][1])
+                    if name == "tensorfold:spec_decode_num_accepted_tokens_per_pos_total"]  # by position
+    assert sum(per_position) == kept and per_position == sorted(per_position, reverse=True)
+    assert 0 < value(scraped, "spec_decode_num_drafts_total") <= drafted
+    # An engine that drafts nothing: the draft families are left out, never a fabricated zero.
+    status = dataclasses.replace(asyncio.run(backend.replicas())[0], drafts="off")
+    names = {name for name, _ in samples(exposition("tiny", [status]).decode())}
+    assert not any("mtp_" in name or "spec_decode" in name for name in names)
 
 
 def test_two_replicas_aggregate(client: TestClient, backend: LocalBackend) -> None:

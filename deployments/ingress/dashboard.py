@@ -18,6 +18,7 @@ from deployments.ingress.errors import error_body
 from deployments.ingress.health import store_summary
 from deployments.ingress.metrics import merged_counters
 from deployments.scheduler.metrics import Histogram
+from deployments.scheduler.stats import EngineCounters
 from deployments.scheduler.wire import ReplicaStatus
 
 QUIET_ROUTES = ("/stats",)
@@ -92,7 +93,17 @@ def stats_snapshot(model: str, replicas: list[ReplicaStatus]) -> dict[str, Any]:
         "histograms": {name: _histogram_json(h) for name, h in counters.histograms.histograms.items()},
         "replicas": [_replica_json(r) for r in ordered],
         "store": store_summary(replicas),  # the disk prompt-state store's figures; null when it is off
+        "drafts": _drafts_json(replicas, counters),  # null when no engine drafts
     }
+
+
+def _drafts_json(replicas: list[ReplicaStatus], counters: EngineCounters) -> dict[str, Any] | None:
+    methods = sorted({r.drafts for r in replicas} - {"off"})
+    if not methods:
+        return None
+    drafted, accepted = counters.drafted_total, counters.accepted_total
+    return {"method": ",".join(methods), "drafted_total": drafted, "accepted_total": accepted,
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}  # fmt: skip
 
 
 def _off() -> JSONResponse:

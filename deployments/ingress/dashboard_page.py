@@ -89,6 +89,9 @@ function tiles(stats) {
     ["prompt tokens", t.prompt_tokens_total], ["cached tokens", t.cached_tokens_total],
     ["reply tokens", t.completion_tokens_total], ["disconnects", t.client_disconnections_total],
     ["replicas", stats.replicas.length]];
+  if (stats.drafts) {  // the engine drafts: how many of its drafts were kept
+    items.push([`drafts kept (${stats.drafts.method})`, (100 * stats.drafts.acceptance_rate).toFixed(1) + "%"]);
+  }
   if (stats.store) {  // the disk prompt-state store, when it is on
     items.push(["on disk MB", (stats.store.bytes_held / 1e6).toFixed(1)], ["restored tokens", stats.store.restored_tokens]);
   }

@@ -1,7 +1,7 @@
 """The manual's finish log: one line per completed, refused or ended request, naming the client reply id.
 
 - completed: `finished <id> prompt=.. cached=.. thinking=.. effort=.. tokens=.. sha=.. finish=.. rounds=..
-  drafts=..` (plus ttft and decode rate, which operators ask for first, and the replica that served it
+  drafts=accepted/drafted` (`-` when the reply was not drafted) (plus ttft and decode rate, which operators ask for first, and the replica that served it
   with the router's reason);
 - refused:   `refused <id>: <message>`;
 - ended:     `ended <id> reason=client-left|error: <message> prompt=.. tokens=.. elapsed=..s`.
@@ -19,7 +19,7 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
     stats = summary.stats
     ttft = summary.time_to_first_token
     log.info(
-        "finished %s prompt=%d cached=%d thinking=%d effort=%s tokens=%d sha=%s finish=%s rounds=%d drafts=- "
+        "finished %s prompt=%d cached=%d thinking=%d effort=%s tokens=%d sha=%s finish=%s rounds=%d drafts=%s "
         "ttft=%s tps=%.1f replica=%s route=%s%s",
         request_id,
         stats.prompt_tokens,
@@ -30,6 +30,7 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
         summary.sha[:16],
         finish,
         stats.rounds,
+        "-" if stats.draft_method == "off" else f"{stats.accepted}/{stats.drafted}",
         "-" if ttft is None else f"{ttft:.3f}s",
         summary.tokens_per_second,
         stats.replica or "-",

@@ -35,7 +35,14 @@ def _counters(replicas: list[ReplicaStatus]) -> dict[str, Any]:
         return sum(getattr(r.counters, name) for r in replicas)
 
     running = sum(r.running for r in replicas)
-    return {
+    drafting = {r.drafts for r in replicas} - {"off"}
+    drafts: dict[str, Any] = {} if not drafting else {
+        "drafts": ",".join(sorted(drafting)),
+        "draft_tokens": max(r.draft_tokens for r in replicas),
+        "drafted_total": total("drafted_total"),
+        "accepted_total": total("accepted_total"),
+    }  # fmt: skip
+    return drafts | {
         "busy": running > 0,
         "requests_running": running,
         "requests_total": total("requests_total"),

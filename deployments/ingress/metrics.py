@@ -5,8 +5,8 @@ added bucket-wise (every replica uses the same bounds), running/waiting summed, 
 replica. Ingress replicas keep no counters of their own (every figure is the engine's), so there is
 nothing to merge from them. Each reading is published under its `tensorfold:` name and again under
 vLLM's name (same prefix) where vLLM has one, so a vLLM dashboard fills by swapping the prefix. Families
-the engine cannot count (drafts: it drafts nothing) are left out; the prefix-cache families only appear
-when the engine keeps prompt blocks across requests.
+an engine cannot count are left out: the draft families unless an engine drafts, the prefix-cache families
+unless the engine keeps prompt blocks across requests.
 """
 
 from collections.abc import Iterator
@@ -56,6 +56,8 @@ def merged_counters(replicas: list[ReplicaStatus]) -> EngineCounters:
             total.requests_by_key[key] = total.requests_by_key.get(key, 0) + count
         for reason, count in counters.requests_by_route.items():
             total.requests_by_route[reason] = total.requests_by_route.get(reason, 0) + count
+        for position, count in counters.accepted_by_position.items():
+            total.accepted_by_position[position] = total.accepted_by_position.get(position, 0) + count
         total.histograms.merge(counters.histograms)
     return total
 
@@ -126,7 +128,25 @@ class ReplicasCollector(Collector):
             yield self._counter(name, "Requests that gave up their lane to another.", counters.preemptions_total)
         yield self._counter("decode_rounds", "Decode rounds run.", counters.rounds_total)
         yield self._routing_decisions()
+        yield from self._drafts()
         yield from self._store()
+
+    def _drafts(self) -> Iterator[Metric]:
+        """Draft tokens verified and kept on finished requests, under our names and vLLM's, while an engine drafts."""
+        if all(r.drafts == "off" for r in self._replicas):
+            return
+        counters = self._counters
+        for name in ("mtp_drafted", "spec_decode_num_draft_tokens"):
+            yield self._counter(name, "Draft tokens verified (finished requests).", counters.drafted_total)
+        for name in ("mtp_accepted", "spec_decode_num_accepted_tokens"):
+            yield self._counter(name, "Draft tokens kept (equal to the draw at their row).", counters.accepted_total)
+        yield self._counter("spec_decode_num_drafts", "Verify rounds that carried drafts.", counters.draft_rounds_total)
+        family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens kept, by their position in the round's drafts.",
+                                     labels=["model_name", "position"])  # fmt: skip
+        for position, count in sorted(counters.accepted_by_position.items()):
+            family.add_metric([self._model, str(position)], count)
+        yield family
 
     def _store(self) -> Iterator[Metric]:
         """The disk prompt-state store's families, only while it is on."""

@@ -96,6 +96,7 @@ class GenerationFields(BaseModel):
     stream: Annotated[bool | None, BeforeValidator(bool_field("stream"))] = None
     stream_options: StreamOptions | None = None
     return_token_ids: Annotated[bool | None, BeforeValidator(bool_field("return_token_ids"))] = None
+    draft: Annotated[bool | None, BeforeValidator(bool_field("draft"))] = None  # false: the serial reference
 
     @field_validator("n")
     @classmethod

@@ -68,4 +68,5 @@ def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[i
         arrival_time=arrival_time,
         thinking=thinking,
         key_label=current_key_label(),
+        draft=fields.draft is not False,
     )

@@ -95,6 +95,11 @@ class ReplySummary:
             token_sha=self.sha,
             rounds=stats.rounds,
             preemptions=stats.preemptions,
+            drafts=stats.draft_method,
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            acceptance_rate=round(stats.acceptance_rate, 4),
+            tokens_per_round=round(stats.tokens_per_round, 3),
         )
         if self.reasoning_effort is not None:
             block["reasoning_effort"] = self.reasoning_effort

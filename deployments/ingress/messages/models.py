@@ -90,6 +90,7 @@ class MessagesRequest(MessagesBody):
     top_k: Annotated[int | None, BeforeValidator(int_field("top_k"))] = None
     seed: Annotated[int | None, BeforeValidator(int_field("seed", SEED_MIN, SEED_MAX))] = None
     metadata: dict[str, Any] | None = None
+    draft: Annotated[bool | None, BeforeValidator(bool_field("draft"))] = None  # false: the serial reference
 
     @model_validator(mode="after")
     def _budget_below_limit(self) -> "MessagesRequest":

@@ -234,7 +234,7 @@ def chat_body(body: MessagesRequest) -> dict[str, Any]:
     """The whole chat-completions body the Messages request runs as."""
     chat = prompt_fields(body)
     chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
-                top_p=body.top_p, top_k=body.top_k, seed=body.seed)  # fmt: skip
+                top_p=body.top_p, top_k=body.top_k, seed=body.seed, draft=body.draft)  # fmt: skip
     if body.thinking is not None and body.thinking.type == "enabled":
         chat["thinking_budget"] = body.thinking.budget_tokens
     output = body.output_config

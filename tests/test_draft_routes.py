@@ -1,0 +1,75 @@
+"""The `draft` request field on every generation route, and what a drafted reply reports (runtime block,
+finish log, /health), through Ingress over an in-process engine drafting with tiny-glm's MTP layer."""
+
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+
+from deployments.config import EngineConfig
+from deployments.ingress.api import build_api
+from deployments.ingress.context import IngressSettings
+from deployments.ingress.local_backend import LocalBackend
+from deployments.renderer.prompt_renderer import PromptRenderer
+
+STORY = [{"role": "user", "content": "Tell me a story."}]
+ROUTES = {  # path -> a body that generates, before `draft` is added
+    "/v1/chat/completions": {"messages": STORY, "max_tokens": 40, "temperature": 0},
+    "/v1/completions": {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0},
+    "/v1/messages": {"messages": STORY, "max_tokens": 40, "temperature": 0},
+    "/v1/responses": {"input": "Tell me a story.", "max_output_tokens": 40, "temperature": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def client(served_model: str) -> TestClient:
+    from deployments.scheduler.engine import Engine
+    from deployments.scheduler.engine_loop import EngineLoop
+    from serve_app.args import AppArgs
+
+    model_dir = AppArgs(model=served_model).model_dir
+    engine = Engine(EngineConfig(model=str(model_dir), context=512, kv_cache_gib=0.05, device="cpu",
+                                 draft_policy="fixed"))  # fmt: skip
+    loop = EngineLoop(engine)
+    loop.start()
+    backend = LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
+    with TestClient(build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))) as test_client:
+        yield test_client
+    loop.shutdown()
+
+
+@pytest.mark.parametrize("path", list(ROUTES))
+@pytest.mark.parametrize("bad", ["false", 0, 1, {}, [True]])
+def test_a_non_boolean_draft_is_a_400_naming_it(client: TestClient, path: str, bad: object) -> None:
+    response = client.post(path, json={**ROUTES[path], "draft": bad})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "draft" in error["message"]
+    if path != "/v1/messages":  # Anthropic's errors have no param field
+        assert error["param"] == "draft"
+
+
+@pytest.mark.parametrize("path", list(ROUTES))
+def test_drafted_and_serial_replies_are_equal_and_report_their_drafts(client: TestClient, path: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="tensorfold.requests"):
+        drafted = client.post(path, json={**ROUTES[path], "draft": True}).json()
+        serial = client.post(path, json={**ROUTES[path], "draft": False}).json()
+        default = client.post(path, json=ROUTES[path]).json()
+    on, off = drafted["tensorfold"], serial["tensorfold"]
+    assert on["token_sha"] == off["token_sha"] == default["tensorfold"]["token_sha"]
+    assert on["drafts"] == "mtp" and on["drafted"] >= on["accepted"] > 0
+    assert on["acceptance_rate"] == round(on["accepted"] / on["drafted"], 4) and on["tokens_per_round"] > 1
+    assert off["drafts"] == "off" and off["drafted"] == off["accepted"] == 0 and off["tokens_per_round"] == 1.0
+    assert on["rounds"] < off["rounds"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("finished")]
+    assert f"drafts={on['accepted']}/{on['drafted']}" in lines[0] and "drafts=-" in lines[1]
+
+
+def test_health_counts_drafted_and_kept_tokens(client: TestClient) -> None:
+    before = client.get("/health").json()
+    reply = client.post("/v1/chat/completions", json=ROUTES["/v1/chat/completions"]).json()["tensorfold"]
+    after = client.get("/health").json()
+    assert after["drafts"] == "mtp" and after["draft_tokens"] == 3
+    assert after["drafted_total"] - before["drafted_total"] == reply["drafted"]
+    assert after["accepted_total"] - before["accepted_total"] == reply["accepted"]
