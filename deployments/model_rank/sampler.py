@@ -168,7 +168,9 @@ def _draw_tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
     greedy_rows = [i for i, d in enumerate(draws) if d.temperature <= 0.0]
     tokens: list[int] = [0] * len(draws)
     if greedy_rows:
-        argmax = torch.argmax(logits[greedy_rows], dim=-1).tolist()
+        # Every row greedy (the common batch): argmax in place, without gathering a [R, V] copy first.
+        rows = logits if len(greedy_rows) == len(draws) else logits[greedy_rows]
+        argmax = torch.argmax(rows, dim=-1).tolist()
         for row, token in zip(greedy_rows, argmax):
             tokens[row] = int(token)
     for row, draw in enumerate(draws):
