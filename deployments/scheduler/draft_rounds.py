@@ -14,10 +14,10 @@ from deployments.scheduler.drafts import (
     StepCost,
     choose_lengths,
 )
+from deployments.scheduler.sequence import Sequence
 from deployments.step_plan import MtpWork
 
-REFIT_ROUNDS = 8
-from deployments.scheduler.sequence import Sequence
+REFIT_ROUNDS = 8  # decode rounds between two fits of the cost model
 
 
 class DraftRounds:

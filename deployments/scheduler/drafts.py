@@ -167,7 +167,7 @@ def choose_lengths(rates: list[float], caps: list[int], costs: RoundCosts, mtp: 
     best_lengths, best_rate = [0] * rows, rows / costs.seconds(rows, 0, 0, 0, mtp)
     tokens, drafts, chained = float(rows), 0, 0
     for depth in range(1, max(caps, default=0) + 1):
-        for s, (rate, cap) in enumerate(zip(rates, caps)):
+        for rate, cap in zip(rates, caps):
             if cap >= depth:
                 tokens += rate**depth
                 drafts += 1
@@ -181,7 +181,7 @@ def choose_lengths(rates: list[float], caps: list[int], costs: RoundCosts, mtp: 
     tokens = rows + sum(rates[s] ** k for s in range(rows) for k in range(1, best_lengths[s] + 1))
     drafts, chained = sum(best_lengths), sum(max(k - 1, 0) for k in best_lengths)
     # Deepest drafts first within a sequence, least likely first overall; a drop must keep one draft.
-    for value, s in sorted((rates[s] ** best_lengths[s], s) for s in range(rows) if best_lengths[s]):
+    for _, s in sorted((rates[s] ** best_lengths[s], s) for s in range(rows) if best_lengths[s]):
         while best_lengths[s] and drafts > 1:
             k = best_lengths[s]
             trial = costs.seconds(rows, drafts - 1, depth, chained - (k > 1), mtp)
