@@ -9,7 +9,6 @@ PromptStore actor) does the disk I/O; `StoreLink` is how the engine reaches it f
 """
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
