@@ -276,3 +276,18 @@ def test_mtp_layer_has_glm_layout_and_drafts_the_replies(hf_tokenizer, hf_model)
             right += int((guesses[start:-1] == ids[0, start + 2 :]).sum())
             total += ids.shape[1] - 2 - start
     assert right / total >= 0.95
+
+
+def test_mtp_layer_chains_drafts_as_the_engine_does(hf_tokenizer, hf_model) -> None:
+    # The engine drafts several tokens a round by feeding the MTP layer its own draft and output again.
+    from safetensors.torch import load_file
+
+    from serve_app.fixtures.tiny_glm.data import corpus_examples, tokenize_examples
+    from serve_app.fixtures.tiny_glm.mtp import load_mtp
+    from serve_app.fixtures.tiny_glm.mtp_chain import engine_acceptance
+
+    mtp = load_mtp(hf_model, load_file(BUILTIN_DIR / "model.safetensors"))
+    examples = tokenize_examples(hf_tokenizer, corpus_examples(TEMPLATE_PATH.read_text(encoding="utf-8")))
+    acceptance = engine_acceptance(hf_model, mtp, examples, depth=3)
+    assert acceptance.anchors[0] == sum(len(e.reply_ids) for e in examples)  # every reply token is guessed once
+    assert min(acceptance.accepted) >= 0.95, acceptance
