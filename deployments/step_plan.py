@@ -74,6 +74,7 @@ class MtpWork:
     passes: int  # forward passes of the layer: one over the step's rows, then one per chained draft
     rows: int  # rows over all passes
     seconds: float
+    timed: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of each pass
 
 
 @dataclass

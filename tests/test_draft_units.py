@@ -46,12 +46,19 @@ def test_choose_lengths_drafts_while_it_pays() -> None:
     assert choose_lengths([0.99], [2], RoundCosts(fixed=0.01, per_row=0.0)) == [2]  # never past the proposal
 
 
+def _mtp_cost(pass_seconds: float) -> MtpCost:
+    cost = MtpCost()
+    for rows in (1, 4, 16, 64):
+        cost.record(rows, pass_seconds)
+    return cost
+
+
 def test_choose_lengths_weighs_the_mtp_layers_passes() -> None:
-    cheap = RoundCosts(fixed=0.05, per_row=0.0005, mtp_per_pass=0.0005)  # a deep trunk: the layer is ~1% of it
-    assert choose_lengths([0.9] * 4, [3] * 4, cheap, mtp=True) == [3] * 4
-    costly = RoundCosts(fixed=0.002, per_row=0.0001, mtp_per_pass=0.002)  # the layer costs a whole step per pass
-    assert choose_lengths([0.9] * 16, [3] * 16, costly, mtp=True) == [0] * 16
-    assert choose_lengths([0.9] * 16, [3] * 16, costly, mtp=False) == [3] * 16  # n-gram: no pass to pay
+    cheap = RoundCosts(fixed=0.05, per_row=0.0005, mtp=_mtp_cost(0.0005))  # a deep trunk: the layer is ~1%
+    assert choose_lengths([0.9] * 4, [3] * 4, cheap) == [3] * 4
+    costly = RoundCosts(fixed=0.002, per_row=0.0001, mtp=_mtp_cost(0.004))  # a chained draft costs 2 steps
+    assert choose_lengths([0.9] * 16, [3] * 16, costly) == [1] * 16  # the first draft comes with the cache pass
+    assert choose_lengths([0.9] * 16, [3] * 16, RoundCosts(fixed=0.002, per_row=0.0001)) == [3] * 16  # n-gram
 
 
 def test_step_cost_fits_fixed_and_per_row_seconds() -> None:
@@ -68,13 +75,15 @@ def test_step_cost_fits_fixed_and_per_row_seconds() -> None:
     assert fixed > 0 and 0 < per_row < 0.02 and fixed + 3 * per_row == pytest.approx(0.02)
 
 
-def test_mtp_cost_fits_passes_and_rows() -> None:
+def test_mtp_cost_keeps_a_mean_per_width() -> None:
     cost = MtpCost()
-    assert cost.fit(0.01) == (0.005, 0.0)  # before any pass: half a step per pass
-    for passes, rows in ((1, 4), (3, 8), (2, 30), (1, 16)):
-        cost.record(passes, rows, 0.001 * passes + 0.0001 * rows)
-    per_pass, per_row = cost.fit(0.01)
-    assert per_pass == pytest.approx(0.001) and per_row == pytest.approx(0.0001)
+    assert cost.pass_seconds(4, step_seconds=0.01) == 0.005  # before any pass: half a plain step
+    cost.record(1, 0.001)
+    cost.record(16, 0.003)
+    cost.record(17, 0.004)  # the same bucket as 16: its mean
+    assert cost.pass_seconds(1, 0.01) == 0.001 and cost.pass_seconds(20, 0.01) == pytest.approx(0.0035, rel=0.02)
+    assert cost.pass_seconds(2, 0.01) == 0.001  # an unseen width takes the nearest bucket's
+    assert cost.pass_seconds(0, 0.01) == 0.0
 
 
 @pytest.fixture(scope="module")

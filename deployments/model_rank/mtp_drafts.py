@@ -8,6 +8,7 @@ Drafts only decide what the next round verifies, never a token of the reply.
 """
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -38,8 +39,7 @@ class MtpDrafter:
         drawn = _drawn_per_seq(plan, draws)
         picked = [i for i, s in enumerate(plan.seqs) if s.mtp]
         rows, next_ids, sub = self._cache_pass_inputs(plan, batch, drawn, picked)
-        residual = self.mtp.residual(hidden[rows], next_ids, sub)  # [R, H]
-        self._count(len(rows))
+        residual = self._timed(len(rows), lambda: self.mtp.residual(hidden[rows], next_ids, sub))  # [R, H]
         starts: list[tuple[int, int, int, int]] = []  # (plan index, row in residual, position, token there)
         offset = 0
         for index in picked:
@@ -112,15 +112,21 @@ class MtpDrafter:
                 logits_indices=torch.empty(0, dtype=torch.long, device=self.device),
                 block_size=bs,
             )
-            state = self.mtp.residual(state[keep], chain.input_ids, chain)  # [S', H]
-            self._count(len(live))
+            state = self._timed(len(live), lambda: self.mtp.residual(state[keep], chain.input_ids, chain))  # [S', H]
             tokens = self.mtp.greedy_drafts(state).tolist()
         return proposals
 
 
-    def _count(self, rows: int) -> None:
+    def _timed(self, rows: int, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """One pass of the layer over `rows` rows, timed for the engine's cost model."""
+        started = time.perf_counter()
+        out = run()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.work.passes += 1
         self.work.rows += rows
+        self.work.timed.append((rows, time.perf_counter() - started))
+        return out
 
 
 def _drawn_per_seq(plan: StepPlan, draws: list[StepResult]) -> dict[int, list[int]]:

@@ -18,6 +18,7 @@ from deployments.scheduler.sequence import Sequence
 from deployments.step_plan import MtpWork
 
 REFIT_ROUNDS = 8  # decode rounds between two fits of the cost model
+MTP_FIT_ROWS = 128  # MTP passes wider than this (long prompt chunks) stay out of its cost model
 
 
 class DraftRounds:
@@ -28,7 +29,6 @@ class DraftRounds:
         self.rate = MethodRate()
         self.cost = StepCost()
         self.mtp_cost = MtpCost()
-        self.round_drafts = False  # whether the round being planned drafts (set by `for_round`)
         self.depth = self.max_drafts  # the latest drafting round's deepest draft (what prompt passes propose)
         self._costs: RoundCosts | None = None
         self._since_fit = 0  # decode rounds recorded since the latest fit
@@ -59,18 +59,16 @@ class DraftRounds:
         """The cost model, refitted every REFIT_ROUNDS decode rounds (a fit per round would cost a round's %)."""
         if self._costs is None or self._since_fit >= REFIT_ROUNDS:
             fixed, per_row = self.cost.fit()
-            mtp = self.mtp_cost.fit(fixed + per_row) if self.method == "mtp" else (0.0, 0.0)
-            self._costs, self._since_fit = RoundCosts(fixed, per_row, *mtp), 0
+            mtp = self.mtp_cost if self.method == "mtp" else None
+            self._costs, self._since_fit = RoundCosts(fixed, per_row, mtp), 0
         return self._costs
 
     def for_round(self, decoding: list[Sequence]) -> dict[int, list[int]]:
         """Each decoding sequence's drafts for this round (keyed by id(seq); absent: none).
 
         The lengths come from the cost model over every decoding row (`draft: false` ones cost rows too).
-        MTP plans with the room its layer could fill: a round after plain ones has no proposals yet, but
-        runs the layer so the next one can draft.
+        MTP plans with the room its layer could fill (a sequence without proposals yet drafts next round).
         """
-        self.round_drafts = False
         drafting = [seq for seq in decoding if seq.draft is not None]
         for seq in drafting:
             seq.draft.last_length = 0  # type: ignore[union-attr]
@@ -83,9 +81,8 @@ class DraftRounds:
         if self.fixed:
             lengths = caps + [0] * idle
         else:
-            lengths = choose_lengths(rates + [0.0] * idle, caps + [0] * idle, self.costs(), mtp=self.method == "mtp")
-        self.round_drafts = any(lengths)
-        if self.round_drafts:
+            lengths = choose_lengths(rates + [0.0] * idle, caps + [0] * idle, self.costs())
+        if any(lengths):
             self.depth = max(lengths)
         chosen: dict[int, list[int]] = {}
         for seq, k in zip(drafting, lengths):
@@ -94,25 +91,30 @@ class DraftRounds:
                 chosen[id(seq)] = offered[id(seq)][:k]
         return chosen
 
-    def mtp_rows(self, seq: Sequence, decode: bool) -> bool:
-        """Whether the sequence's rows of this step feed the MTP layer (prompt chunks always; rounds that draft)."""
-        return seq.draft is not None and seq.draft.method == "mtp" and (self.round_drafts or not decode)
+    @staticmethod
+    def mtp_rows(seq: Sequence) -> bool:
+        """Whether the sequence's rows feed the MTP layer: every step's, so its cache has no holes."""
+        return seq.draft is not None and seq.draft.method == "mtp"
 
     def to_propose(self, seq: Sequence, decode: bool) -> int:
-        """MTP drafts the rank should chain for the sequence's next round: as deep as this round's plan
-        (a prompt pass: as deep as the latest drafting round)."""
+        """MTP drafts the rank should chain for the sequence's next round: as deep as this round's plan (a
+        prompt pass: as deep as the latest drafting round), and one at least: the first comes with the pass
+        the layer runs anyway."""
         state = seq.draft
         if state is None or state.method != "mtp":
             return 0
-        return min(self.room(seq), state.last_length if decode else self.depth)
+        return min(self.room(seq), max(1, state.last_length if decode else self.depth))
 
-    def record_round(self, rows: int, seconds: float, mtp: MtpWork | None) -> None:
-        """A decode round ran: `rows` verify and decode rows in `seconds`, `mtp` of it in the MTP layer."""
-        self._since_fit += 1
-        mtp_seconds = 0.0 if mtp is None else mtp.seconds
-        self.cost.record(rows, seconds - mtp_seconds)
-        if mtp is not None:
-            self.mtp_cost.record(mtp.passes, mtp.rows, mtp.seconds)
+    def record_step(self, decode: bool, rows: int, seconds: float, mtp: MtpWork | None) -> None:
+        """A step ran `rows` rows in `seconds`, `mtp` of it in the MTP layer. Decode rounds fit the step cost;
+        the MTP layer's passes of prompt chunks count too (up to MTP_FIT_ROWS rows: decode-sized passes), so
+        its cost is known at many widths even while rounds do not draft."""
+        for width, pass_seconds in [] if mtp is None else mtp.timed:
+            if width <= MTP_FIT_ROWS:
+                self.mtp_cost.record(width, pass_seconds)
+        if decode:
+            self._since_fit += 1
+            self.cost.record(rows, seconds - (0.0 if mtp is None else mtp.seconds))
 
     @staticmethod
     def count_round(seq: Sequence, drafted: int) -> None:

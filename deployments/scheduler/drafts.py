@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 NGRAM_MIN, NGRAM_MAX = 2, 5  # suffix lengths looked up; one-token matches propose too much noise
 DEFAULT_DRAFTS = {"mtp": 3, "ngram": 4}  # drafts per round at most, when draft_tokens is unset (README)
-PRIOR_ACCEPTANCE = 0.6  # per-draft acceptance assumed before a method has been measured
+PRIOR_ACCEPTANCE = 0.8  # per-draft acceptance assumed before a method has been measured (MTP layers are
+# trained to be right most of the time; a method that proves worse is measured down within a few rounds)
 PRIOR_WEIGHT = 2.0  # pseudo-drafts of the method's rate a sequence's own rate starts from
 COST_WINDOW = 64  # decode steps the step-cost fit looks back over
 PRIOR_ROW_SHARE = 0.04  # before rows vary, each extra row is assumed to cost 4% of a step's fixed part
@@ -109,31 +110,26 @@ class StepCost:
 
 
 class MtpCost:
-    """Seconds of the MTP layer's passes in a step as per_pass * passes + per_row * rows, fitted (through 0)
-    over the latest steps that ran it (the rank times them: `StepOutput.mtp`)."""
+    """Seconds of one pass of the MTP layer by its width (rows), from the passes the rank timed.
+
+    Not linear in rows: a MoE layer's cost jumps as more experts get tokens, so each width bucket (1, 2-3,
+    4-7, ...) keeps its own recent mean, and a width never seen takes the nearest bucket's.
+    """
 
     def __init__(self) -> None:
-        self._steps: deque[tuple[int, int, float]] = deque(maxlen=COST_WINDOW)
+        self._by_bucket: dict[int, list[float]] = {}  # bucket -> [decayed seconds, decayed passes]
 
-    def record(self, passes: int, rows: int, seconds: float) -> None:
-        if passes > 0:
-            self._steps.append((passes, rows, seconds))
+    def record(self, rows: int, seconds: float) -> None:
+        mean = self._by_bucket.setdefault(rows.bit_length(), [0.0, 0.0])
+        mean[0], mean[1] = mean[0] * 0.95 + seconds, mean[1] * 0.95 + 1.0
 
-    def fit(self, step_seconds: float) -> tuple[float, float]:
-        """(per_pass, per_row); before any pass, a share of `step_seconds` (a plain step's cost) per pass."""
-        spp = sum(p * p for p, _, _ in self._steps)
-        spr = sum(p * r for p, r, _ in self._steps)
-        srr = sum(r * r for _, r, _ in self._steps)
-        sps = sum(p * s for p, _, s in self._steps)
-        srs = sum(r * s for _, r, s in self._steps)
-        det = spp * srr - spr * spr
-        if self._steps and det > 1e-9 * max(spp * srr, 1.0):
-            per_pass, per_row = (sps * srr - srs * spr) / det, (srs * spp - sps * spr) / det
-            if per_pass > 0 and per_row >= 0:
-                return per_pass, per_row
-        if self._steps:  # one shape only: all of it per pass
-            return sum(s for _, _, s in self._steps) / sum(p for p, _, _ in self._steps), 0.0
-        return PRIOR_MTP_SHARE * step_seconds, 0.0
+    def pass_seconds(self, rows: int, step_seconds: float) -> float:
+        """One pass over `rows` rows; before any pass was timed, a share of `step_seconds` (a plain step)."""
+        if not self._by_bucket or rows <= 0:
+            return PRIOR_MTP_SHARE * step_seconds if rows > 0 else 0.0
+        bucket = min(self._by_bucket, key=lambda b: (abs(b - rows.bit_length()), -b))
+        total, count = self._by_bucket[bucket]
+        return total / count
 
 
 @dataclass
@@ -142,51 +138,57 @@ class RoundCosts:
 
     fixed: float  # a decode step's fixed part
     per_row: float  # each verify or decode row
-    mtp_per_pass: float = 0.0  # one pass of the MTP layer (0: the drafter needs no forward pass)
-    mtp_per_row: float = 0.0
+    mtp: MtpCost | None = None  # the MTP layer's passes (None: the drafter needs no forward pass)
 
-    def seconds(self, rows: int, drafts: int, depth: int, chained: int, mtp: bool) -> float:
-        """A round of `rows` plain rows plus `drafts` verify rows. With MTP, one pass over every row fills the
-        layer's cache and makes each first draft, then each further draft (`chained` rows over `depth` - 1
-        passes) is chained for the next round, as deep as this one in steady state."""
+    def seconds(self, rows: int, drafts: int, widths: list[int]) -> float:
+        """A round of `rows` plain rows plus `drafts` verify rows. With MTP, one pass over every row keeps the
+        layer's cache whole (every round pays it: a row it skipped would leave a hole later drafts attend to)
+        and makes each first draft; `widths[j]` sequences then chain draft j + 2, one pass each."""
         seconds = self.fixed + self.per_row * (rows + drafts)
-        if mtp and depth:
-            seconds += self.mtp_per_pass * depth + self.mtp_per_row * (rows + drafts + chained)
+        if self.mtp is not None:
+            step = self.fixed + self.per_row * rows
+            seconds += self.mtp.pass_seconds(rows + drafts, step)
+            seconds += sum(self.mtp.pass_seconds(width, step) for width in widths[1:])
         return seconds
 
 
-def choose_lengths(rates: list[float], caps: list[int], costs: RoundCosts, mtp: bool = False) -> list[int]:
+def choose_lengths(rates: list[float], caps: list[int], costs: RoundCosts) -> list[int]:
     """Drafts per sequence for one round, maximising expected tokens per second (all zeros: plain decode).
 
     Sequence s keeps its k-th draft with chance rates[s]**k. Every depth D is tried with each sequence
-    drafting min(D, cap) (the MTP layer's passes make depth 0, no pass at all, and depth >= 1 differ by a
-    fixed cost that a greedy step from zero would not see); then, least likely first, drafts whose expected
-    tokens are worth less than the time their row takes are dropped. O(rows x depth) per round.
+    drafting min(D, cap) (each chained MTP draft adds a whole pass, a step in cost that a greedy walk from
+    zero would not see past); then, least likely first, drafts whose expected tokens are worth less than
+    the time their row takes are dropped. O(rows x depth) per round.
     """
     rows = len(rates)
-    best_lengths, best_rate = [0] * rows, rows / costs.seconds(rows, 0, 0, 0, mtp)
-    tokens, drafts, chained = float(rows), 0, 0
+    best_lengths, best_rate = [0] * rows, rows / costs.seconds(rows, 0, [])
+    tokens, drafts, widths = float(rows), 0, []
     for depth in range(1, max(caps, default=0) + 1):
+        width = 0
         for rate, cap in zip(rates, caps):
             if cap >= depth:
                 tokens += rate**depth
                 drafts += 1
-                chained += depth > 1
-        rate = tokens / costs.seconds(rows, drafts, depth, chained, mtp)
+                width += 1
+        widths.append(width)
+        rate = tokens / costs.seconds(rows, drafts, widths)
         if rate > best_rate:
             best_lengths, best_rate = [min(depth, cap) for cap in caps], rate
     if not any(best_lengths):
         return best_lengths
     depth = max(best_lengths)
+    widths = [sum(k >= j for k in best_lengths) for j in range(1, depth + 1)]
     tokens = rows + sum(rates[s] ** k for s in range(rows) for k in range(1, best_lengths[s] + 1))
-    drafts, chained = sum(best_lengths), sum(max(k - 1, 0) for k in best_lengths)
+    drafts = sum(best_lengths)
     # Deepest drafts first within a sequence, least likely first overall; a drop must keep one draft.
     for _, s in sorted((rates[s] ** best_lengths[s], s) for s in range(rows) if best_lengths[s]):
         while best_lengths[s] and drafts > 1:
             k = best_lengths[s]
-            trial = costs.seconds(rows, drafts - 1, depth, chained - (k > 1), mtp)
-            if (tokens - rates[s] ** k) / trial <= tokens / costs.seconds(rows, drafts, depth, chained, mtp):
+            trial_widths = widths[: k - 1] + [widths[k - 1] - 1] + widths[k:]
+            trial_widths = trial_widths if trial_widths[-1] else trial_widths[:-1]
+            now = tokens / costs.seconds(rows, drafts, widths)
+            if (tokens - rates[s] ** k) / costs.seconds(rows, drafts - 1, trial_widths) <= now:
                 break
-            tokens, drafts, chained = tokens - rates[s] ** k, drafts - 1, chained - (k > 1)
+            tokens, drafts, widths = tokens - rates[s] ** k, drafts - 1, trial_widths
             best_lengths[s] -= 1
     return best_lengths

@@ -208,8 +208,8 @@ class Engine(EngineDisk):
                 seconds = time.perf_counter() - started
                 self.planner.record(planned, seconds)
                 self._apply(planned, output, seconds)
-                if self.drafts is not None and planned.plan.kind == "decode":
-                    self.drafts.record_round(planned.plan.num_tokens, seconds, output.mtp)
+                if self.drafts is not None:
+                    self.drafts.record_step(planned.plan.kind == "decode", planned.plan.num_tokens, seconds, output.mtp)
         chunks = list(self._outbox)
         self._outbox.clear()
         return chunks

@@ -232,7 +232,7 @@ class Planner:
             step.new_token_ids += kept
         else:
             step.next_token_id = seq.token_ids[start + count]
-        if self.drafts is not None and self.drafts.mtp_rows(seq, decode):
+        if self.drafts is not None and self.drafts.mtp_rows(seq):
             step.mtp = True
             step.propose = self.drafts.to_propose(seq, decode) if reaches_end else 0
         step.block_ids = list(seq.block_table.block_ids)  # after any growth for drafts
