@@ -71,10 +71,9 @@ class Proposal:
 class MtpWork:
     """The MTP layer's share of a step (timed by the rank, so the engine can weigh drafting's cost)."""
 
-    passes: int  # forward passes of the layer: one over the step's rows, then one per chained draft
-    rows: int  # rows over all passes
-    seconds: float
-    timed: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of each pass
+    seconds: float = 0.0  # all of it, the passes and the work between them
+    # (rows, seconds) of each forward pass: one over the step's rows, then one per chained draft
+    timed: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass

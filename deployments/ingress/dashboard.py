@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from deployments.ingress.context import ServingContext
 from deployments.ingress.dashboard_page import DASHBOARD_HTML
 from deployments.ingress.errors import error_body
-from deployments.ingress.health import store_summary
+from deployments.ingress.health import draft_methods, store_summary
 from deployments.ingress.metrics import merged_counters
 from deployments.scheduler.metrics import Histogram
 from deployments.scheduler.stats import EngineCounters
@@ -98,7 +98,7 @@ def stats_snapshot(model: str, replicas: list[ReplicaStatus]) -> dict[str, Any]:
 
 
 def _drafts_json(replicas: list[ReplicaStatus], counters: EngineCounters) -> dict[str, Any] | None:
-    methods = sorted({r.drafts for r in replicas} - {"off"})
+    methods = draft_methods(replicas)
     if not methods:
         return None
     drafted, accepted = counters.drafted_total, counters.accepted_total

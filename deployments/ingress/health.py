@@ -30,14 +30,19 @@ def _live(replicas: list[ReplicaStatus]) -> dict[str, Any]:
     }
 
 
+def draft_methods(replicas: list[ReplicaStatus]) -> list[str]:
+    """The drafters the replicas' engines run ([]: none drafts, so no draft figure is reported)."""
+    return sorted({r.drafts for r in replicas} - {"off"})
+
+
 def _counters(replicas: list[ReplicaStatus]) -> dict[str, Any]:
     def total(name: str) -> Any:
         return sum(getattr(r.counters, name) for r in replicas)
 
     running = sum(r.running for r in replicas)
-    drafting = {r.drafts for r in replicas} - {"off"}
+    drafting = draft_methods(replicas)
     drafts: dict[str, Any] = {} if not drafting else {
-        "drafts": ",".join(sorted(drafting)),
+        "drafts": ",".join(drafting),
         "draft_tokens": max(r.draft_tokens for r in replicas),
         "drafted_total": total("drafted_total"),
         "accepted_total": total("accepted_total"),

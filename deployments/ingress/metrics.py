@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.errors import error_body
-from deployments.ingress.health import store_summary
+from deployments.ingress.health import draft_methods, store_summary
 from deployments.scheduler.affinity import ROUTE_REASONS
 from deployments.scheduler.metrics import RequestHistograms
 from deployments.scheduler.stats import EngineCounters
@@ -44,6 +44,11 @@ HISTOGRAM_FAMILIES: dict[str, tuple[str, str | None, str]] = {
 }  # fmt: skip
 
 
+def _add_counts(total: dict, counts: dict) -> None:
+    for key, count in counts.items():
+        total[key] = total.get(key, 0) + count
+
+
 def merged_counters(replicas: list[ReplicaStatus]) -> EngineCounters:
     """Every replica's counters summed, histograms merged bucket-wise, per-key counts added."""
     total = EngineCounters()
@@ -52,12 +57,9 @@ def merged_counters(replicas: list[ReplicaStatus]) -> EngineCounters:
         for name, value in vars(counters).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 setattr(total, name, getattr(total, name) + value)
-        for key, count in counters.requests_by_key.items():
-            total.requests_by_key[key] = total.requests_by_key.get(key, 0) + count
-        for reason, count in counters.requests_by_route.items():
-            total.requests_by_route[reason] = total.requests_by_route.get(reason, 0) + count
-        for position, count in counters.accepted_by_position.items():
-            total.accepted_by_position[position] = total.accepted_by_position.get(position, 0) + count
+        _add_counts(total.requests_by_key, counters.requests_by_key)
+        _add_counts(total.requests_by_route, counters.requests_by_route)
+        _add_counts(total.accepted_by_position, counters.accepted_by_position)
         total.histograms.merge(counters.histograms)
     return total
 
@@ -133,7 +135,7 @@ class ReplicasCollector(Collector):
 
     def _drafts(self) -> Iterator[Metric]:
         """Draft tokens verified and kept on finished requests, under our names and vLLM's, while an engine drafts."""
-        if all(r.drafts == "off" for r in self._replicas):
+        if not draft_methods(self._replicas):
             return
         counters = self._counters
         for name in ("mtp_drafted", "spec_decode_num_draft_tokens"):

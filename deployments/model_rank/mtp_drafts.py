@@ -21,16 +21,14 @@ class MtpDrafter:
         self.mtp = mtp
         self.block_size = block_size
         self.device = device
-        self.work = MtpWork(0, 0, 0.0)  # the latest `run`'s passes
+        self.work = MtpWork()  # the latest `run`'s passes
 
     def run(self, plan: StepPlan, batch: ForwardBatch, hidden: torch.Tensor, draws: list[StepResult]
             ) -> dict[int, Proposal]:  # fmt: skip
         """Fill the MTP cache over the drafting sequences' rows and chain their proposals (keyed by plan index)."""
         started = time.perf_counter()
-        self.work = MtpWork(0, 0, 0.0)
-        proposals = self._run(plan, batch, hidden, draws)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.work = MtpWork()
+        proposals = self._run(plan, batch, hidden, draws)  # ends on a host read of the drafts: nothing pending
         self.work.seconds = time.perf_counter() - started
         return proposals
 
@@ -116,15 +114,12 @@ class MtpDrafter:
             tokens = self.mtp.greedy_drafts(state).tolist()
         return proposals
 
-
     def _timed(self, rows: int, run: Callable[[], torch.Tensor]) -> torch.Tensor:
         """One pass of the layer over `rows` rows, timed for the engine's cost model."""
         started = time.perf_counter()
         out = run()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.work.passes += 1
-        self.work.rows += rows
         self.work.timed.append((rows, time.perf_counter() - started))
         return out
 

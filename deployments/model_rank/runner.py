@@ -55,7 +55,7 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.model: CausalLM = load_model(model_dir, dtype=dtype, device=self.device, parallel=parallel)
         self.mtp_on = mtp and self.model.config.has_mtp
-        self.mtp_specs = self.model.mtp_kv_cache_specs() if self.mtp_on else []  # type: ignore[operator]
+        self.mtp_specs = self.model.mtp_kv_cache_specs() if self.mtp_on else []
         self.specs = self.model.kv_cache_specs()
         self.block_size = 0
         self.num_blocks = 0

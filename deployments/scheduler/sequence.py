@@ -2,16 +2,13 @@
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from deployments.scheduler.drafts import DraftState
+from deployments.scheduler.grammar import GrammarFailure, ReplyGrammar, allows
 from deployments.scheduler.kv_blocks import BlockTable
 from deployments.scheduler.text_output import IncrementalText
 from deployments.step_plan import PromptRowsWanted, SeqDraw
 from deployments.types import EngineRequest, FinishReason, LogprobRow, Priority, PromptLogprobRow, RequestStats
-
-if TYPE_CHECKING:
-    from deployments.scheduler.grammar import ReplyGrammar
 
 
 class SeqStatus(enum.Enum):
@@ -36,7 +33,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     prompt_done_time: float | None = None  # when the prompt pass ended (decode time counts from here)
-    grammar: "ReplyGrammar | None" = None  # the reply's matcher, advanced with each accepted token
+    grammar: ReplyGrammar | None = None  # the reply's matcher, advanced with each accepted token
     logprob_rows: list[LogprobRow] | None = None  # one per reply token when the request asked for logprobs
     scores: list[float] | None = None  # a scoring request's result, set at the end of its prompt pass
     prompt_rows: list[PromptLogprobRow] | None = None  # row j: prompt token j + 1 (prompt_logprobs requests)
@@ -111,8 +108,6 @@ class Sequence:
             return first, [], []
         if self.grammar is None:
             return first, drafts, [self.next_draw(i + 1) for i in range(len(drafts))]
-        from deployments.scheduler.grammar import GrammarFailure, allows
-
         saved = self.grammar.checkpoint()
         kept: list[int] = []
         draws: list[SeqDraw] = []
