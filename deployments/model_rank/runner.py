@@ -13,12 +13,10 @@ import torch
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
-from deployments.model_rank.sampler import prompt_rows, sample_rows
+from deployments.model_rank.sampler import sample_rows
+from deployments.model_rank.step_rows import prompt_logprob_rows, step_rows
 from deployments.step_plan import StepOutput, StepPlan
 from deployments.types import PromptLogprobRow
-
-
-PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
 
 
 @dataclass
@@ -36,6 +34,7 @@ class RunnerInfo:
     device_name: str
     threads: int = 1  # intra-op threads the forward pass computes with on this rank
     mtp: bool = False  # the rank drafts with the checkpoint's MTP layer (its cache is in kv_bytes_per_token)
+    backend: str = "torch"  # "torch" or "mlx": what computes the forward pass
 
 
 def resolve_device(device: str) -> torch.device:
@@ -110,29 +109,17 @@ class ModelRunner:
             start += width
 
     def _forward_batch(self, plan: StepPlan) -> ForwardBatch:
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        logits_rows: list[int] = []
-        bs = self.block_size
-        for seq in plan.seqs:
-            start = seq.num_computed
-            for offset, token in enumerate(seq.new_token_ids):
-                pos = start + offset
-                ids.append(token)
-                positions.append(pos)
-                slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
-            logits_rows.extend(range(len(ids) - len(seq.draws), len(ids)))  # each drawing row: the last ones
+        rows = step_rows(plan, self.block_size)
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
         return ForwardBatch(
-            input_ids=as_long(ids),
-            positions=as_long(positions),
-            query_lens=[len(s.new_token_ids) for s in plan.seqs],
-            context_lens=[s.num_computed + len(s.new_token_ids) for s in plan.seqs],
-            block_tables=[s.block_ids for s in plan.seqs],
-            slot_mapping=as_long(slots),
-            logits_indices=as_long(logits_rows),
-            block_size=bs,
+            input_ids=as_long(rows.input_ids),
+            positions=as_long(rows.positions),
+            query_lens=rows.query_lens,
+            context_lens=rows.context_lens,
+            block_tables=rows.block_tables,
+            slot_mapping=as_long(rows.slots),
+            logits_indices=as_long(rows.logits_rows),
+            block_size=self.block_size,
         )
 
     @torch.inference_mode()
@@ -152,20 +139,7 @@ class ModelRunner:
         return output
 
     def _prompt_rows(self, plan: StepPlan, hidden: torch.Tensor) -> dict[int, list[PromptLogprobRow]]:
-        """Rows at every wanted prompt position; logits are made a slice at a time, never [T, V] at once.
+        def logits_of(first: int, count: int) -> torch.Tensor:
+            return self.model.compute_logits(hidden[first : first + count]).float().cpu()  # [n, V]
 
-        The lm_head is row-invariant (invariant_linear), so a row does not depend on the slice it sits in.
-        """
-        rows: dict[int, list[PromptLogprobRow]] = {}
-        start = 0
-        for index, seq in enumerate(plan.seqs):
-            wanted = seq.prompt_rows
-            if wanted is not None and wanted.next_ids:
-                rows[index] = []
-                first = start + wanted.first
-                for at in range(0, len(wanted.next_ids), PROMPT_ROW_SLICE):
-                    ids = wanted.next_ids[at : at + PROMPT_ROW_SLICE]
-                    logits = self.model.compute_logits(hidden[first + at : first + at + len(ids)])  # [n, V]
-                    rows[index].extend(prompt_rows(logits.float().cpu(), ids, wanted.top))
-            start += len(seq.new_token_ids)
-        return rows
+        return prompt_logprob_rows(plan, logits_of)

@@ -54,8 +54,12 @@ def load_model(
     dtype: str = "auto",
     device: str | torch.device = "cpu",
     parallel: ParallelContext = ParallelContext(),
+    pack: bool = True,
 ) -> CausalLM:
-    """Build the checkpoint's architecture for this TP rank and stream its weights in."""
+    """Build the checkpoint's architecture for this TP rank and stream its weights in.
+
+    `pack`: lay bf16 projections out for the CPU matmul kernel (off where another backend takes the tensors).
+    """
     directory = Path(checkpoint_dir)
     raw = read_config(directory)
     config_path = directory / CONFIG_FILE
@@ -75,7 +79,7 @@ def load_model(
         model = model_cls(cfg, parallel, torch_dtype, files.names())
     load_weights(model, files, model.checkpoint_target)
     model.after_load()
-    if torch.device(device).type == "cpu":
+    if pack and torch.device(device).type == "cpu":
         # bf16 projections on an AMX CPU: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).
         model.packed_weights = pack_projections(model)
     extra_eos = id_list(read_generation_config(directory).get("eos_token_id"))

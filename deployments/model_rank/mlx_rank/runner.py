@@ -1,0 +1,117 @@
+"""The MLX model runner: the torch runner's interface (deployments/model_rank/runner.py) over MLX arrays.
+
+The step's host layout and the keyed draw are the torch runner's own code: logits leave MLX as float32
+rows and are drawn by `sampler.sample_rows`, so one seed, position and logits give one token on both.
+"""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import torch
+
+from deployments.model_rank.forward_batch import LayerCacheSpec, ParallelContext
+from deployments.model_rank.mlx_rank.arrays import MX_NAMES, TORCH_TO_MX, as_bytes, from_bytes, to_torch
+from deployments.model_rank.mlx_rank.batch import MlxBatch
+from deployments.model_rank.mlx_rank.mirror import mirror_model
+from deployments.model_rank.models import load_model
+from deployments.model_rank.runner import RunnerInfo
+from deployments.model_rank.sampler import sample_rows
+from deployments.model_rank.step_rows import prompt_logprob_rows, step_rows
+from deployments.step_plan import StepOutput, StepPlan
+from deployments.types import PromptLogprobRow
+
+
+def mlx_device_name() -> str:
+    """'gpu' (Metal) where MLX has one, else 'cpu'."""
+    return "gpu" if mx.metal.is_available() else "cpu"
+
+
+class MlxRunner:
+    def __init__(self, model_dir: str | Path, dtype: str) -> None:
+        mx.set_default_device(mx.gpu if mlx_device_name() == "gpu" else mx.cpu)
+        torch_model = load_model(model_dir, dtype=dtype, device="cpu", parallel=ParallelContext(), pack=False)
+        self.config = torch_model.config
+        self.specs: list[LayerCacheSpec] = torch_model.kv_cache_specs()
+        self.weight_bytes = torch_model.weight_bytes()
+        self.dtype = TORCH_TO_MX[self.config.dtype]
+        self.model = mirror_model(torch_model)  # frees the torch tensors as it copies them
+        del torch_model
+        self.block_size = 0
+        self.num_blocks = 0
+
+    def info(self) -> RunnerInfo:
+        cfg = self.config
+        itemsize = torch.empty((), dtype=cfg.dtype).element_size()
+        return RunnerInfo(
+            model_type=cfg.model_type,
+            dtype=MX_NAMES[self.dtype],
+            device=f"mlx-{mlx_device_name()}",
+            vocab_size=cfg.vocab_size,
+            max_position_embeddings=cfg.max_position_embeddings,
+            weight_bytes=self.weight_bytes,
+            kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
+            eos_token_ids=list(cfg.eos_token_ids),
+            device_name=mx.device_info().get("device_name", mlx_device_name()),
+            threads=1,
+            mtp=False,
+            backend="mlx",
+        )
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        slots = num_blocks * block_size
+        for layer, spec in zip(self.model.layers, self.specs):
+            if spec.kind == "latent":
+                arrays = [mx.zeros((slots, spec.latent_dim), self.dtype)]
+            else:
+                v_dim = spec.v_head_dim or spec.head_dim
+                arrays = [mx.zeros((slots, spec.num_kv_heads, spec.head_dim), self.dtype),
+                          mx.zeros((slots, spec.num_kv_heads, v_dim), self.dtype)]  # fmt: skip
+            mx.eval(arrays)
+            layer.attn.cache.arrays = arrays
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def _block_slots(self, block_ids: list[int]) -> mx.array:
+        ids = np.asarray(block_ids, dtype=np.int64)
+        return mx.array((ids[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1), mx.int32)
+
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
+        """The KV rows of these blocks as bytes: [n, block_bytes], every cache array's block in order."""
+        slots = self._block_slots(block_ids)
+        parts = [as_bytes(a[slots].reshape(len(block_ids), -1)) for a in self._current_caches()]
+        return np.concatenate(parts, axis=1)
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
+        """Copy rows made by `read_block_rows` (here or on another run, either backend) into these blocks."""
+        slots = self._block_slots(block_ids)
+        start = 0
+        for layer in self.model.layers:
+            cache = layer.attn.cache
+            for index, array in enumerate(cache.arrays):
+                row_shape = array.shape[1:]
+                width = int(np.prod(row_shape)) * array.itemsize * self.block_size
+                part = from_bytes(rows[:, start : start + width], array.dtype, (len(block_ids) * self.block_size, *row_shape))
+                cache.write(index, part, slots)
+                start += width
+        mx.eval(self._current_caches())
+
+    def _current_caches(self) -> list[mx.array]:
+        """Every layer's cache arrays as they are now (writes replace an array's contents in place)."""
+        return [a for layer in self.model.layers for a in layer.attn.cache.arrays]
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        rows = step_rows(plan, self.block_size)
+        batch = MlxBatch.from_rows(rows, self.block_size)
+        hidden = self.model(batch)  # [T, H]
+        drawn = None
+        if rows.logits_rows:
+            drawn = self.model.logits(hidden[mx.array(rows.logits_rows, mx.int32)])  # [R, V] float32
+        mx.eval([hidden, *([drawn] if drawn is not None else []), *self._current_caches()])
+        output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
+        if drawn is not None:
+            output.draws = sample_rows(to_torch(drawn), [d for s in plan.seqs for d in s.draws])
+        return output
+
+    def _prompt_rows(self, plan: StepPlan, hidden: mx.array) -> dict[int, list[PromptLogprobRow]]:
+        return prompt_logprob_rows(plan, lambda first, count: to_torch(self.model.logits(hidden[first : first + count])))
+

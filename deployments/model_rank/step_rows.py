@@ -1,0 +1,66 @@
+"""A step's flat rows on the host, shared by every backend's runner (torch and MLX build their tensors from it).
+
+Sequences are laid out one after another: each new token's id, position and cache slot, and which rows draw.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from deployments.model_rank.sampler import prompt_rows
+from deployments.step_plan import StepPlan
+from deployments.types import PromptLogprobRow
+
+PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
+
+
+@dataclass
+class StepRows:
+    """One step's rows as plain lists (built by `step_rows` from the plan)."""
+
+    input_ids: list[int]  # [T] the new tokens, sequence after sequence
+    positions: list[int]  # [T] each new token's position in its own sequence
+    slots: list[int]  # [T] cache slot (block * block_size + offset) of each new token
+    logits_rows: list[int]  # [R] rows whose logits are drawn from: each sequence's last len(draws) rows
+    query_lens: list[int]  # [S] new tokens per sequence
+    context_lens: list[int]  # [S] tokens of each sequence in the cache after this step
+    block_tables: list[list[int]]  # [S][n] each sequence's cache blocks, in order
+
+
+def step_rows(plan: StepPlan, block_size: int) -> StepRows:
+    rows = StepRows([], [], [], [], [], [], [])
+    for seq in plan.seqs:
+        start = seq.num_computed
+        for offset, token in enumerate(seq.new_token_ids):
+            pos = start + offset
+            rows.input_ids.append(token)
+            rows.positions.append(pos)
+            rows.slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
+        total = len(rows.input_ids)
+        rows.logits_rows.extend(range(total - len(seq.draws), total))
+        rows.query_lens.append(len(seq.new_token_ids))
+        rows.context_lens.append(seq.num_computed + len(seq.new_token_ids))
+        rows.block_tables.append(seq.block_ids)
+    return rows
+
+
+def prompt_logprob_rows(plan: StepPlan, logits_of: Callable[[int, int], torch.Tensor]
+                        ) -> dict[int, list[PromptLogprobRow]]:  # fmt: skip
+    """Rows at every wanted prompt position, a slice at a time (never [T, V] at once).
+
+    `logits_of(first_row, count)` gives float32 CPU logits [count, V] of those flat rows; the lm_head is
+    row-invariant, so a row does not depend on the slice it sits in.
+    """
+    rows: dict[int, list[PromptLogprobRow]] = {}
+    start = 0
+    for index, seq in enumerate(plan.seqs):
+        wanted = seq.prompt_rows
+        if wanted is not None and wanted.next_ids:
+            rows[index] = []
+            first = start + wanted.first
+            for at in range(0, len(wanted.next_ids), PROMPT_ROW_SLICE):
+                ids = wanted.next_ids[at : at + PROMPT_ROW_SLICE]
+                rows[index].extend(prompt_rows(logits_of(first + at, len(ids)), ids, wanted.top))
+        start += len(seq.new_token_ids)
+    return rows
