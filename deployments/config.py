@@ -13,6 +13,8 @@ class EngineConfig(BaseModel):
     model: str  # checkpoint directory
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # auto = the checkpoint's
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # What computes the forward pass: auto = MLX on an Apple-silicon Mac where mlx imports, torch elsewhere.
+    backend: Literal["auto", "torch", "mlx"] = "auto"
     context: int | None = Field(default=None, ge=16)  # window cap; None = the model's
     parallel: int | Literal["auto"] = "auto"  # concurrent sequences; auto = sized from memory
     block_size: int = Field(default=16, ge=1)

@@ -66,6 +66,7 @@ class AppArgs(BaseModel):
     parallel: int | Literal["auto"] = "auto"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when the Ray cluster has GPUs
+    backend: Literal["auto", "torch", "mlx"] = "auto"  # auto: MLX on an Apple-silicon Mac, torch elsewhere
     block_size: int = Field(default=16, ge=1)
     prefill_chunk_size: int = Field(default=512, ge=1)
     decode_share: float = Field(default=0.25, ge=0.0, le=1.0)
@@ -171,6 +172,7 @@ class AppArgs(BaseModel):
             model=str(self.model_dir),
             dtype=self.dtype,
             device=self.device,
+            backend=self.backend,
             context=self.context,
             parallel=self.parallel,
             block_size=self.block_size,

@@ -31,6 +31,7 @@ _FLAG_FIELDS = {
     "context": "context",
     "dtype": "dtype",
     "device": "device",
+    "backend": "backend",
     "tensor_parallel_size": "tensor_parallel_size",
     "data_parallel_size": "data_parallel_size",
     "placement_strategy": "placement_strategy",
@@ -75,6 +76,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--parallel", type=_parallel, help="concurrent sequences: N or auto")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--backend", choices=["auto", "torch", "mlx"],
+                        help="forward pass: torch, or MLX (Metal on a Mac; default auto: MLX on Apple silicon)")
     parser.add_argument("--tensor-parallel-size", type=int, help="ranks per model copy")
     parser.add_argument("--data-parallel-size", type=int, help="model copies (Scheduler replicas)")
     parser.add_argument("--placement-strategy", choices=["STRICT_PACK", "PACK"])

@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from deployments.config import EngineConfig
+from deployments.model_rank.backend import resolve_backend
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
 from deployments.model_rank.threads import use_engine_threads
@@ -105,7 +106,18 @@ class RayRanksExecutor:
         self.ranks = []
 
 
+class MlxExecutor(InProcessExecutor):
+    """The MLX rank, in the replica's process (an MLX rank holds the whole model)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from deployments.model_rank.mlx_rank.runner import MlxRunner
+
+        self.runner = MlxRunner(config.model, config.dtype)  # type: ignore[assignment]
+
+
 def make_executor(config: EngineConfig) -> Executor:
+    if resolve_backend(config) == "mlx":
+        return MlxExecutor(config)
     if config.tensor_parallel_size == 1:
         return InProcessExecutor(config)
     return RayRanksExecutor(config)

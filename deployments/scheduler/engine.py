@@ -20,7 +20,15 @@ from deployments.scheduler.disk_states import StoreLink
 from deployments.scheduler.engine_disk import EngineDisk
 from deployments.scheduler.draft_rounds import DraftRounds
 from deployments.scheduler.kv_blocks import BlockManager
-from deployments.scheduler.memory import GIB, StartupError, check_weights_fit, plan_pool, read_memory, reserve_bytes
+from deployments.scheduler.memory import (
+    GIB,
+    StartupError,
+    check_weights_fit,
+    plan_pool,
+    read_memory,
+    read_mlx_memory,
+    reserve_bytes,
+)
 from deployments.scheduler.planner import PlannedStep, Planner
 from deployments.scheduler.scoring import check_scoring
 from deployments.scheduler.sequence import Sequence
@@ -48,7 +56,7 @@ class Engine(EngineDisk):
         model_window = runner.max_position_embeddings
         window = min(model_window, config.context) if config.context else model_window
         pool = plan_pool(
-            budget_bytes=self._kv_budget(runner.device),
+            budget_bytes=self._kv_budget(runner),
             bytes_per_block=runner.kv_bytes_per_token * config.block_size,
             block_size=config.block_size,
             window=window,
@@ -103,12 +111,12 @@ class Engine(EngineDisk):
         files = sum(p.stat().st_size for p in Path(self.config.model).glob("*.safetensors"))
         check_weights_fit(files, resolve_device(self.config.device), self.config.tensor_parallel_size)
 
-    def _kv_budget(self, device: str) -> int:
+    def _kv_budget(self, runner: RunnerInfo) -> int:
         if self.config.kv_cache_gib is not None:
             return int(self.config.kv_cache_gib * GIB / self.config.tensor_parallel_size)
         import torch
 
-        reading = read_memory(torch.device(device))
+        reading = read_mlx_memory() if runner.backend == "mlx" else read_memory(torch.device(runner.device))
         budget = reading.available_bytes - reserve_bytes(reading)
         if budget <= 0:
             raise StartupError(

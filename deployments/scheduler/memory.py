@@ -23,12 +23,48 @@ def read_memory(device: torch.device) -> MemoryReading:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return MemoryReading(available_bytes=free, total_bytes=total, unified=False)
-    fields: dict[str, int] = {}
-    with open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            name, value = line.split(":", 1)
-            fields[name] = int(value.split()[0]) * 1024
-    return MemoryReading(available_bytes=fields["MemAvailable"], total_bytes=fields["MemTotal"], unified=True)
+    return read_host_memory()
+
+
+def read_host_memory() -> MemoryReading:
+    """RAM available and total: /proc/meminfo on Linux, the VM statistics elsewhere (a Mac)."""
+    try:
+        fields: dict[str, int] = {}
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                name, value = line.split(":", 1)
+                fields[name] = int(value.split()[0]) * 1024
+        return MemoryReading(available_bytes=fields["MemAvailable"], total_bytes=fields["MemTotal"], unified=True)
+    except FileNotFoundError:
+        return _darwin_memory()
+
+
+def _darwin_memory() -> MemoryReading:
+    """macOS: total from sysctl hw.memsize; available = free + inactive + purgeable pages (vm_stat)."""
+    import re
+    import subprocess
+
+    total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
+    stats = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
+    page = int(re.search(r"page size of (\d+) bytes", stats).group(1))  # type: ignore[union-attr]
+    pages = {m.group(1): int(m.group(2)) for m in re.finditer(r"Pages (\w+):\s+(\d+)", stats)}
+    available = sum(pages.get(name, 0) for name in ("free", "inactive", "purgeable", "speculative")) * page
+    return MemoryReading(available_bytes=available, total_bytes=total, unified=True)
+
+
+def read_mlx_memory() -> MemoryReading:
+    """What an MLX pool may come out of: on Metal, the recommended GPU working set less what MLX holds now
+    (the weights), within the host's available RAM; on the CPU, the host's RAM."""
+    import mlx.core as mx
+
+    host = read_host_memory()
+    info = mx.device_info()
+    working_set = info.get("max_recommended_working_set_size")
+    if working_set is None:
+        return host
+    available = min(host.available_bytes, int(working_set) - mx.get_active_memory())
+    return MemoryReading(available_bytes=max(available, 0), total_bytes=int(info.get("memory_size", host.total_bytes)),
+                         unified=True)  # fmt: skip
 
 
 def reserve_bytes(reading: MemoryReading) -> int:
