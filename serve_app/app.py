@@ -28,6 +28,7 @@ from deployments.ingress.deployment import Ingress
 from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.keys import auth_settings  # digests only: replica args show in Ray's dashboard
 from deployments.ingress.responses.store_deployment import ResponseStoreDeployment
+from deployments.model_rank.backend import resolve_backend
 from deployments.renderer.deployment import Renderer
 from deployments.renderer.prompt_renderer import RendererOptions
 from deployments.renderer.template_file import load_template_file
@@ -45,9 +46,11 @@ QUIET = LoggingConfig(enable_access_log=False)
 
 
 def resolve_device(args: AppArgs) -> str:
-    """`auto` means CUDA when the Ray cluster has GPUs to place the ranks on, else CPU."""
+    """`auto` means CUDA when the Ray cluster has GPUs to place the ranks on, else CPU (MLX: never CUDA)."""
     if args.device != "auto":
         return args.device
+    if args.backend == "mlx":
+        return "cpu"
     try:
         gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
     except Exception:  # no cluster to ask (building outside Ray): the replicas will decide on CPU
@@ -103,6 +106,7 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
     """The graph; `ingress_node_ip` places the Ingress replica on that node (it answers HTTP there itself)."""
     device = resolve_device(args)
     engine_config = args.to_engine_config().model_copy(update={"device": device})
+    resolve_backend(engine_config)  # an MLX setting the rank refuses fails the deploy with its one-line fix
     settings = IngressSettings(served_name=args.served_name, model_ids=args.model_ids,
                                thinking_budget=args.thinking_budget, loop_guard=args.loop_guard)  # fmt: skip
     auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))

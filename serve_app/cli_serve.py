@@ -16,6 +16,8 @@ from pydantic import ValidationError
 
 from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.keys import auth_settings
+from deployments.model_rank.backend import resolve_backend
+from deployments.scheduler.memory import StartupError
 from serve_app.args import AppArgs
 from serve_app.launch import HTTP_ENTRIES, HttpEntry
 from serve_app.listen_checks import exposure_warning, port_taken, raise_open_file_limit
@@ -226,6 +228,11 @@ def run(namespace: argparse.Namespace) -> int:
     try:
         args = app_args_from(namespace)
     except ValidationError as exc:
+        print(f"tensorfold serve: {exc}", file=sys.stderr)
+        return 2
+    try:  # a backend that cannot run here refuses before Ray starts
+        resolve_backend(args.to_engine_config())
+    except StartupError as exc:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -15,15 +15,17 @@ WINDOW = 160
 
 
 @contextmanager
-def local_backend(served_model: str, window: int = WINDOW, learn_dir: str | None = None) -> Iterator[LocalBackend]:
-    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process)."""
+def local_backend(served_model: str, window: int = WINDOW, learn_dir: str | None = None,
+                  **engine: object) -> Iterator[LocalBackend]:  # fmt: skip
+    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process); `engine`:
+    other EngineConfig settings."""
     from deployments.prompt_store.links import LocalStoreLink
     from deployments.scheduler.engine import Engine
     from deployments.scheduler.engine_loop import EngineLoop
     from serve_app.args import AppArgs
 
     model_dir = AppArgs(model=served_model).model_dir
-    config = EngineConfig(model=str(model_dir), context=window, kv_cache_gib=0.05, device="cpu")
+    config = EngineConfig(model=str(model_dir), context=window, kv_cache_gib=0.05, device="cpu", **engine)
     if learn_dir is not None:
         config = config.model_copy(update={"learn_conversations": True, "learn_dir": learn_dir})
     engine = Engine(config, LocalStoreLink(config) if learn_dir is not None else None)
@@ -36,8 +38,8 @@ def local_backend(served_model: str, window: int = WINDOW, learn_dir: str | None
 
 
 @contextmanager
-def local_client(served_model: str, window: int = WINDOW) -> Iterator[TestClient]:
+def local_client(served_model: str, window: int = WINDOW, **engine: object) -> Iterator[TestClient]:
     """Every route over `local_backend`, serving the model as `tiny`."""
-    with local_backend(served_model, window) as backend:
+    with local_backend(served_model, window, **engine) as backend:
         with TestClient(build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))) as client:
             yield client

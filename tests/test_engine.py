@@ -1,4 +1,9 @@
-"""The engine end to end on real (tiny random) checkpoints: exactness, caching, preemption, stops, limits."""
+"""The engine end to end on real (tiny random) checkpoints: exactness, caching, preemption, stops, limits.
+
+Every test runs on the torch rank and on the MLX rank (where mlx imports: Linux runs its CPU build).
+"""
+
+import importlib.util
 
 import pytest
 
@@ -8,20 +13,26 @@ from deployments.types import ContextLengthError, EngineRequest, FinishReason, P
 from tests.engine_harness import run_to_end
 
 
-@pytest.fixture(scope="module", params=["bfloat16", "float32"])
-def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
+NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+CASES = [("bfloat16", "torch"), ("float32", "torch"),
+         pytest.param(("bfloat16", "mlx"), marks=NO_MLX), pytest.param(("float32", "mlx"), marks=NO_MLX)]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
+def checkpoint(request, tmp_path_factory) -> tuple[str, str, str]:
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    out = tmp_path_factory.mktemp(f"qwen3-{request.param}")
-    build_random_checkpoint("qwen3", out, seed=3, dtype=request.param)
+    dtype, backend = request.param
+    out = tmp_path_factory.mktemp(f"qwen3-{dtype}")
+    build_random_checkpoint("qwen3", out, seed=3, dtype=dtype)
     build_tokenizer(out, family="qwen")
-    return str(out), request.param
+    return str(out), dtype, backend
 
 
-def _engine(checkpoint: tuple[str, str], **overrides) -> Engine:
-    path, dtype = checkpoint
-    settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=32, prefill_chunk_size=64)
+def _engine(checkpoint: tuple[str, str, str], **overrides) -> Engine:
+    path, dtype, backend = checkpoint
+    settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=32, prefill_chunk_size=64, backend=backend)
     settings.update(overrides)
     return Engine(EngineConfig(**settings))
 

@@ -13,8 +13,9 @@ from deployments.scheduler.wire import ReplicaStatus
 
 
 def _sum_memory(replicas: list[ReplicaStatus]) -> dict[str, int]:
+    """CUDA's or MLX's active, cache and peak bytes, summed ({} where no replica computes on either)."""
     keys = ("active", "cache", "peak")
-    if not any(r.memory for r in replicas):
+    if not any("active" in r.memory for r in replicas):
         return {}
     return {key: sum(r.memory.get(key, 0) for r in replicas) for key in keys}
 
@@ -84,8 +85,8 @@ def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dic
     body["memory"] = _sum_memory(replicas)
     body["live"] = _live(replicas)
     body["version"] = settings.version
-    if first.device.startswith("cuda"):
-        body["backend"] = "cuda"
+    if first.device.startswith(("cuda", "mlx")):
+        body["backend"] = first.device.split("-")[0]
         if first.device_name:
             body["device"] = first.device_name
     body.update(_counters(replicas))

@@ -98,6 +98,9 @@ class ReplicasCollector(Collector):
         counters = self._counters
         in_flight = counters.completion_tokens_total - counters.generation_tokens_total
         yield self._gauge("generation_tokens_running", "Reply tokens of requests still running.", in_flight)
+        footprint = sum(r.memory.get("footprint", 0) for r in self._replicas)
+        yield self._gauge("process_footprint_bytes", "Memory footprint of the engine processes (phys_footprint on "
+                          "macOS, MLX's unified memory included; resident set elsewhere).", footprint)  # fmt: skip
         for name in ("kv_cache_usage_ratio", "kv_cache_usage_perc"):
             family = GaugeMetricFamily(PREFIX + name, "KV blocks in use over the pool (0-1), per replica pool.",
                                        labels=["model_name", "pool"])  # fmt: skip

@@ -53,10 +53,11 @@ class Engine(EngineDisk):
         self.executor: Executor = make_executor(config)
         runner = self.executor.info()
         self.runner_info = runner
+        self.kv_budget_bytes = self._kv_budget(runner)  # what the KV pool may come out of (/memory reports it)
         model_window = runner.max_position_embeddings
         window = min(model_window, config.context) if config.context else model_window
         pool = plan_pool(
-            budget_bytes=self._kv_budget(runner),
+            budget_bytes=self.kv_budget_bytes,
             bytes_per_block=runner.kv_bytes_per_token * config.block_size,
             block_size=config.block_size,
             window=window,

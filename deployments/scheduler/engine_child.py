@@ -22,7 +22,7 @@ from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
 from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import ENGINE_CALLS, Engine, EngineInfo
-from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
+from deployments.scheduler.memory_report import ReplicaMemory, memory_figures_of, replica_memory
 from deployments.scheduler.store_relay import RelayStoreLink
 from deployments.scheduler.wire import ContextRefusal, InvalidPrompt
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
@@ -136,7 +136,7 @@ def _run(engine: Engine, conn: Connection, link: RelayStoreLink | None) -> None:
                 out.failed = "internal engine error"
         now = time.monotonic()
         if not engine.has_work() or now - info_sent_at >= INFO_INTERVAL_S:
-            out.info, out.cuda_memory, info_sent_at = engine.info(), cuda_memory_of(device), now
+            out.info, out.cuda_memory, info_sent_at = engine.info(), memory_figures_of(device), now
         out.digest = engine.fresh_digest(force=not engine.has_work())
         conn.send(out)
 

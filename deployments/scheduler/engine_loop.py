@@ -10,7 +10,7 @@ import threading
 
 from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import ENGINE_CALLS, Engine, EngineInfo
-from deployments.scheduler.memory_report import ReplicaMemory, cuda_memory_of, replica_memory
+from deployments.scheduler.memory_report import ReplicaMemory, memory_figures_of, replica_memory
 from deployments.scheduler.stream_hub import StreamHub
 from deployments.types import EngineChunk, EngineRequest, FinishReason
 
@@ -48,7 +48,7 @@ class EngineLoop(StreamHub):
         return self._info
 
     def cuda_memory(self) -> dict[str, int]:
-        return cuda_memory_of(str(self._info.device))
+        return memory_figures_of(str(self._info.device))
 
     def prefix_digest(self) -> PrefixDigest:
         """The latest digest of the engine's blocks, taken on its thread (for the router)."""

@@ -5,8 +5,10 @@ read. A figure this process cannot read (another rank's RSS, a device it does no
 (None), never reported as zero.
 """
 
+import ctypes
 import os
 import resource
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +26,25 @@ class DeviceMemory:
 
 
 @dataclass
+class MlxMemory:
+    """An MLX rank's memory (the manual's MLX figures), read in the rank's process."""
+
+    active_bytes: int  # MLX's arrays now
+    cache_bytes: int  # freed buffers MLX keeps for reuse
+    peak_bytes: int
+    budget_bytes: int  # what the KV pool was sized from: unified memory less the weights and the reserve
+    mlx_budget_bytes: int  # MLX's own allocation limit (mx.get_memory_limit)
+    footprint_bytes: int  # the process's footprint (phys_footprint on macOS, else its resident set)
+
+
+@dataclass
 class RankMemory:
     rank: int
     weights_bytes: int  # this rank's shard of the weights
     kv_pool_bytes: int  # this rank's KV tensors
     process_rss_bytes: int | None = None  # only for the rank running in this replica's process
     device: DeviceMemory | None = None
+    mlx: MlxMemory | None = None  # only for an MLX rank
 
 
 @dataclass
@@ -59,16 +74,42 @@ def process_rss_bytes() -> int:
         return int(peak) if os.uname().sysname == "Darwin" else int(peak) * 1024
 
 
-def cuda_memory_of(device: str) -> dict[str, int]:
-    """The /health figures of this process's CUDA memory (the model's at tensor-parallel size 1); {} where
-    it holds no GPU."""
+def process_footprint_bytes() -> int:
+    """This process's memory footprint: the phys_footprint macOS charges it (MLX's unified memory included),
+    else its resident set."""
+    if sys.platform == "darwin":
+        try:
+            return _darwin_footprint()
+        except (OSError, AttributeError):
+            pass
+    return process_rss_bytes()
+
+
+def _darwin_footprint() -> int:
+    """proc_pid_rusage(RUSAGE_INFO_V2).ri_phys_footprint: after a 16-byte uuid, the 8th 64-bit field."""
+    libc = ctypes.CDLL("libc.dylib", use_errno=True)
+    buffer = (ctypes.c_uint64 * 64)()
+    if libc.proc_pid_rusage(os.getpid(), 2, ctypes.byref(buffer)) != 0:
+        raise OSError(ctypes.get_errno(), "proc_pid_rusage failed")
+    return int(buffer[2 + 7])
+
+
+def memory_figures_of(device: str) -> dict[str, int]:
+    """The /health figures of this process's model memory: CUDA's or MLX's active, cache and peak bytes
+    (the model's at tensor-parallel size 1), and always the process's footprint."""
+    footprint = {"footprint": process_footprint_bytes()}
+    if device.startswith("mlx"):
+        import mlx.core as mx
+
+        return {"active": mx.get_active_memory(), "cache": mx.get_cache_memory(), "peak": mx.get_peak_memory()} | footprint
     if not device.startswith("cuda"):
-        return {}
+        return footprint
     import torch
 
     if not torch.cuda.is_available():  # tensor-parallel ranks hold the GPUs, not this process
-        return {}
-    return {"active": int(torch.cuda.memory_allocated()), "cache": 0, "peak": int(torch.cuda.max_memory_allocated())}
+        return footprint
+    cuda = {"active": int(torch.cuda.memory_allocated()), "cache": 0, "peak": int(torch.cuda.max_memory_allocated())}
+    return cuda | footprint
 
 
 def device_memory(device: str, reset_peak: bool = False) -> DeviceMemory | None:
@@ -92,12 +133,28 @@ def device_memory(device: str, reset_peak: bool = False) -> DeviceMemory | None:
     )
 
 
+def mlx_memory(budget_bytes: int, reset_peak: bool = False) -> MlxMemory:
+    import mlx.core as mx
+
+    if reset_peak:
+        mx.reset_peak_memory()
+    return MlxMemory(
+        active_bytes=mx.get_active_memory(),
+        cache_bytes=mx.get_cache_memory(),
+        peak_bytes=mx.get_peak_memory(),
+        budget_bytes=budget_bytes,
+        mlx_budget_bytes=mx.get_memory_limit(),
+        footprint_bytes=process_footprint_bytes(),
+    )
+
+
 def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> ReplicaMemory:
     """The snapshot of one engine (read off its thread: only sizes and lengths, each read atomically)."""
     runner, blocks = engine.runner_info, engine.blocks
     per_block = runner.kv_bytes_per_token * blocks.block_size
     tp_size = engine.config.tensor_parallel_size
     device = device_memory(str(runner.device), reset_peak)
+    mlx = mlx_memory(engine.kv_budget_bytes, reset_peak) if runner.backend == "mlx" else None
     rss = process_rss_bytes()
     ranks = [
         RankMemory(
@@ -106,6 +163,7 @@ def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> Repli
             kv_pool_bytes=per_block * blocks.num_blocks,
             process_rss_bytes=rss if tp_size == 1 else None,
             device=device if tp_size == 1 else None,
+            mlx=mlx,
         )
         for rank in range(tp_size)
     ]

@@ -70,4 +70,5 @@ class ReplicaStatus(EngineInfo):
     """One Scheduler replica's snapshot for /health and the runtime block (summed over replicas by Ingress)."""
 
     replica: str = ""  # Serve's replica id, so a caller can tell the model copies apart
-    memory: dict[str, int] = field(default_factory=dict)  # CUDA: active, cache, peak bytes; {} elsewhere
+    # CUDA's or MLX's active, cache and peak bytes (absent elsewhere), and the engine process's footprint
+    memory: dict[str, int] = field(default_factory=dict)

@@ -140,6 +140,8 @@ class SparseMoE:
     def __init__(self, router: Router, gate: mx.array, up: mx.array, down: mx.array, shared: GatedMLP | None) -> None:
         self.router = router
         self.gate_t, self.up_t, self.down_t = gate.swapaxes(-1, -2), up.swapaxes(-1, -2), down.swapaxes(-1, -2)
+        # Evaluated here: MLX streams are per thread, and the engine steps on a thread of its own.
+        mx.eval(self.gate_t, self.up_t, self.down_t)
         self.shared = shared
 
     def __call__(self, x: mx.array) -> mx.array:
