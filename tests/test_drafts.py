@@ -3,8 +3,10 @@
 Every request runs twice on one engine, drafted and as the serial reference, in concurrent batches; the
 ids, text, finish reason, logprob rows and usage must match exactly. Each case also checks that drafts were
 verified (and, where the drafter is good, kept and rejected), so the comparison covers the verify path.
+The MTP cases run on the torch rank and on the MLX rank (where mlx imports).
 """
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -40,10 +42,16 @@ def corpus_prompts(tiny_glm: str) -> list[list[int]]:
     return [tokenizer.encode(e.prompt) for e in corpus_examples(Path(TEMPLATE_PATH).read_text())]
 
 
-def _engine(model: str, dtype: str, draft: str, **overrides) -> Engine:
+NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+BACKENDS = ["torch", pytest.param("mlx", marks=NO_MLX)]
+
+
+def _engine(model: str, dtype: str, draft: str, backend: str = "torch", **overrides) -> Engine:
     # Fixed lengths: the draft counts asserted below do not depend on measured step times.
     settings = dict(model=model, dtype=dtype, kv_cache_gib=0.02, parallel=32, prefill_chunk_size=64, draft=draft,
-                    engine_threads=1, draft_policy="fixed")  # fmt: skip
+                    draft_policy="fixed", backend=backend)  # fmt: skip
+    if backend == "torch":
+        settings["engine_threads"] = 1  # MLX sizes its own threads
     settings.update(overrides)
     return Engine(EngineConfig(**settings))
 
@@ -74,9 +82,11 @@ def _requests(prompts: list[list[int]], tag: str, **fields) -> list[EngineReques
             for i, p in enumerate(prompts) for j, s in enumerate(SAMPLINGS)]  # fmt: skip
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_mtp_drafts_equal_serial_replies(tiny_glm: str, corpus_prompts: list[list[int]], dtype: str) -> None:
-    engine = _engine(tiny_glm, dtype, "mtp")
+def test_mtp_drafts_equal_serial_replies(tiny_glm: str, corpus_prompts: list[list[int]], dtype: str, backend: str
+                                         ) -> None:  # fmt: skip
+    engine = _engine(tiny_glm, dtype, "mtp", backend)
     assert engine.draft_method == "mtp"
     requests = _requests(corpus_prompts[::2], "m", max_tokens=40)  # 16 prompts x 4 samplings
     drafted, kept = _assert_equal(*_both(engine, requests))
@@ -117,10 +127,11 @@ def test_ngram_on_a_random_qwen3_equals_serial(tmp_path_factory: pytest.TempPath
     assert drafted > 0
 
 
-def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[list[int]], backend: str) -> None:
     """Stop strings, end tokens ignored, limits, grammars (a forced tool call too), a thinking budget and
     logprobs cut drafts the same."""
-    engine = _engine(tiny_glm, "float32", "mtp")
+    engine = _engine(tiny_glm, "float32", "mtp", backend)
     tokenizer = engine.tokenizer
     prompts = corpus_prompts[::3]
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -160,10 +171,11 @@ def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[l
             assert twin.logprobs == reply.logprobs and len(reply.logprobs) == len(reply.token_ids), key
 
 
-def test_preempted_drafted_replies_equal_serial(tiny_glm: str, corpus_prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_preempted_drafted_replies_equal_serial(tiny_glm: str, corpus_prompts: list[list[int]], backend: str) -> None:
     """A pool too small for every reply at once: drafted sequences are preempted, recomputed, and still equal."""
-    block_bytes = _engine(tiny_glm, "float32", "mtp").runner_info.kv_bytes_per_token * 16
-    engine = _engine(tiny_glm, "float32", "mtp", kv_cache_gib=40.5 * block_bytes / 2**30, parallel=16,
+    block_bytes = _engine(tiny_glm, "float32", "mtp", backend).runner_info.kv_bytes_per_token * 16
+    engine = _engine(tiny_glm, "float32", "mtp", backend, kv_cache_gib=40.5 * block_bytes / 2**30, parallel=16,
                      prefill_chunk_size=32)  # fmt: skip
     assert engine.blocks.num_blocks == 40
     requests = [EngineRequest(f"p{i}", p, sampling=SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=60)

@@ -120,7 +120,6 @@ def _config(**settings) -> EngineConfig:
 @pytest.mark.parametrize(("settings", "fix"), [
     (dict(tensor_parallel_size=2), "--tensor-parallel-size 1"),
     (dict(engine_threads=2), "drop --engine-threads"),
-    (dict(draft="mtp"), "--draft ngram"),
     (dict(device="cuda"), "--device auto"),
 ])  # fmt: skip
 def test_mlx_refuses_what_it_cannot_honour(settings: dict, fix: str) -> None:

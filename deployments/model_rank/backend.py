@@ -50,6 +50,5 @@ def _mlx_refusals(config: EngineConfig) -> list[str]:
         (config.tensor_parallel_size > 1, "tensor_parallel_size above 1 (an MLX rank holds the whole model): "
                                           "use --tensor-parallel-size 1 or --backend torch"),
         (config.engine_threads is not None, "engine_threads (MLX sizes its own CPU threads): drop --engine-threads"),
-        (config.draft == "mtp", "draft mtp (the MLX rank drafts with n-gram lookup): use --draft ngram, auto or off"),
     ]
     return [message for refused, message in checks if refused]

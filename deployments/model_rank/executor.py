@@ -112,7 +112,7 @@ class MlxExecutor(InProcessExecutor):
     def __init__(self, config: EngineConfig) -> None:
         from deployments.model_rank.mlx_rank.runner import MlxRunner
 
-        self.runner = MlxRunner(config.model, config.dtype)  # type: ignore[assignment]
+        self.runner = MlxRunner(config.model, config.dtype, mtp=config.wants_mtp)  # type: ignore[assignment]
 
 
 def make_executor(config: EngineConfig) -> Executor:

@@ -5,39 +5,51 @@ state at position t with the token at t + 1: the next input, or the row's own dr
 MTP cache under the sequence's block table. From the row whose drawn token starts the next round, the layer
 chains `propose` greedy drafts, feeding back its own output (the residual before `shared_head.norm`).
 Drafts only decide what the next round verifies, never a token of the reply.
+
+The bookkeeping here is plain Python over the step's host rows; each backend (torch, MLX) supplies `MtpOps`.
 """
 
 import time
-from collections.abc import Callable
+from typing import Any, Protocol
 
-import torch
-
-from deployments.model_rank.forward_batch import ForwardBatch
+from deployments.model_rank.step_rows import StepRows
 from deployments.step_plan import MtpWork, Proposal, SeqStep, StepPlan, StepResult
 
 
+class MtpOps(Protocol):
+    """What a backend's MTP layer does for the drafter (arrays are that backend's tensors)."""
+
+    def batch(self, rows: StepRows) -> Any: ...  # the backend's step batch over these rows
+
+    def take(self, array: Any, rows: list[int]) -> Any: ...  # array[rows]
+
+    def residual(self, hidden: Any, next_ids: list[int], batch: Any) -> Any: ...  # [R, H]: the layer's output
+
+    def greedy(self, residual: Any) -> list[int]: ...  # the likeliest next token of each row (a host read)
+
+    def settle(self, array: Any) -> None: ...  # finish computing `array` (and what it needs), to time a pass
+
+
 class MtpDrafter:
-    def __init__(self, mtp: torch.nn.Module, block_size: int, device: torch.device) -> None:
-        self.mtp = mtp
+    def __init__(self, ops: MtpOps, block_size: int) -> None:
+        self.ops = ops
         self.block_size = block_size
-        self.device = device
         self.work = MtpWork()  # the latest `run`'s passes
 
-    def run(self, plan: StepPlan, batch: ForwardBatch, hidden: torch.Tensor, draws: list[StepResult]
-            ) -> dict[int, Proposal]:  # fmt: skip
+    def run(self, plan: StepPlan, rows: StepRows, hidden: Any, draws: list[StepResult]) -> dict[int, Proposal]:
         """Fill the MTP cache over the drafting sequences' rows and chain their proposals (keyed by plan index)."""
         started = time.perf_counter()
         self.work = MtpWork()
-        proposals = self._run(plan, batch, hidden, draws)  # ends on a host read of the drafts: nothing pending
+        proposals = self._run(plan, rows, hidden, draws)  # ends on a host read of the drafts: nothing pending
         self.work.seconds = time.perf_counter() - started
         return proposals
 
-    def _run(self, plan: StepPlan, batch: ForwardBatch, hidden: torch.Tensor, draws: list[StepResult]
-             ) -> dict[int, Proposal]:  # fmt: skip
+    def _run(self, plan: StepPlan, rows: StepRows, hidden: Any, draws: list[StepResult]) -> dict[int, Proposal]:
         drawn = _drawn_per_seq(plan, draws)
         picked = [i for i, s in enumerate(plan.seqs) if s.mtp]
-        rows, next_ids, sub = self._cache_pass_inputs(plan, batch, drawn, picked)
-        residual = self._timed(len(rows), lambda: self.mtp.residual(hidden[rows], next_ids, sub))  # [R, H]
+        flat, next_ids, sub = _cache_pass_inputs(plan, rows, drawn, picked)
+        residual = self._timed(len(flat), lambda: self.ops.residual(self.ops.take(hidden, flat), next_ids,
+                                                                     self.ops.batch(sub)))  # fmt: skip
         starts: list[tuple[int, int, int, int]] = []  # (plan index, row in residual, position, token there)
         offset = 0
         for index in picked:
@@ -52,39 +64,12 @@ class MtpDrafter:
             return {}
         return self._chain(plan, residual, starts)
 
-    def _cache_pass_inputs(self, plan: StepPlan, batch: ForwardBatch, drawn: dict[int, list[int]],
-                           picked: list[int]) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:  # fmt: skip
-        """The flat rows of the picked sequences, the token after each, and their sub-batch."""
-        firsts, position = [], 0
-        for seq in plan.seqs:
-            firsts.append(position)
-            position += len(seq.new_token_ids)
-        rows: list[int] = []
-        next_ids: list[int] = []
-        for index in picked:
-            seq = plan.seqs[index]
-            rows.extend(range(firsts[index], firsts[index] + len(seq.new_token_ids)))
-            next_ids.extend(_following_tokens(seq, drawn[index]))
-        row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        sub = ForwardBatch(
-            input_ids=batch.input_ids[row_index],
-            positions=batch.positions[row_index],
-            query_lens=[batch.query_lens[i] for i in picked],
-            context_lens=[batch.context_lens[i] for i in picked],
-            block_tables=[batch.block_tables[i] for i in picked],
-            slot_mapping=batch.slot_mapping[row_index],
-            logits_indices=torch.empty(0, dtype=torch.long, device=self.device),
-            block_size=batch.block_size,
-        )
-        return row_index, torch.tensor(next_ids, dtype=torch.long, device=self.device), sub
-
-    def _chain(self, plan: StepPlan, residual: torch.Tensor, starts: list[tuple[int, int, int, int]]
-               ) -> dict[int, Proposal]:  # fmt: skip
+    def _chain(self, plan: StepPlan, residual: Any, starts: list[tuple[int, int, int, int]]) -> dict[int, Proposal]:
         """Greedy drafts chained one MTP row per sequence at a time, each within its reserved blocks."""
         bs = self.block_size
         proposals = {index: Proposal(after=pos, last_token=token, token_ids=[]) for index, _, pos, token in starts}
-        state = residual[torch.tensor([row for _, row, _, _ in starts], device=self.device)]  # [S, H]
-        tokens = self.mtp.greedy_drafts(state).tolist()
+        state = self.ops.take(residual, [row for _, row, _, _ in starts])  # [S, H]
+        tokens = self.ops.greedy(state)
         live = [(index, pos) for index, _, pos, _ in starts]
         for step in range(1, max(plan.seqs[i].propose for i, _ in live) + 1):
             for (index, _), token in zip(live, tokens):
@@ -95,33 +80,56 @@ class MtpDrafter:
                      if step < plan.seqs[index].propose and pos + step - 1 < len(plan.seqs[index].block_ids) * bs]
             if not carry:
                 break
-            keep = torch.tensor(carry, dtype=torch.long, device=self.device)
             live = [live[k] for k in carry]
             positions = [pos + step - 1 for _, pos in live]
             tables = [plan.seqs[index].block_ids for index, _ in live]
-            chain = ForwardBatch(
-                input_ids=torch.tensor([tokens[k] for k in carry], dtype=torch.long, device=self.device),
-                positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+            chain = StepRows(
+                input_ids=[tokens[k] for k in carry],
+                positions=positions,
+                slots=[t[p // bs] * bs + p % bs for t, p in zip(tables, positions)],
+                logits_rows=[],
                 query_lens=[1] * len(live),
                 context_lens=[p + 1 for p in positions],
                 block_tables=tables,
-                slot_mapping=torch.tensor([t[p // bs] * bs + p % bs for t, p in zip(tables, positions)],
-                                          dtype=torch.long, device=self.device),  # fmt: skip
-                logits_indices=torch.empty(0, dtype=torch.long, device=self.device),
-                block_size=bs,
             )
-            state = self._timed(len(live), lambda: self.mtp.residual(state[keep], chain.input_ids, chain))  # [S', H]
-            tokens = self.mtp.greedy_drafts(state).tolist()
+            kept_state = self.ops.take(state, carry)
+            state = self._timed(len(live), lambda: self.ops.residual(kept_state, chain.input_ids,
+                                                                      self.ops.batch(chain)))  # fmt: skip
+            tokens = self.ops.greedy(state)
         return proposals
 
-    def _timed(self, rows: int, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _timed(self, rows: int, run: Any) -> Any:
         """One pass of the layer over `rows` rows, timed for the engine's cost model."""
         started = time.perf_counter()
         out = run()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.ops.settle(out)
         self.work.timed.append((rows, time.perf_counter() - started))
         return out
+
+
+def _cache_pass_inputs(plan: StepPlan, rows: StepRows, drawn: dict[int, list[int]], picked: list[int]
+                       ) -> tuple[list[int], list[int], StepRows]:  # fmt: skip
+    """The flat rows of the picked sequences, the token after each, and their sub-step's rows."""
+    firsts, position = [], 0
+    for seq in plan.seqs:
+        firsts.append(position)
+        position += len(seq.new_token_ids)
+    flat: list[int] = []
+    next_ids: list[int] = []
+    for index in picked:
+        seq = plan.seqs[index]
+        flat.extend(range(firsts[index], firsts[index] + len(seq.new_token_ids)))
+        next_ids.extend(_following_tokens(seq, drawn[index]))
+    sub = StepRows(
+        input_ids=[rows.input_ids[r] for r in flat],
+        positions=[rows.positions[r] for r in flat],
+        slots=[rows.slots[r] for r in flat],
+        logits_rows=[],
+        query_lens=[rows.query_lens[i] for i in picked],
+        context_lens=[rows.context_lens[i] for i in picked],
+        block_tables=[rows.block_tables[i] for i in picked],
+    )
+    return flat, next_ids, sub
 
 
 def _drawn_per_seq(plan: StepPlan, draws: list[StepResult]) -> dict[int, list[int]]:

@@ -14,7 +14,7 @@ from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.sampler import sample_rows
-from deployments.model_rank.step_rows import prompt_logprob_rows, step_rows
+from deployments.model_rank.step_rows import StepRows, prompt_logprob_rows, step_rows
 from deployments.step_plan import StepOutput, StepPlan
 from deployments.types import PromptLogprobRow
 
@@ -87,7 +87,7 @@ class ModelRunner:
             mtp_caches = [s.allocate(num_blocks, block_size, dtype, self.device) for s in self.mtp_specs]
             self.model.bind_mtp_kv_caches(mtp_caches)  # type: ignore[operator]
             caches = [*caches, *mtp_caches]
-            self.drafter = MtpDrafter(self.model.mtp, block_size, self.device)  # type: ignore[arg-type]
+            self.drafter = MtpDrafter(TorchMtpOps(self, self.model.mtp), block_size)  # type: ignore[arg-type]
         self.caches = [tensor for cache in caches for tensor in cache]  # every layer's tensors, in order
         self.num_blocks, self.block_size = num_blocks, block_size
 
@@ -108,8 +108,7 @@ class ModelRunner:
             t.index_copy_(0, index, part)
             start += width
 
-    def _forward_batch(self, plan: StepPlan) -> ForwardBatch:
-        rows = step_rows(plan, self.block_size)
+    def forward_batch(self, rows: StepRows) -> ForwardBatch:
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
         return ForwardBatch(
             input_ids=as_long(rows.input_ids),
@@ -126,7 +125,8 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> StepOutput:
         """Run one step: the drawn row (token, logprobs) of each sequence whose step ends at its last token,
         and the prompt rows of sequences that asked for them."""
-        batch = self._forward_batch(plan)
+        rows = step_rows(plan, self.block_size)
+        batch = self.forward_batch(rows)
         hidden = self.model.forward(batch)  # [T, H]
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
         draws = [d for s in plan.seqs for d in s.draws]
@@ -134,7 +134,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] float32
             output.draws = sample_rows(logits.float().cpu(), draws)
         if self.drafter is not None and any(s.mtp for s in plan.seqs):
-            output.proposals = self.drafter.run(plan, batch, hidden, output.draws)
+            output.proposals = self.drafter.run(plan, rows, hidden, output.draws)
             output.mtp = self.drafter.work
         return output
 
@@ -143,3 +143,27 @@ class ModelRunner:
             return self.model.compute_logits(hidden[first : first + count]).float().cpu()  # [n, V]
 
         return prompt_logprob_rows(plan, logits_of)
+
+
+class TorchMtpOps:
+    """The torch MTP layer's part in drafting (deployments/model_rank/mtp_drafts.py)."""
+
+    def __init__(self, runner: ModelRunner, mtp: torch.nn.Module) -> None:
+        self.runner, self.mtp = runner, mtp
+
+    def batch(self, rows: StepRows) -> ForwardBatch:
+        return self.runner.forward_batch(rows)
+
+    def take(self, array: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return array[torch.tensor(rows, dtype=torch.long, device=array.device)]
+
+    def residual(self, hidden: torch.Tensor, next_ids: list[int], batch: ForwardBatch) -> torch.Tensor:
+        ids = torch.tensor(next_ids, dtype=torch.long, device=hidden.device)
+        return self.mtp.residual(hidden, ids, batch)  # [R, H]
+
+    def greedy(self, residual: torch.Tensor) -> list[int]:
+        return self.mtp.greedy_drafts(residual).tolist()
+
+    def settle(self, array: torch.Tensor) -> None:
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)

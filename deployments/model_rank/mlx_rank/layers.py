@@ -6,6 +6,7 @@ Each class is built from its torch twin by `mirror.py`. Shapes follow the torch 
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from deployments.model_rank.layers.moe import RoutingConfig
 from deployments.model_rank.mlx_rank.batch import MlxBatch
@@ -146,10 +147,8 @@ class SparseMoE:
 
     def __call__(self, x: mx.array) -> mx.array:
         weights, ids = self.router(x)  # [T, k]
-        rows = x[:, None, None, :]  # [T, 1, 1, H]: one matvec per (token, slot), whatever shares the call
-        gate = mx.gather_mm(rows, self.gate_t, rhs_indices=ids)  # [T, k, 1, I]
-        up = mx.gather_mm(rows, self.up_t, rhs_indices=ids)
-        out = mx.gather_mm(silu(gate) * up, self.down_t, rhs_indices=ids)[:, :, 0, :]  # [T, k, H]
+        gathered = x.dtype == mx.float32 or mx.default_device() == mx.gpu  # MLX's CPU gather_mm: float32 only
+        out = self._gathered(x, ids) if gathered else self._per_expert(x, ids)  # [T, k, H]
         slots = (out * weights[:, :, None]).astype(x.dtype)
         total = slots[:, 0]
         for j in range(1, slots.shape[1]):
@@ -157,3 +156,21 @@ class SparseMoE:
         if self.shared is not None:
             total = total + self.shared(x)
         return total
+
+    def _gathered(self, x: mx.array, ids: mx.array) -> mx.array:
+        rows = x[:, None, None, :]  # [T, 1, 1, H]: one matvec per (token, slot), whatever shares the call
+        gate = mx.gather_mm(rows, self.gate_t, rhs_indices=ids)  # [T, k, 1, I]
+        up = mx.gather_mm(rows, self.up_t, rhs_indices=ids)
+        return mx.gather_mm(silu(gate) * up, self.down_t, rhs_indices=ids)[:, :, 0, :]  # [T, k, H]
+
+    def _per_expert(self, x: mx.array, ids: mx.array) -> mx.array:
+        """Each routed expert over the rows sent to it (reads the routing back to the host)."""
+        tokens, top_k = ids.shape
+        flat = np.array(ids).reshape(-1)  # [T * k]: token t's slot j at t * k + j
+        out = mx.zeros((tokens * top_k, x.shape[1]), x.dtype)
+        for expert in np.unique(flat).tolist():
+            where = np.nonzero(flat == expert)[0]
+            rows = x[mx.array(where // top_k, mx.int32)]  # [n, H]
+            hidden = silu(rows @ self.gate_t[expert]) * (rows @ self.up_t[expert])
+            out[mx.array(where, mx.int32)] = hidden @ self.down_t[expert]  # [n, H]
+        return out.reshape(tokens, top_k, x.shape[1])

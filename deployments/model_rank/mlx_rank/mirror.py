@@ -14,6 +14,7 @@ from deployments.model_rank.layers.rotary import RotaryEmbedding
 from deployments.model_rank.mlx_rank.arrays import from_torch
 from deployments.model_rank.mlx_rank.attention import DecoderLayer, DecoderStack, MLAAttention, SelfAttention
 from deployments.model_rank.mlx_rank.layers import GatedMLP, Linear, RMSNorm, Rotary, Router, SparseMoE
+from deployments.model_rank.mlx_rank.mtp import MtpLayer
 from deployments.model_rank.models import CausalLM
 
 
@@ -87,10 +88,20 @@ class Mirror:
                             self.norm(module.post_attention_layernorm), self.mlp(module.mlp))  # fmt: skip
 
 
-def mirror_model(model: CausalLM) -> DecoderStack:
-    """The MLX decoder of a torch CausalLM loaded on the CPU without packed weights (its tensors are freed)."""
+def mirror_model(model: CausalLM, mtp: bool) -> tuple[DecoderStack, MtpLayer | None]:
+    """The MLX decoder of a torch CausalLM loaded on the CPU without packed weights (its tensors are freed),
+    and its MTP layer where `mtp` asks for it and the model has one."""
     mirror = Mirror()
     stack = model.model
     layers = [mirror.layer(layer) for layer in stack.layers]  # type: ignore[arg-type]
     embed = mirror.array(stack.embed_tokens.weight)
-    return DecoderStack(embed, layers, mirror.norm(stack.norm), Linear(mirror.array(model.lm_head.weight), None))
+    head = Linear(mirror.array(model.lm_head.weight), None)
+    decoder = DecoderStack(embed, layers, mirror.norm(stack.norm), head)
+    torch_mtp = getattr(model, "mtp", None)
+    if not mtp or torch_mtp is None:
+        return decoder, None
+    shared = torch_mtp.shared_head
+    layer = MtpLayer(mirror.array(torch_mtp.embed_tokens.weight), mirror.norm(torch_mtp.enorm),
+                     mirror.norm(torch_mtp.hnorm), mirror.linear(torch_mtp.eh_proj), mirror.layer(torch_mtp.layer),
+                     mirror.norm(shared.norm), Linear(mirror.array(shared.head.weight), None))  # fmt: skip
+    return decoder, layer

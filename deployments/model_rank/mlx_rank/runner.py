@@ -13,7 +13,10 @@ import torch
 from deployments.model_rank.forward_batch import LayerCacheSpec, ParallelContext
 from deployments.model_rank.mlx_rank.arrays import MX_NAMES, TORCH_TO_MX, as_bytes, from_bytes, to_torch
 from deployments.model_rank.mlx_rank.batch import MlxBatch
+from deployments.model_rank.mlx_rank.attention import DecoderLayer
 from deployments.model_rank.mlx_rank.mirror import mirror_model
+from deployments.model_rank.mlx_rank.mtp import MlxMtpOps
+from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.models import load_model
 from deployments.model_rank.runner import RunnerInfo
 from deployments.model_rank.sampler import sample_rows
@@ -28,17 +31,23 @@ def mlx_device_name() -> str:
 
 
 class MlxRunner:
-    def __init__(self, model_dir: str | Path, dtype: str) -> None:
+    def __init__(self, model_dir: str | Path, dtype: str, mtp: bool = False) -> None:
+        """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
         mx.set_default_device(mx.gpu if mlx_device_name() == "gpu" else mx.cpu)
         torch_model = load_model(model_dir, dtype=dtype, device="cpu", parallel=ParallelContext(), pack=False)
         self.config = torch_model.config
-        self.specs: list[LayerCacheSpec] = torch_model.kv_cache_specs()
+        self.mtp_on = mtp and self.config.has_mtp
+        # The main layers' specs, then the MTP layer's: the order of the caches (and of a stored block's bytes).
+        self.specs: list[LayerCacheSpec] = torch_model.kv_cache_specs() + (
+            torch_model.mtp_kv_cache_specs() if self.mtp_on else [])  # fmt: skip
         self.weight_bytes = torch_model.weight_bytes()
         self.dtype = TORCH_TO_MX[self.config.dtype]
-        self.model = mirror_model(torch_model)  # frees the torch tensors as it copies them
+        self.model, self.mtp = mirror_model(torch_model, self.mtp_on)  # frees the torch tensors as it copies them
         del torch_model
+        self.attention_layers: list[DecoderLayer] = [*self.model.layers, *([self.mtp.layer] if self.mtp else [])]
         self.block_size = 0
         self.num_blocks = 0
+        self.drafter: MtpDrafter | None = None
 
     def info(self) -> RunnerInfo:
         cfg = self.config
@@ -54,13 +63,13 @@ class MlxRunner:
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=mx.device_info().get("device_name", mlx_device_name()),
             threads=1,
-            mtp=False,
+            mtp=self.mtp_on,
             backend="mlx",
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int) -> None:
         slots = num_blocks * block_size
-        for layer, spec in zip(self.model.layers, self.specs):
+        for layer, spec in zip(self.attention_layers, self.specs):
             if spec.kind == "latent":
                 arrays = [mx.zeros((slots, spec.latent_dim), self.dtype)]
             else:
@@ -70,6 +79,8 @@ class MlxRunner:
             mx.eval(arrays)
             layer.attn.cache.arrays = arrays
         self.num_blocks, self.block_size = num_blocks, block_size
+        if self.mtp is not None:
+            self.drafter = MtpDrafter(MlxMtpOps(self.mtp, block_size), block_size)
 
     def _block_slots(self, block_ids: list[int]) -> mx.array:
         ids = np.asarray(block_ids, dtype=np.int64)
@@ -85,7 +96,7 @@ class MlxRunner:
         """Copy rows made by `read_block_rows` (here or on another run, either backend) into these blocks."""
         slots = self._block_slots(block_ids)
         start = 0
-        for layer in self.model.layers:
+        for layer in self.attention_layers:
             cache = layer.attn.cache
             for index, array in enumerate(cache.arrays):
                 row_shape = array.shape[1:]
@@ -97,7 +108,7 @@ class MlxRunner:
 
     def _current_caches(self) -> list[mx.array]:
         """Every layer's cache arrays as they are now (writes replace an array's contents in place)."""
-        return [a for layer in self.model.layers for a in layer.attn.cache.arrays]
+        return [a for layer in self.attention_layers for a in layer.attn.cache.arrays]
 
     def execute(self, plan: StepPlan) -> StepOutput:
         rows = step_rows(plan, self.block_size)
@@ -110,6 +121,10 @@ class MlxRunner:
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
         if drawn is not None:
             output.draws = sample_rows(to_torch(drawn), [d for s in plan.seqs for d in s.draws])
+        if self.drafter is not None and any(s.mtp for s in plan.seqs):
+            output.proposals = self.drafter.run(plan, rows, hidden, output.draws)
+            output.mtp = self.drafter.work
+            mx.eval(self._current_caches())  # the last chained pass's cache rows
         return output
 
     def _prompt_rows(self, plan: StepPlan, hidden: mx.array) -> dict[int, list[PromptLogprobRow]]:
