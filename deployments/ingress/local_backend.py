@@ -72,7 +72,7 @@ class LocalBackend:
     async def replicas(self) -> list[ReplicaStatus]:
         if self._loop is None:  # still loading: no replica answers, as in the graph
             return []
-        return [replica_status("local", self._loop.info(), self._loop.cuda_memory())]
+        return [replica_status("local", self._loop.info(), self._loop.memory_figures())]
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
         if self._loop is None:

@@ -53,9 +53,9 @@ async def engine_stream(loop: StreamHub, request: EngineRequest, replica: str = 
         await stream.aclose()
 
 
-def replica_status(replica: str, info: EngineInfo, cuda_memory: dict[str, int]) -> ReplicaStatus:
+def replica_status(replica: str, info: EngineInfo, memory_figures: dict[str, int]) -> ReplicaStatus:
     snapshot = {f.name: getattr(info, f.name) for f in fields(EngineInfo)}
-    return ReplicaStatus(**snapshot, replica=replica, memory=cuda_memory)
+    return ReplicaStatus(**snapshot, replica=replica, memory=memory_figures)
 
 
 def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
@@ -107,7 +107,7 @@ class Scheduler:
 
     def info(self) -> ReplicaStatus:
         # The driver's snapshot after the latest step: the engine's own state belongs to its thread or process.
-        return replica_status(self._replica, self._loop.info(), self._loop.cuda_memory())
+        return replica_status(self._replica, self._loop.info(), self._loop.memory_figures())
 
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         return replace(await self._loop.memory(reset_peak), replica=self._replica)

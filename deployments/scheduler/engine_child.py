@@ -81,7 +81,7 @@ class StartFailed:
 class Stepped:
     # After the step, at most every INFO_INTERVAL_S while busy and always once idle; else None.
     info: EngineInfo | None
-    cuda_memory: dict[str, int]  # this process's CUDA memory ({} on CPU), with each info
+    memory_figures: dict[str, int]  # this process's device memory (CUDA or MLX) and footprint, with each info
     chunks: list[EngineChunk] = field(default_factory=list)
     refusals: list[tuple[str, ContextRefusal | InvalidPrompt]] = field(default_factory=list)
     failed: str | None = None  # the step raised: every request in flight ended with this error
@@ -116,7 +116,7 @@ def _run(engine: Engine, conn: Connection, link: RelayStoreLink | None) -> None:
     device = str(engine.info().device)
     info_sent_at = 0.0
     while True:
-        out = Stepped(info=None, cuda_memory={})
+        out = Stepped(info=None, memory_figures={})
         handled = False
         while (link is not None and link.pending) or conn.poll(_wait(engine, handled)):
             message = link.pending.popleft() if link is not None and link.pending else conn.recv()
@@ -136,7 +136,7 @@ def _run(engine: Engine, conn: Connection, link: RelayStoreLink | None) -> None:
                 out.failed = "internal engine error"
         now = time.monotonic()
         if not engine.has_work() or now - info_sent_at >= INFO_INTERVAL_S:
-            out.info, out.cuda_memory, info_sent_at = engine.info(), memory_figures_of(device), now
+            out.info, out.memory_figures, info_sent_at = engine.info(), memory_figures_of(device), now
         out.digest = engine.fresh_digest(force=not engine.has_work())
         conn.send(out)
 

@@ -47,7 +47,7 @@ class EngineLoop(StreamHub):
         """The snapshot taken after the latest step (the engine's own state is the thread's)."""
         return self._info
 
-    def cuda_memory(self) -> dict[str, int]:
+    def memory_figures(self) -> dict[str, int]:
         return memory_figures_of(str(self._info.device))
 
     def prefix_digest(self) -> PrefixDigest:

@@ -57,7 +57,7 @@ class EngineProcess(StreamHub):
             raise RuntimeError(f"the engine process did not start: {getattr(first, 'message', first)}")
         self._info: EngineInfo = first.info
         self._digest = PrefixDigest(config.block_size, b"")
-        self._cuda_memory: dict[str, int] = {}
+        self._memory_figures: dict[str, int] = {}
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._queries: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}  # memory and engine calls
         self._query_ids = itertools.count()
@@ -93,8 +93,8 @@ class EngineProcess(StreamHub):
         """The snapshot the child sent after its latest step."""
         return self._info
 
-    def cuda_memory(self) -> dict[str, int]:
-        return self._cuda_memory
+    def memory_figures(self) -> dict[str, int]:
+        return self._memory_figures
 
     def prefix_digest(self) -> PrefixDigest:
         """The latest digest of the blocks the child holds (for the router)."""
@@ -162,7 +162,7 @@ class EngineProcess(StreamHub):
 
     def _on_step(self, step: Stepped) -> None:
         if step.info is not None:
-            self._info, self._cuda_memory = step.info, step.cuda_memory
+            self._info, self._memory_figures = step.info, step.memory_figures
         if step.digest is not None:
             self._digest = step.digest
         items: list[tuple[str, Delivery]] = [(rid, _refusal_error(refusal)) for rid, refusal in step.refusals]
