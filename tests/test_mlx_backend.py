@@ -149,3 +149,18 @@ def test_the_cli_refuses_before_starting_anything() -> None:
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("tensorfold serve: backend mlx does not support engine_threads")
+
+
+def test_bench_engine_measures_mlx_beside_torch(checkpoints: dict[str, Path]) -> None:
+    """`tensorfold bench engine --backend mlx` runs both ranks on one checkpoint in one run, a column each."""
+    command = [sys.executable, "-m", "serve_app", "bench", "engine", "--checkpoint", str(checkpoints["qwen3"]),
+               "--backend", "mlx", "--skip-transformers", "--prompt-tokens", "24", "--decode-tokens", "4",
+               "--concurrency", "2", "--threads", "1"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("figure"))
+    assert "tensorfold torch" in header and "tensorfold mlx" in header
+    decode = next(line for line in lines if line.startswith("decode tok/s, 1 request")).split()
+    torch_tps, mlx_tps = float(decode[4]), float(decode[5])
+    assert torch_tps > 0 and mlx_tps > 0

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from deployments.config import EngineConfig
+from deployments.model_rank.runner import RunnerInfo
 from deployments.scheduler.engine import Engine
 from deployments.types import EngineRequest, SamplingParams
 
@@ -23,8 +24,6 @@ class Figures:
     prefill_tps: float
     decode_tps_1: float
     decode_tps_n: float
-
-
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30) -> float:
@@ -107,22 +106,33 @@ def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[li
     )
 
 
+def _engine_run(checkpoint: Path, backend: str, args: argparse.Namespace) -> tuple[Figures, RunnerInfo]:
+    """One engine's figures on `checkpoint` (MLX sizes its own CPU threads; torch takes --threads)."""
+    threads = torch.get_num_threads() if backend == "torch" else None
+    engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency,
+                                 engine_threads=threads, backend=backend))
+    try:
+        vocab = engine.runner_info.vocab_size
+        prompts = _prompts(args.concurrency, args.prompt_tokens, vocab)
+        figures = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency)
+        if args.profile and backend == "torch":
+            _print_profile(engine, vocab, args.concurrency)
+        return figures, engine.runner_info
+    finally:
+        engine.shutdown()
+
+
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the engine and transformers alike
+    backends = ["torch", "mlx"] if args.backend == "mlx" else ["torch"]  # MLX is measured beside torch
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch), args.size)
-        engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency,
-                                     engine_threads=torch.get_num_threads()))
-        vocab = engine.runner_info.vocab_size
-        prompts = _prompts(args.concurrency, args.prompt_tokens, vocab)
-        ours = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency)
-        if args.profile:
-            _print_profile(engine, vocab, args.concurrency)
-        weight_bytes = engine.runner_info.weight_bytes
-        model_dtype = getattr(torch, engine.runner_info.dtype)
-        engine.shutdown()
-        del engine
+        ours: dict[str, Figures] = {}
+        for backend in backends:
+            ours[backend], info = _engine_run(checkpoint, backend, args)
+        weight_bytes, model_dtype = info.weight_bytes, getattr(torch, info.dtype)
+        prompts = _prompts(args.concurrency, args.prompt_tokens, info.vocab_size)
         theirs = None if args.skip_transformers else _transformers_figures(
             checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency
         )
@@ -130,17 +140,28 @@ def run(args: argparse.Namespace) -> int:
     roofline = bandwidth / weight_bytes
     print(f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
           f"{torch.get_num_threads()}  read bandwidth {bandwidth / 1e9:.1f} GB/s  roofline {roofline:.1f} tok/s")
-    print(f"{'figure':34} {'tensorfold':>12} {'transformers':>13} {'ratio':>7}")
-    rows = [
-        (f"prefill tok/s ({args.prompt_tokens}-token prompt)", ours.prefill_tps, theirs and theirs.prefill_tps),
-        ("decode tok/s, 1 request", ours.decode_tps_1, theirs and theirs.decode_tps_1),
-        (f"decode tok/s, {args.concurrency} concurrent", ours.decode_tps_n, theirs and theirs.decode_tps_n),
-    ]
-    for name, mine, other in rows:
-        ratio = f"{mine / other:6.2f}x" if other else "    -"
-        print(f"{name:34} {mine:12.1f} {other or 0:13.1f} {ratio:>7}")
-    print(f"{'batch-1 decode / roofline':34} {ours.decode_tps_1 / roofline:11.0%}")
+    _print_table(args, ours, theirs, roofline)
     return 0
+
+
+def _print_table(args: argparse.Namespace, ours: dict[str, Figures], theirs: Figures | None, roofline: float) -> None:
+    """One column per engine backend, then transformers, then each backend's ratio to transformers."""
+    names = [f"tensorfold {b}" if len(ours) > 1 else "tensorfold" for b in ours]
+    ratios = [f"{b}/hf" if len(ours) > 1 else "ratio" for b in ours]
+    print(f"{'figure':34}" + "".join(f" {n:>16}" for n in names) + f" {'transformers':>13}" + "".join(f" {r:>9}" for r in ratios))
+    fields = [
+        (f"prefill tok/s ({args.prompt_tokens}-token prompt)", "prefill_tps"),
+        ("decode tok/s, 1 request", "decode_tps_1"),
+        (f"decode tok/s, {args.concurrency} concurrent", "decode_tps_n"),
+    ]
+    for label, field in fields:
+        mine = [getattr(figures, field) for figures in ours.values()]
+        other = getattr(theirs, field) if theirs else 0.0
+        cells = "".join(f" {value:16.1f}" for value in mine) + (f" {other:13.1f}" if other else f" {'-':>13}")
+        cells += "".join(f" {value / other:8.2f}x" if other else f" {'-':>9}" for value in mine)
+        print(f"{label:34}{cells}")
+    share = "".join(f" {figures.decode_tps_1 / roofline:16.0%}" for figures in ours.values())
+    print(f"{'batch-1 decode / roofline':34}{share}")
 
 
 def _print_profile(engine: Engine, vocab: int, concurrency: int) -> None:
