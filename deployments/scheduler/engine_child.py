@@ -28,7 +28,6 @@ from deployments.scheduler.wire import ContextRefusal, InvalidPrompt
 from deployments.types import ContextLengthError, EngineChunk, EngineRequest, FinishReason
 
 log = logging.getLogger("tensorfold.engine")
-STOP_WRITES_S = 15.0  # of the manual's 20 s for a planned stop: the replica flushes the actor after
 INFO_INTERVAL_S = 0.05  # snapshots (counters, histograms) cost a pickle: not one per step under load
 
 
@@ -121,7 +120,7 @@ def _run(engine: Engine, conn: Connection, link: RelayStoreLink | None) -> None:
         while (link is not None and link.pending) or conn.poll(_wait(engine, handled)):
             message = link.pending.popleft() if link is not None and link.pending else conn.recv()
             if isinstance(message, Stop):
-                _finish_writes(engine)
+                engine.finish_writes()
                 return
             handled = True
             _handle(engine, conn, message, out)
@@ -144,13 +143,6 @@ def _run(engine: Engine, conn: Connection, link: RelayStoreLink | None) -> None:
 def _wait(engine: Engine, handled: bool) -> float | None:
     """How long to wait for a message: not at all while there is work (idle writes included)."""
     return 0.0 if engine.has_work() or handled or engine.has_idle_work() else None
-
-
-def _finish_writes(engine: Engine) -> None:
-    """A planned stop writes what is waiting, within STOP_WRITES_S."""
-    deadline = time.monotonic() + STOP_WRITES_S
-    while engine.has_idle_work() and time.monotonic() < deadline:
-        engine.idle_work()
 
 
 def _handle(engine: Engine, conn: Connection, message: object, out: Stepped) -> None:

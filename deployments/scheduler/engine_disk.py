@@ -16,6 +16,7 @@ from deployments.scheduler.kv_blocks import BlockManager
 from deployments.types import EngineRequest, ImprintAnswer, ImprintQuery
 
 log = logging.getLogger("tensorfold.engine")
+STOP_WRITES_S = 15.0  # of the manual's 20 s for a planned stop: the replica flushes the store actor after
 
 
 class EngineDisk:
@@ -54,6 +55,12 @@ class EngineDisk:
     def has_idle_work(self) -> bool:
         """States waiting for disk: written one piece per idle turn, so a new request waits for one piece."""
         return self.disk is not None and (self.disk.has_writes() or self.disk.stats_stale)
+
+    def finish_writes(self) -> None:
+        """A planned stop writes what is waiting, within STOP_WRITES_S."""
+        deadline = time.monotonic() + STOP_WRITES_S
+        while self.has_idle_work() and time.monotonic() < deadline:
+            self.idle_work()
 
     def idle_work(self) -> None:
         if self.disk is None:

@@ -24,7 +24,7 @@ from deployments.prefix_hashes import PrefixDigest
 from deployments.scheduler.engine import EngineInfo
 from deployments.scheduler.engine_child import (AbortRequest, AddRequest, EngineCall, EngineCallAnswer, MemoryAnswer,
                                                 MemoryQuery, Ready, StartFailed, Stepped, Stop)  # fmt: skip
-from deployments.prompt_store.links import ActorStoreLink
+from deployments.prompt_store.links import STORE_FLUSH_S, ActorStoreLink
 from deployments.scheduler.memory_report import ReplicaMemory
 from deployments.scheduler.store_relay import StoreCall, answer_store_call
 from deployments.scheduler.stream_hub import Delivery, StreamHub
@@ -34,7 +34,6 @@ from deployments.types import EngineRequest
 log = logging.getLogger("tensorfold.engine")
 MEMORY_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 120.0  # an imprint load reads a whole conversation from disk
-STORE_FLUSH_S = 5.0  # after the child's own 15 s of writes: a planned stop ends within the manual's 20 s
 STOP_TIMEOUT_S = 30.0
 # The replica's event loop, the sender and the reader share the GIL. A thread woken by its socket waits for
 # the loop to yield it for up to Python's switch interval (5 ms by default), and every request and every
