@@ -122,9 +122,13 @@ def test_attention_matches_a_float64_reference(dtype: torch.dtype) -> None:
     assert (ours - expected).abs().max() < tolerance
 
 
+# Head sizes with a compiled variant (64, 128) and without (96); KV groups that cut a row's heads across tiles
+# (3 heads per KV head, 4 rows a tile), fill whole tiles (8) or give one head per KV head.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_rows_do_not_depend_on_the_step(dtype: torch.dtype, threads) -> None:
-    step = Step([50, 23, 90], dtype)
+@pytest.mark.parametrize("heads,kv_heads,dim", [(6, 2, 64), (8, 1, 128), (4, 4, 96)])
+def test_attention_rows_do_not_depend_on_the_step(dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
+                                                  threads) -> None:  # fmt: skip
+    step = Step([50, 23, 90], dtype, heads, kv_heads, dim)
     whole = step.run([(0, 0, 50)])
     for chunk in (1, 7, 16):  # prefill in chunks: each chunk's rows equal the whole pass's
         parts = [step.run([(0, at, min(chunk, 50 - at))]) for at in range(0, 50, chunk)]

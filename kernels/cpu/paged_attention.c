@@ -1,10 +1,12 @@
-// Paged causal attention for the CPU path, one query row at a time in float32.
+// Paged causal attention for the CPU path in float32, a few query rows at a time.
 //
 // A row (sequence s, query head h, query i at position p) reads keys 0..p of its sequence through the
 // block table and always runs the same sequence of ops: scores in ascending key order (a 16-lane dot and
 // one fixed horizontal sum each), the max, exp in 16-key chunks, their sum in the same chunks, then the
-// weighted V sum in ascending key order. Nothing depends on the other rows, the batch or the thread count,
-// so a row's bits are the same alone, batched, in any prefill chunking, and during decode.
+// weighted V sum in ascending key order. Rows that share a sequence and a KV head are computed together in
+// tiles, so each K and V row is loaded and widened once for the tile and the tile's independent V sums hide
+// each other's FMA latency; but a tile only interleaves its rows' ops, never mixes them, so a row's bits are
+// the same alone, batched, in any tile, any prefill chunking, during decode and on any thread count.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -80,77 +82,167 @@ static inline __m512 sum_lanes_of_16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
 }
 
-// One (query row t, head h): keys 0..pos of its sequence, in ascending order. `scratch` holds max_keys
-// floats and max_keys key-row offsets.
-static inline __attribute__((always_inline)) void attend_row_as(const attention_args *a, int64_t t, int64_t h,
-                                                               float *scores, int64_t *rows, const int dtype) {
-    const int64_t s = a->row_seq[t], keys = a->row_pos[t] + 1, kv_head = h / (a->hq / a->hkv);
+#define MAX_TILE 4  // rows computed together (bounded by the V accumulators the registers hold)
+
+// One tile: `n` rows (query row ts[r], head hs[r]) of one sequence and one KV head, each over its own keys
+// 0..pos in ascending order. DQ and DVQ are the head sizes in 16-float vectors when known at compile time
+// (0: read them from `a`). `scores` holds MAX_TILE * padded floats; `rows` padded key-row offsets.
+static inline __attribute__((always_inline)) void attend_tile_as(
+    const attention_args *a, const int64_t *ts, const int64_t *hs, const int n, float *scores, int64_t padded,
+    int64_t *rows, const int dtype, const int DQ, const int DVQ) {
+    const int64_t dq = DQ ? DQ : (a->d + 15) / 16, dvq = DVQ ? DVQ : (a->dv + 15) / 16;
+    const int64_t s = a->row_seq[ts[0]], kv_head = hs[0] / (a->hq / a->hkv);
     const int64_t *table = a->tables + a->table_starts[s];
-    for (int64_t j = 0, b = 0; j < keys; b++) {  // each key's cache row, walking the block table
+    int64_t keys[MAX_TILE], most = 0, fewest = INT64_MAX;
+    for (int r = 0; r < n; r++) {
+        keys[r] = a->row_pos[ts[r]] + 1;
+        most = keys[r] > most ? keys[r] : most;
+        fewest = keys[r] < fewest ? keys[r] : fewest;
+    }
+    for (int64_t j = 0, b = 0; j < most; b++) {  // each key's cache row, walking the block table
         const int64_t base = table[b] * a->block_size;
-        for (int64_t slot = 0; slot < a->block_size && j < keys; slot++, j++) rows[j] = (base + slot) * a->hkv + kv_head;
+        for (int64_t slot = 0; slot < a->block_size && j < most; slot++, j++) rows[j] = (base + slot) * a->hkv + kv_head;
     }
-    const int64_t dq = (a->d + 15) / 16, dvq = (a->dv + 15) / 16;
-    __m512 q[MAX_HEAD_DIM / 16];
-    for (int64_t c = 0; c < dq; c++) q[c] = load16(a->q, (t * a->hq + h) * a->d + c * 16, dtype, tail_mask(a->d - c * 16));
-    __m512 best = _mm512_set1_ps(-INFINITY);
-    for (int64_t j0 = 0; j0 < keys; j0 += 16) {  // scores of 16 keys at a time
-        __m512 partial[16];
+    __m512 q[MAX_TILE][MAX_HEAD_DIM / 16], best[MAX_TILE];
+    for (int r = 0; r < n; r++) {
+        best[r] = _mm512_set1_ps(-INFINITY);
+        for (int64_t c = 0; c < dq; c++)
+            q[r][c] = load16(a->q, (ts[r] * a->hq + hs[r]) * a->d + c * 16, dtype, tail_mask(a->d - c * 16));
+    }
+    for (int64_t j0 = 0; j0 < most; j0 += 16) {  // scores of 16 keys at a time
+        __m512 partial[MAX_TILE][16];
         for (int i = 0; i < 16; i++) {
-            partial[i] = _mm512_setzero_ps();
-            if (j0 + i >= keys) continue;
-            for (int64_t c = 0; c < dq; c++)
-                partial[i] = _mm512_fmadd_ps(q[c], load16(a->k_cache, rows[j0 + i] * a->d + c * 16, dtype, tail_mask(a->d - c * 16)), partial[i]);
+            const int64_t j = j0 + i;
+            if (j >= most) {
+                for (int r = 0; r < n; r++) partial[r][i] = _mm512_setzero_ps();
+                continue;
+            }
+            __m512 k[MAX_HEAD_DIM / 16];
+            for (int64_t c = 0; c < dq; c++) k[c] = load16(a->k_cache, rows[j] * a->d + c * 16, dtype, tail_mask(a->d - c * 16));
+            for (int r = 0; r < n; r++) {
+                __m512 dot = _mm512_setzero_ps();
+                if (j < keys[r])
+                    for (int64_t c = 0; c < dq; c++) dot = _mm512_fmadd_ps(q[r][c], k[c], dot);
+                partial[r][i] = dot;
+            }
         }
-        const __mmask16 m = tail_mask(keys - j0);
-        const __m512 group = _mm512_mul_ps(sum_lanes_of_16(partial), _mm512_set1_ps(a->scale));
-        _mm512_mask_storeu_ps(scores + j0, m, group);
-        best = _mm512_mask_max_ps(best, m, best, group);
+        for (int r = 0; r < n; r++) {
+            if (j0 >= keys[r]) continue;
+            const __mmask16 m = tail_mask(keys[r] - j0);
+            const __m512 group = _mm512_mul_ps(sum_lanes_of_16(partial[r]), _mm512_set1_ps(a->scale));
+            _mm512_mask_storeu_ps(scores + r * padded + j0, m, group);
+            best[r] = _mm512_mask_max_ps(best[r], m, best[r], group);
+        }
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < keys; j0 += 16) {
-        const __mmask16 m = tail_mask(keys - j0);
-        const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j0), top)));
-        _mm512_mask_storeu_ps(scores + j0, m, e);
-        total = _mm512_add_ps(total, e);
+    float inverse[MAX_TILE];
+    for (int r = 0; r < n; r++) {
+        float *row_scores = scores + r * padded;
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best[r]));
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t j0 = 0; j0 < keys[r]; j0 += 16) {
+            const __mmask16 m = tail_mask(keys[r] - j0);
+            const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row_scores + j0), top)));
+            _mm512_mask_storeu_ps(row_scores + j0, m, e);
+            total = _mm512_add_ps(total, e);
+        }
+        inverse[r] = 1.0f / _mm512_reduce_add_ps(total);
     }
-    __m512 acc[MAX_HEAD_DIM / 16];
-    for (int64_t c = 0; c < dvq; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < keys; j++) {
-        const __m512 p = _mm512_set1_ps(scores[j]);
+    __m512 acc[MAX_TILE][MAX_HEAD_DIM / 16];
+    for (int r = 0; r < n; r++)
+        for (int64_t c = 0; c < dvq; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < fewest; j++) {  // the V sums, every row in ascending key order
+        __m512 v[MAX_HEAD_DIM / 16];
+        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16));
+        for (int r = 0; r < n; r++) {
+            const __m512 p = _mm512_set1_ps(scores[r * padded + j]);
+            for (int64_t c = 0; c < dvq; c++) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+        }
+    }
+    for (int64_t j = fewest; j < most; j++) {  // the keys only the tile's later rows see
+        __m512 v[MAX_HEAD_DIM / 16];
+        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16));
+        for (int r = 0; r < n; r++) {
+            if (j >= keys[r]) continue;
+            const __m512 p = _mm512_set1_ps(scores[r * padded + j]);
+            for (int64_t c = 0; c < dvq; c++) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < n; r++)
         for (int64_t c = 0; c < dvq; c++)
-            acc[c] = _mm512_fmadd_ps(p, load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16)), acc[c]);
+            store16(a->out, (ts[r] * a->hq + hs[r]) * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16),
+                    _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inverse[r])));
+}
+
+// The tile kernel compiled per element type and for 64-, 128- and 256-wide heads, so the inner loops carry no
+// type switch and keep their vectors in registers. A model's rows always take the same variant.
+#define TILE_OF(DT)                                                                                          \
+    static void attend_tile_##DT(const attention_args *a, const int64_t *ts, const int64_t *hs, int n,       \
+                                 float *scores, int64_t padded, int64_t *rows) {                             \
+        if (a->d == 64 && a->dv == 64) attend_tile_as(a, ts, hs, n, scores, padded, rows, DT, 4, 4);          \
+        else if (a->d == 128 && a->dv == 128) attend_tile_as(a, ts, hs, n, scores, padded, rows, DT, 8, 8);   \
+        else if (a->d == 256 && a->dv == 256) attend_tile_as(a, ts, hs, n, scores, padded, rows, DT, 16, 16); \
+        else attend_tile_as(a, ts, hs, n, scores, padded, rows, DT, 0, 0);                                    \
     }
-    const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-    for (int64_t c = 0; c < dvq; c++)
-        store16(a->out, (t * a->hq + h) * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16), _mm512_mul_ps(acc[c], inverse));
+TILE_OF(DT_F32)
+TILE_OF(DT_BF16)
+TILE_OF(DT_F16)
+
+// How many rows a tile takes: as many V accumulators as leave registers for the V row and the weights.
+static int tile_rows(int64_t dv) {
+    const int64_t dvq = (dv + 15) / 16;
+    return dvq <= 4 ? 4 : dvq <= 8 ? 2 : 1;
 }
 
-// The row kernel compiled once per element type, so the inner loops carry no type switch.
-static void attend_row(const attention_args *a, int64_t t, int64_t h, float *scores, int64_t *rows) {
-    if (a->dtype == DT_BF16) attend_row_as(a, t, h, scores, rows, DT_BF16);
-    else if (a->dtype == DT_F16) attend_row_as(a, t, h, scores, rows, DT_F16);
-    else attend_row_as(a, t, h, scores, rows, DT_F32);
-}
-
-// Every (query row, head) of one step; rows are spread over threads, each row computed whole by one.
+// Every (query row, head) of one step. Per sequence and KV head, its rows (query-row major, then the heads
+// sharing that KV head) are cut into tiles of tile_rows(); tiles are spread over threads, each computed whole
+// by one.
 void tf_paged_attention(const void *q, const void *k_cache, const void *v_cache, void *out, const int64_t *tables,
                         const int64_t *table_starts, const int64_t *row_seq, const int64_t *row_pos, int64_t rows,
                         int64_t hq, int64_t hkv, int64_t d, int64_t dv, int64_t block_size, int64_t max_keys,
                         float scale, int dtype, int threads) {
     const attention_args a = {q, k_cache, v_cache, out, tables, table_starts, row_seq, row_pos,
                               hq, hkv, d, dv, block_size, scale, dtype};
+    const int64_t group = hq / hkv, per_tile = tile_rows(dv);
+    // Runs of query rows of one sequence (a step's rows are grouped by sequence), and the first tile of each.
+    int64_t *run_start = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));
+    int64_t *first_tile = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));
+    int64_t runs = 0, tiles = 0;
+    for (int64_t t = 0; t < rows; t++) {
+        if (t > 0 && row_seq[t] == row_seq[t - 1]) continue;
+        run_start[runs++] = t;
+    }
+    run_start[runs] = rows;
+    for (int64_t r = 0; r < runs; r++) {
+        first_tile[r] = tiles;
+        tiles += hkv * (((run_start[r + 1] - run_start[r]) * group + per_tile - 1) / per_tile);
+    }
+    first_tile[runs] = tiles;
 #pragma omp parallel num_threads(threads)
     {
-        const size_t padded = (size_t)((max_keys + 15) / 16 * 16);
-        float *scores = (float *)aligned_alloc(64, padded * sizeof(float));
-        int64_t *key_rows = (int64_t *)malloc(padded * sizeof(int64_t));
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t item = 0; item < rows * hq; item++) {
-            attend_row(&a, item / hq, item % hq, scores, key_rows);
+        const int64_t padded = (max_keys + 15) / 16 * 16;
+        float *scores = (float *)aligned_alloc(64, (size_t)(MAX_TILE * padded) * sizeof(float));
+        int64_t *key_rows = (int64_t *)malloc((size_t)padded * sizeof(int64_t));
+        int64_t run = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t tile = 0; tile < tiles; tile++) {
+            while (first_tile[run + 1] <= tile) run++;  // tiles come in order on each thread
+            while (first_tile[run] > tile) run--;
+            const int64_t length = run_start[run + 1] - run_start[run], items = length * group;
+            const int64_t per_head = (items + per_tile - 1) / per_tile, within = tile - first_tile[run];
+            const int64_t kv_head = within / per_head, item0 = within % per_head * per_tile;
+            int64_t ts[MAX_TILE], hs[MAX_TILE];
+            int n = 0;
+            for (int64_t item = item0; item < items && n < per_tile; item++, n++) {
+                ts[n] = run_start[run] + item / group;
+                hs[n] = kv_head * group + item % group;
+            }
+            if (dtype == DT_BF16) attend_tile_DT_BF16(&a, ts, hs, n, scores, padded, key_rows);
+            else if (dtype == DT_F16) attend_tile_DT_F16(&a, ts, hs, n, scores, padded, key_rows);
+            else attend_tile_DT_F32(&a, ts, hs, n, scores, padded, key_rows);
         }
         free(key_rows);
         free(scores);
     }
+    free(first_tile);
+    free(run_start);
 }
