@@ -55,7 +55,7 @@ def test_paced_chunks_carry_the_same_reply(loop_and_prompt) -> None:
 def test_the_events_cap_stretches_each_streams_interval_with_the_number_of_streams(served_model: str) -> None:
     """Two streams under a cap of 20 chunks/s together: each waits at least 2 / 20 s between chunks."""
     model_dir = AppArgs(model=served_model).model_dir
-    config = EngineConfig(model=str(model_dir), context=256, kv_cache_gib=0.05, device="cpu",
+    config = EngineConfig(model=str(model_dir), context=512, kv_cache_gib=0.05, device="cpu",
                           stream_events_per_second=20.0)  # fmt: skip
     loop = EngineLoop(Engine(config))
     loop.start()
@@ -65,7 +65,8 @@ def test_the_events_cap_stretches_each_streams_interval_with_the_number_of_strea
     assert loop.stream_interval() == 0.0  # no stream running: nothing to pace
 
     async def stream(tag: str) -> list[float]:
-        request = EngineRequest(tag, prompt, SamplingParams(temperature=0.0), max_tokens=30)
+        # Both streams run the same 200 steps (no early end), several intervals however fast the engine is.
+        request = EngineRequest(tag, prompt, SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=200)
         return [time.monotonic() async for chunk in loop.generate(request) if not chunk.finished]
 
     async def both() -> list[list[float]]:
