@@ -18,9 +18,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "cpu" / name for name in ("amx_gemm.c", "paged_attention.c")]
+SOURCES = [Path(__file__).parent / "cpu" / name for name in ("amx_gemm.c", "paged_attention.c", "layer_ops.c")]
+HEADERS = [Path(__file__).parent / "cpu" / "simd.h"]
 CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512bw", "avx512vl", "f16c")
-COMPILE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
+# -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
+COMPILE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl",
                  "-mavx512bf16", "-mf16c", "-mamx-tile", "-mamx-bf16"]  # fmt: skip
 
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -30,6 +32,10 @@ SIGNATURES = {
     "tf_amx_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int],
     "tf_paged_attention": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64,
                            _i64, _f32, _int, _int],
+    "tf_rms_norm": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
+    "tf_rotary": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
+    "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _int, _int],
+    "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
 }
 
 
@@ -66,7 +72,7 @@ def _build(target: Path) -> None:
 @functools.cache
 def source_digest() -> str:
     """The kernels' sources and compile flags: what decides the bits they compute."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(COMPILE_FLAGS).encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [*SOURCES, *HEADERS]) + " ".join(COMPILE_FLAGS).encode())
     return digest.hexdigest()[:16]
 
 

@@ -14,8 +14,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_torch, cpu_attention, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+from kernels import attention_torch, cpu_attention, cpu_layer_ops, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
 from kernels._triton import HAS_TRITON
+from kernels.activation import silu
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_meta import DECODE_MAX_QUERY, PagedMeta, build_paged_meta
 from kernels.paged_prefill_attention import paged_prefill_attention
@@ -120,6 +121,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Replaces RMSNorm.forward's body."""
     if backend(x, weight) == "triton":
         return rmsnorm.rms_norm(x, weight, eps)
+    if _native_norm(x, weight):
+        return cpu_layer_ops.rms_norm(x, weight, eps)[0]
     return rmsnorm.rms_norm_torch(x, weight, eps)
 
 
@@ -129,7 +132,28 @@ def add_rms_norm(
     """(RMSNorm(x + residual), x + residual): replaces `h = h + out` followed by `norm(h)`."""
     if backend(x, residual, weight) == "triton":
         return rmsnorm.add_rms_norm(x, residual, weight, eps)
+    if _native_norm(x, weight) and cpu_layer_ops.supports(x, residual) and residual.shape == x.shape:
+        return cpu_layer_ops.rms_norm(x, weight, eps, residual)
     return rmsnorm.add_rms_norm_torch(x, residual, weight, eps)
+
+
+def _native_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The CPU native RMSNorm takes x [..., H] and weight [H] of one narrow dtype (float32 keeps torch's bits)."""
+    return (
+        x.dtype in cpu_layer_ops.NARROW
+        and weight.dim() == 1
+        and x.dim() >= 1
+        and x.shape[-1] == weight.shape[0]
+        and cpu_layer_ops.supports(x, weight)
+    )
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up: the gated MLP's activation (one native call on CPU)."""
+    native = gate.dtype in cpu_layer_ops.NARROW and gate.shape == up.shape and backend(gate, up) == "torch"
+    if native and cpu_layer_ops.supports(gate, up):
+        return cpu_layer_ops.silu_mul(gate, up)
+    return silu(gate) * up
 
 
 def apply_rotary(
@@ -143,6 +167,8 @@ def apply_rotary(
     """RotaryEmbedding.forward: q [T, Hq, D], k [T, Hk, D] rotated at their positions."""
     if backend(q, k) == "triton":
         return rotary.rotary(positions, q, k, inv_freq, attention_scaling, interleaved)
+    if not interleaved and q.dim() == k.dim() == 3 and cpu_layer_ops.supports(q, k):
+        return cpu_layer_ops.rotary(positions, q, k, inv_freq, attention_scaling)
     return rotary.rotary_torch(positions, q, k, inv_freq, attention_scaling, interleaved)
 
 

@@ -1,10 +1,11 @@
-"""The CPU path's native kernels (kernels/cpu/*.c): results near a float64 reference, and every row's bits
+"""The CPU path's native kernels (kernels/cpu/*.c): results near a float64 reference (or torch's own), and every row's bits
 independent of the row count, the other sequences in the step, prefill chunking and the thread count."""
 
 import pytest
 import torch
 
-from kernels import attention_torch, cpu_attention, cpu_gemm, cpu_native
+from kernels import attention_torch, cpu_attention, cpu_gemm, cpu_layer_ops, cpu_native, rmsnorm, rotary
+from kernels.activation import silu
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="this CPU lacks AMX/AVX-512 BF16 or no C compiler")
 
@@ -137,3 +138,65 @@ def test_attention_rows_do_not_depend_on_the_step(dtype: torch.dtype, heads: int
     assert torch.equal(mixed[13:23], whole[40:50])
     one = threads(1, step.run, [(2, 0, 90)])
     assert torch.equal(threads(2, step.run, [(2, 0, 90)]), one)
+
+
+# ---- the layer's elementwise parts and the greedy argmax ---------------------------------------------------
+NARROW = [torch.bfloat16, torch.float16]
+
+
+def _close_in_dtype(ours: torch.Tensor, theirs: torch.Tensor, steps: int = 1) -> bool:
+    """Every element within `steps` relative steps of its dtype (our sum of squares and exp are our own;
+    silu_mul rounds twice, so a step in silu can become two in the product)."""
+    gap = (ours.float() - theirs.float()).abs()
+    step = theirs.float().abs() * (2.0 ** -7 if theirs.dtype == torch.bfloat16 else 2.0 ** -10)
+    return bool((gap <= steps * step + 1e-30).all())
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_rms_norm_rows_are_their_own_and_match_torch(dtype: torch.dtype, threads) -> None:
+    gen = torch.Generator().manual_seed(5)
+    x, residual = (torch.randn(130, 200, generator=gen).to(dtype) for _ in range(2))  # 200: a masked tail chunk
+    weight = (1 + 0.1 * torch.randn(200, generator=gen)).to(dtype)
+    normed, summed = cpu_layer_ops.rms_norm(x, weight, 1e-6, residual)
+    expected, expected_sum = rmsnorm.add_rms_norm_torch(x, residual, weight, 1e-6)
+    assert torch.equal(summed, expected_sum) and _close_in_dtype(normed, expected)
+    assert (normed == expected).float().mean() > 0.999
+    for rows in (1, 3, 17, 64):  # a row's bits are the same in any call (threads fork at 64 rows)
+        part, _ = cpu_layer_ops.rms_norm(x[rows:2 * rows], weight, 1e-6, residual[rows:2 * rows])
+        assert torch.equal(part, normed[rows:2 * rows]), rows
+    assert torch.equal(threads(1, cpu_layer_ops.rms_norm, x, weight, 1e-6)[0],
+                       threads(2, cpu_layer_ops.rms_norm, x, weight, 1e-6)[0])  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *NARROW])
+@pytest.mark.parametrize("rotated", [64, 32, 16])  # whole heads, and partial RoPE that copies the rest
+def test_rotary_gives_torchs_bits(dtype: torch.dtype, rotated: int) -> None:
+    gen = torch.Generator().manual_seed(6)
+    q, k = torch.randn(70, 6, 64, generator=gen).to(dtype), torch.randn(70, 2, 64, generator=gen).to(dtype)
+    positions = torch.randint(0, 5000, (70,), generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotated, 2).float() / rotated))
+    ours = cpu_layer_ops.rotary(positions, q, k, inv_freq, 0.9)
+    theirs = rotary.rotary_torch(positions, q, k, inv_freq, 0.9, interleaved=False)
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    alone = cpu_layer_ops.rotary(positions[5:6].clone(), q[5:6], k[5:6], inv_freq, 0.9)  # one decode row
+    assert torch.equal(alone[0], ours[0][5:6])
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_silu_mul_is_elementwise_and_matches_torch(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    gate, up = (4 * torch.randn(40, 1000, generator=gen)).to(dtype), torch.randn(40, 1000, generator=gen).to(dtype)
+    ours = cpu_layer_ops.silu_mul(gate, up)
+    assert _close_in_dtype(ours, silu(gate) * up, steps=2) and (ours == silu(gate) * up).float().mean() > 0.999
+    assert torch.equal(cpu_layer_ops.silu_mul(gate[7:8], up[7:8]), ours[7:8])
+
+
+def test_argmax_rows_is_torchs_argmax() -> None:
+    gen = torch.Generator().manual_seed(8)
+    for cols in (1, 15, 16, 17, 1000):
+        logits = torch.randint(0, 3, (12, cols), generator=gen).float()  # ties everywhere: the lowest index wins
+        logits[1] = -float("inf")
+        logits[2, cols // 2] = float("nan")  # a NaN row gives its first NaN, as torch does
+        assert cpu_layer_ops.argmax_rows(logits) == torch.argmax(logits, dim=-1).tolist(), cols
+    wide = torch.randn(3, 151936, generator=gen)
+    assert cpu_layer_ops.argmax_rows(wide) == torch.argmax(wide, dim=-1).tolist()

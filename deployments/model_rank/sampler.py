@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from kernels import cpu_layer_ops
+
 from deployments.step_plan import SeqDraw, StepResult
 from deployments.types import LogprobRow, PromptLogprobRow
 
@@ -170,10 +172,17 @@ def _draw_tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
     if greedy_rows:
         # Every row greedy (the common batch): argmax in place, without gathering a [R, V] copy first.
         rows = logits if len(greedy_rows) == len(draws) else logits[greedy_rows]
-        argmax = torch.argmax(rows, dim=-1).tolist()
+        argmax = _argmax_rows(rows)
         for row, token in zip(greedy_rows, argmax):
             tokens[row] = int(token)
     for row, draw in enumerate(draws):
         if draw.temperature > 0.0:
             tokens[row] = draw_token(logits[row], draw)
     return tokens
+
+
+def _argmax_rows(rows: torch.Tensor) -> list[int]:
+    """Each row's argmax (lowest id on ties): one native pass on CPU, torch's elsewhere."""
+    if rows.dtype == torch.float32 and rows.dim() == 2 and cpu_layer_ops.supports(rows):
+        return cpu_layer_ops.argmax_rows(rows)
+    return torch.argmax(rows, dim=-1).tolist()

@@ -27,7 +27,7 @@ TIMED: list[tuple[str, str, str]] = [
     ("norms/rotary/act", "kernels.dispatch", "rms_norm"),
     ("norms/rotary/act", "kernels.dispatch", "add_rms_norm"),
     ("norms/rotary/act", "kernels.dispatch", "apply_rotary"),
-    ("norms/rotary/act", "deployments.model_rank.layers.mlp", "silu"),
+    ("norms/rotary/act", "kernels.dispatch", "silu_mul"),
     ("embedding", "deployments.model_rank.layers.embedding", "VocabEmbedding.forward"),
     ("sampling", "deployments.model_rank.runner", "sample_rows"),
 ]

@@ -19,8 +19,9 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch)  # [T, H]
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))  # [T, H]
+        attended = self.self_attn(self.input_layernorm(hidden), batch)  # [T, H]
+        normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)  # [T, H] each
+        return hidden + self.mlp(normed)  # [T, H]
 
     def cache_spec(self) -> LayerCacheSpec:
         return self.self_attn.cache_spec()

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
-from kernels.activation import silu
+from kernels import dispatch
 from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 
@@ -28,4 +28,4 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, parallel, bias=bias, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))  # [T, H]
+        return self.down_proj(dispatch.silu_mul(self.gate_proj(x), self.up_proj(x)))  # [T, H]

@@ -17,3 +17,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dispatch.rms_norm(x, self.weight, self.eps)  # [..., size]
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(x + residual), x + residual): a sublayer's output joins the residual stream, normed."""
+        return dispatch.add_rms_norm(x, residual, self.weight, self.eps)  # [..., size] each
