@@ -14,6 +14,7 @@ from kernels.cpu_native import available
 __all__ = ["available", "can_pack", "is_packed", "matmul", "pack_", "rows"]
 
 TILE_N, TILE_K = 16, 32  # the pack's tile: W rows (output features) by K elements
+GROUP_ROWS = 4 * TILE_N  # W rows per group of tiles (amx_gemm.c's GROUP_N): packs of whole groups concatenate
 
 
 def can_pack(weight: torch.Tensor) -> bool:

@@ -63,12 +63,26 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: 
     return rotated[0], rotated[1]
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, elementwise, in their dtype."""
+def rows_of(gate: torch.Tensor, up: torch.Tensor) -> int | None:
+    """The row stride gate and up share: contiguous tensors of one shape, or [T, I] halves of one fused
+    [T, 2I] output (None: a layout silu_mul does not take)."""
+    if gate.shape != up.shape:
+        return None
+    if gate.is_contiguous() and up.is_contiguous():
+        return gate.shape[-1] if gate.dim() else None
+    if gate.dim() != 2 or gate.stride(1) != 1 or up.stride(1) != 1 or gate.stride(0) != up.stride(0):
+        return None
+    return gate.stride(0)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, stride: int) -> torch.Tensor:
+    """silu(gate) * up, elementwise, in their dtype; rows of gate and up are `stride` elements apart."""
     lib = cpu_native.library()
     assert lib is not None
-    out = torch.empty_like(gate)
-    lib.tf_silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), DTYPE_CODES[gate.dtype],
+    cols = gate.shape[-1]
+    rows = gate.numel() // cols if cols else 0
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    lib.tf_silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, stride, DTYPE_CODES[gate.dtype],
                     cpu_native.threads())  # fmt: skip
     return out
 

@@ -34,7 +34,7 @@ SIGNATURES = {
                            _i64, _f32, _int, _int],
     "tf_rms_norm": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
     "tf_rotary": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
-    "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _int, _int],
+    "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
 }
 

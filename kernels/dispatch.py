@@ -14,7 +14,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_torch, cpu_attention, cpu_layer_ops, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+from kernels import (
+    attention_torch, cpu_attention, cpu_layer_ops, cpu_native, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary,
+)  # fmt: skip
 from kernels._triton import HAS_TRITON
 from kernels.activation import silu
 from kernels.paged_decode_attention import paged_decode_attention
@@ -149,10 +151,12 @@ def _native_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up: the gated MLP's activation (one native call on CPU)."""
-    native = gate.dtype in cpu_layer_ops.NARROW and gate.shape == up.shape and backend(gate, up) == "torch"
-    if native and cpu_layer_ops.supports(gate, up):
-        return cpu_layer_ops.silu_mul(gate, up)
+    """silu(gate) * up: the gated MLP's activation (one native call on CPU, also over a fused gate/up output's
+    two halves)."""
+    if gate.dtype in cpu_layer_ops.NARROW and gate.dtype == up.dtype and backend(gate, up) == "torch":
+        stride = cpu_layer_ops.rows_of(gate, up)
+        if stride is not None and gate.device.type == "cpu" and cpu_native.available():
+            return cpu_layer_ops.silu_mul(gate, up, stride)
     return silu(gate) * up
 
 

@@ -4,7 +4,7 @@ independent of the row count, the other sequences in the step, prefill chunking 
 import pytest
 import torch
 
-from kernels import attention_torch, cpu_attention, cpu_gemm, cpu_layer_ops, cpu_native, rmsnorm, rotary
+from kernels import attention_torch, cpu_attention, cpu_gemm, cpu_layer_ops, cpu_native, dispatch, rmsnorm, rotary
 from kernels.activation import silu
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="this CPU lacks AMX/AVX-512 BF16 or no C compiler")
@@ -186,9 +186,13 @@ def test_rotary_gives_torchs_bits(dtype: torch.dtype, rotated: int) -> None:
 def test_silu_mul_is_elementwise_and_matches_torch(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(7)
     gate, up = (4 * torch.randn(40, 1000, generator=gen)).to(dtype), torch.randn(40, 1000, generator=gen).to(dtype)
-    ours = cpu_layer_ops.silu_mul(gate, up)
+    ours = cpu_layer_ops.silu_mul(gate, up, 1000)
     assert _close_in_dtype(ours, silu(gate) * up, steps=2) and (ours == silu(gate) * up).float().mean() > 0.999
-    assert torch.equal(cpu_layer_ops.silu_mul(gate[7:8], up[7:8]), ours[7:8])
+    assert torch.equal(cpu_layer_ops.silu_mul(gate[7:8], up[7:8], 1000), ours[7:8])
+    fused = torch.cat([gate, up], dim=-1)  # a fused gate/up output: its halves are strided views
+    halves = fused[:, :1000], fused[:, 1000:]
+    assert cpu_layer_ops.rows_of(*halves) == 2000
+    assert torch.equal(dispatch.silu_mul(*halves), ours)
 
 
 def test_argmax_rows_is_torchs_argmax() -> None:
@@ -200,3 +204,20 @@ def test_argmax_rows_is_torchs_argmax() -> None:
         assert cpu_layer_ops.argmax_rows(logits) == torch.argmax(logits, dim=-1).tolist(), cols
     wide = torch.randn(3, 151936, generator=gen)
     assert cpu_layer_ops.argmax_rows(wide) == torch.argmax(wide, dim=-1).tolist()
+
+
+def test_fused_sibling_projections_give_each_projections_bits() -> None:
+    from deployments.model_rank.layers.linear import FusedProjection, ReplicatedLinear
+
+    gen = torch.Generator().manual_seed(9)
+    siblings = [ReplicatedLinear(96, n) for n in (128, 64, 192)]
+    for module in siblings:
+        module.weight.data = torch.randn(module.weight.shape, generator=gen).to(torch.bfloat16)
+        cpu_gemm.pack_(module.weight)
+    x = torch.randn(21, 96, generator=gen).to(torch.bfloat16)
+    separate = [module(x) for module in siblings]
+    assert FusedProjection.fits(siblings)
+    fused = FusedProjection(siblings)
+    for alone, part, module in zip(separate, fused(x), siblings):
+        assert torch.equal(part, alone) and torch.equal(module(x), alone)  # each weight is now a view of the pack
+    assert not FusedProjection.fits([ReplicatedLinear(96, 48), ReplicatedLinear(96, 64)])  # unpacked, a part group

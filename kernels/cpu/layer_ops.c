@@ -73,19 +73,23 @@ void tf_rotary(const void *x, void *out, const void *cos, const void *sin, int64
     }
 }
 
-// out = round(silu(gate)) * up, rounded, elementwise over `count` elements; silu(x) = x / (1 + exp(-x)),
+// out [rows, cols] = round(silu(gate)) * up, rounded, elementwise; gate and up rows start `stride` elements
+// apart (the halves of one fused gate/up output, or two tensors of their own). silu(x) = x / (1 + exp(-x)),
 // with exp taken of -|x| only (x >= 0: x / (1 + e); x < 0: x * e / (1 + e)).
-void tf_silu_mul(const void *gate, const void *up, void *out, int64_t count, int dtype, int threads) {
-    const int64_t chunks = (count + 15) / 16;
-#pragma omp parallel for num_threads(threads) if (chunks >= 4096) schedule(static)
-    for (int64_t c = 0; c < chunks; c++) {
-        const __mmask16 m = tail_mask(count - c * 16);
-        const __m512 g = load16(gate, c * 16, dtype, m);
-        const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-        const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-        const __m512 numerator = _mm512_mask_mul_ps(g, negative, g, e);
-        const __m512 silu = round_to(dtype, _mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
-        store16(out, c * 16, dtype, m, _mm512_mul_ps(silu, load16(up, c * 16, dtype, m)));
+void tf_silu_mul(const void *gate, const void *up, void *out, int64_t rows, int64_t cols, int64_t stride, int dtype,
+                 int threads) {
+    const int64_t chunks = (cols + 15) / 16;
+#pragma omp parallel for num_threads(threads) if (rows * chunks >= 4096) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            const __mmask16 m = tail_mask(cols - c * 16);
+            const __m512 g = load16(gate, r * stride + c * 16, dtype, m);
+            const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+            const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+            const __m512 numerator = _mm512_mask_mul_ps(g, negative, g, e);
+            const __m512 silu = round_to(dtype, _mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+            store16(out, r * cols + c * 16, dtype, m, _mm512_mul_ps(silu, load16(up, r * stride + c * 16, dtype, m)));
+        }
     }
 }
 

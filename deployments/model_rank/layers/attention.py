@@ -10,7 +10,7 @@ from torch import nn
 from kernels import dispatch
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
-from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
+from deployments.model_rank.layers.linear import ColumnParallelLinear, FusedProjection, RowParallelLinear
 from deployments.model_rank.layers.norm import RMSNorm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RotaryEmbedding
@@ -81,6 +81,14 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = rotary
         self.attn = PagedAttention(self.local_heads, self.local_kv_heads, head_dim, head_dim**-0.5)
+        self.qkv: FusedProjection | None = None  # set after packing (layers/packing.py)
+
+    def fuse_projections(self) -> bool:
+        """One GEMM call for q, k and v where their packed weights allow it."""
+        siblings = [self.q_proj, self.k_proj, self.v_proj]
+        if FusedProjection.fits(siblings):
+            self.qkv = FusedProjection(siblings)
+        return self.qkv is not None
 
     def cache_spec(self) -> LayerCacheSpec:
         return self.attn.spec
@@ -90,9 +98,14 @@ class SelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(tokens, self.local_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(hidden).view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(hidden).view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.qkv is not None:  # q and k contiguous for the norm and RoPE kernels; v only goes to the cache
+            q, k, v = self.qkv(hidden)
+            q, k = q.contiguous(), k.contiguous()
+        else:
+            q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        q = q.view(tokens, self.local_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(batch.positions, q, k)

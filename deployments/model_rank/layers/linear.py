@@ -128,3 +128,34 @@ class RowParallelLinear(nn.Module):
             # Added once, after the reduction, so TP ranks do not each add it.
             out = out + self.bias
         return out
+
+
+class FusedProjection:
+    """Sibling projections of one input (q/k/v, gate/up) as one packed weight: one GEMM call streams all of
+    them. Made after packing (layers/packing.py) where every sibling is packed, bias-free and whole groups of
+    the pack's tiles, so the siblings' packs laid end to end are the fused pack, and each sibling's weight
+    becomes a view of its own part (no copy kept). Each output column is the same tile ops either way.
+    """
+
+    def __init__(self, projections: list[nn.Module]) -> None:
+        weights = [p.weight for p in projections]
+        self.sizes = [w.shape[0] for w in weights]
+        self.weight = torch.cat([w.data for w in weights])  # [sum N, K]: the packs end to end
+        self.weight.amx_packed = True
+        for projection, part in zip(projections, self.weight.split(self.sizes)):
+            view = nn.Parameter(part, requires_grad=False)
+            view.amx_packed = True
+            projection.weight = view
+
+    @staticmethod
+    def fits(projections: list[nn.Module]) -> bool:
+        weights = [p.weight for p in projections]
+        return (
+            all(p.bias is None and cpu_gemm.is_packed(w) and w.dim() == 2 for p, w in zip(projections, weights))
+            and len({w.shape[1] for w in weights}) == 1
+            and all(w.shape[0] % cpu_gemm.GROUP_ROWS == 0 for w in weights)
+        )
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x [..., K] -> each sibling's output [..., N_i], as views of one [..., sum N] result."""
+        return list(invariant_linear(x, self.weight).split(self.sizes, dim=-1))

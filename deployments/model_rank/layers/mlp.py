@@ -5,7 +5,7 @@ from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
 from kernels import dispatch
-from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
+from deployments.model_rank.layers.linear import ColumnParallelLinear, FusedProjection, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
@@ -26,6 +26,17 @@ class GatedMLP(nn.Module):
         self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, parallel, bias=bias)
         self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, parallel, bias=bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, parallel, bias=bias, reduce=reduce)
+        self.gate_up: FusedProjection | None = None  # set after packing (layers/packing.py)
+
+    def fuse_projections(self) -> bool:
+        """One GEMM call for gate and up where their packed weights allow it."""
+        if FusedProjection.fits([self.gate_proj, self.up_proj]):
+            self.gate_up = FusedProjection([self.gate_proj, self.up_proj])
+        return self.gate_up is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(dispatch.silu_mul(self.gate_proj(x), self.up_proj(x)))  # [T, H]
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x)  # [T, I] halves of one [T, 2I] output
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(dispatch.silu_mul(gate, up))  # [T, H]

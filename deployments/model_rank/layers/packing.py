@@ -1,4 +1,5 @@
-"""Packing a loaded model's projection weights for the CPU matmul kernel (kernels/cpu_gemm.py), once.
+"""Packing a loaded model's projection weights for the CPU matmul kernel (kernels/cpu_gemm.py), once, and
+fusing sibling projections of one input (layers/linear.py FusedProjection) over the packs.
 
 Only weights that go through `invariant_linear` (and the embedding tied to a packed lm_head, which reads
 rows back out of the pack) are packed; each tensor is packed once even when modules share it.
@@ -40,4 +41,8 @@ def pack_projections(model: nn.Module) -> int:
     for param in model.parameters():  # another Parameter over a packed storage reads it packed too
         if param.data_ptr() in packed:
             param.amx_packed = True
+    for module in model.modules():  # q/k/v and gate/up: one call each where their packs line up
+        fuse = getattr(module, "fuse_projections", None)
+        if fuse is not None:
+            fuse()
     return len(packed)
