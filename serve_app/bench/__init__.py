@@ -25,6 +25,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--decode-tokens", type=int, default=128)
     engine.add_argument("--concurrency", type=int, default=16)
     engine.add_argument("--skip-transformers", action="store_true")
+    engine.add_argument("--draft", default="off", choices=["off", "auto", "mtp", "ngram"],
+                        help="the engine's drafts (default off: plain decode, as transformers' generate runs)")
     engine.add_argument("--backend", default="torch", choices=["torch", "mlx"],
                         help="mlx: measure the MLX rank beside the torch rank, in the same run (needs tensorfold[mlx])")
     engine.add_argument("--profile", action="store_true", help="also print where a step's time goes, by part")
