@@ -1,5 +1,6 @@
-"""The CPU path's native kernels (kernels/cpu/*.c): results near a float64 reference (or torch's own), and every row's bits
-independent of the row count, the other sequences in the step, prefill chunking and the thread count."""
+"""The CPU path's native kernels (kernels/cpu/*.c): results near a float64 reference (or torch's own), and
+every row's bits independent of the row count, the other sequences in the step, prefill chunking and the
+thread count."""
 
 import pytest
 import torch

@@ -1,8 +1,11 @@
 """Keyed sampling: a pure function of (seed, position, logits), with SGLang's cut order."""
 
+import pytest
 import torch
 
-from deployments.model_rank.sampler import derive_seed, draw_token, filtered_distribution, keyed_uniform, sample_rows
+from deployments.model_rank import ranked_draw
+from deployments.model_rank.ranked_draw import filtered_distribution
+from deployments.model_rank.sampler import derive_seed, draw_token, keyed_uniform, sample_rows
 from deployments.step_plan import SeqDraw
 
 
@@ -59,3 +62,28 @@ def test_derived_seed_follows_prompt_and_salt() -> None:
     assert derive_seed([1, 2, 3]) == derive_seed([1, 2, 3])
     assert derive_seed([1, 2, 3]) != derive_seed([1, 2, 4])
     assert derive_seed([1, 2, 3], salt=5) != derive_seed([1, 2, 3])
+
+
+@pytest.mark.parametrize("settings", [
+    dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.5, top_p=0.95, top_k=50),
+    dict(temperature=1.3, min_p=0.05), dict(temperature=1.0, top_k=3000),
+])  # fmt: skip
+def test_the_walk_over_the_head_draws_what_the_whole_order_draws(settings: dict, monkeypatch) -> None:
+    """The draw reads the head of the rank order and widens it while it must: a token never depends on
+    how far it read (flat rows reach deep, peaked ones stop in the head; ties and masked ids included)."""
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for trial in range(24):
+        logits = torch.randn(5000, generator=gen) * (1 + trial % 4)
+        if trial % 2:
+            logits[:30] += 9  # a trained model's head
+        if trial % 3 == 0:
+            logits[100:4000] = float("-inf")  # a grammar mask
+        logits[7:12] = logits[7]  # ties, resolved by lower id
+        rows.append(logits)
+    draws = [_draw(seed=trial, reply_position=trial * 5, **settings) for trial in range(24)]
+    from_head = [draw_token(row, draw) for row, draw in zip(rows, draws)]
+    monkeypatch.setattr(ranked_draw, "CANDIDATES", 5000)
+    assert [draw_token(row, draw) for row, draw in zip(rows, draws)] == from_head
+    kept = [filtered_distribution(row, draw)[0].tolist() for row, draw in zip(rows, draws)]
+    assert all(token in ids for token, ids in zip(from_head, kept))  # drawn from the kept set

@@ -12,6 +12,7 @@ import torch
 
 from kernels import cpu_layer_ops
 
+from deployments.model_rank.ranked_draw import draw_ranked
 from deployments.step_plan import SeqDraw, StepResult
 from deployments.types import LogprobRow, PromptLogprobRow
 
@@ -48,40 +49,12 @@ def derive_seed(prompt_token_ids: list[int], salt: int = 0) -> int:
     return int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1)
 
 
-def filtered_distribution(logits: torch.Tensor, draw: SeqDraw) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kept candidates of one row: (token ids, probabilities) likeliest first, ties by lower id."""
-    scaled = logits.to(torch.float64) / draw.temperature  # [V]
-    if draw.top_k > 0 and draw.top_k < scaled.shape[0]:
-        # topk's order among equal values is unspecified: re-sort the kept set stably.
-        kept = torch.topk(scaled, draw.top_k).indices.sort().values
-        values, order = torch.sort(scaled[kept], descending=True, stable=True)
-        ids = kept[order]
-    else:
-        values, ids = torch.sort(scaled, descending=True, stable=True)
-    probs = torch.softmax(values, dim=0)  # [K] over the top-k survivors
-    if draw.top_p < 1.0:
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        before = torch.cumsum(probs, dim=0) - probs
-        keep = int((before < draw.top_p).sum().item())
-        ids, probs = ids[: max(keep, 1)], probs[: max(keep, 1)]
-    if draw.min_p > 0.0:
-        keep = int((probs >= draw.min_p * probs[0]).sum().item())
-        ids, probs = ids[: max(keep, 1)], probs[: max(keep, 1)]
-    # Grammar-masked tokens sort last with probability 0: never keep them (not even by cdf rounding).
-    alive = max(int((probs > 0).sum().item()), 1)
-    ids, probs = ids[:alive], probs[:alive]
-    return ids, probs / probs.sum()
-
-
 def draw_token(logits: torch.Tensor, draw: SeqDraw) -> int:
-    """One row's token: greedy is the argmax (lowest id on ties); else an inverse-CDF keyed draw."""
+    """One row's token: greedy is the argmax (lowest id on ties); else an inverse-CDF keyed draw over the
+    kept tokens likeliest first (ranked_draw.py)."""
     if draw.temperature <= 0.0:
         return int(torch.argmax(logits).item())
-    ids, probs = filtered_distribution(logits, draw)
-    u = keyed_uniform(draw.seed, draw.reply_position)
-    cdf = torch.cumsum(probs, dim=0)
-    index = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True).item())
-    return int(ids[min(index, ids.shape[0] - 1)].item())
+    return draw_ranked(logits, draw, keyed_uniform(draw.seed, draw.reply_position))
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -24,7 +24,8 @@ void tf_rms_norm(const void *x, const void *residual, const void *weight, void *
         if (residual) {  // summed = round(x + residual), the stream the next sublayer adds to
             for (int64_t c = 0; c < chunks; c++) {
                 const __mmask16 m = tail_mask(hidden - c * 16);
-                const __m512 sum = _mm512_add_ps(load16(x, base + c * 16, dtype, m), load16(residual, base + c * 16, dtype, m));
+                const __m512 sum = _mm512_add_ps(load16(x, base + c * 16, dtype, m),
+                                                 load16(residual, base + c * 16, dtype, m));
                 store16(summed, base + c * 16, dtype, m, sum);
             }
             source = summed;
@@ -55,9 +56,12 @@ void tf_rotary(const void *x, void *out, const void *cos, const void *sin, int64
             for (int64_t i = 0; i < half; i += 16) {
                 const __mmask16 m = tail_mask(half - i);
                 const __m512 lo = load16(x, row + i, dtype, m), hi = load16(x, row + half + i, dtype, m);
-                const __m512 cos_lo = load16(cos, t * rot + i, dtype, m), cos_hi = load16(cos, t * rot + half + i, dtype, m);
-                const __m512 sin_lo = load16(sin, t * rot + i, dtype, m), sin_hi = load16(sin, t * rot + half + i, dtype, m);
-                const __m512 neg_hi = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(hi), _mm512_set1_epi32(INT32_MIN)));
+                const __m512 cos_lo = load16(cos, t * rot + i, dtype, m);
+                const __m512 cos_hi = load16(cos, t * rot + half + i, dtype, m);
+                const __m512 sin_lo = load16(sin, t * rot + i, dtype, m);
+                const __m512 sin_hi = load16(sin, t * rot + half + i, dtype, m);
+                const __m512i sign = _mm512_set1_epi32(INT32_MIN);  // -hi as torch's neg: the sign bit flipped
+                const __m512 neg_hi = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(hi), sign));
                 const __m512 out_lo = _mm512_add_ps(round_to(dtype, _mm512_mul_ps(lo, cos_lo)),
                                                     round_to(dtype, _mm512_mul_ps(neg_hi, sin_lo)));
                 const __m512 out_hi = _mm512_add_ps(round_to(dtype, _mm512_mul_ps(hi, cos_hi)),
@@ -100,7 +104,8 @@ void tf_argmax_rows(const float *x, int64_t rows, int64_t cols, int64_t *out, in
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * cols;
         __m512 best = _mm512_set1_ps(-INFINITY);
-        __m512i where = _mm512_set1_epi32(-1), at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512i where = _mm512_set1_epi32(-1);
+        __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __mmask16 unordered = 0;
         for (int64_t c = 0; c < cols; c += 16) {
             const __mmask16 m = tail_mask(cols - c);

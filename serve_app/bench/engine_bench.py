@@ -155,7 +155,8 @@ def _print_table(args: argparse.Namespace, ours: dict[str, Figures], theirs: Fig
     """One column per engine backend, then transformers, then each backend's ratio to transformers."""
     names = [f"tensorfold {b}" if len(ours) > 1 else "tensorfold" for b in ours]
     ratios = [f"{b}/hf" if len(ours) > 1 else "ratio" for b in ours]
-    print(f"{'figure':34}" + "".join(f" {n:>16}" for n in names) + f" {'transformers':>13}" + "".join(f" {r:>9}" for r in ratios))
+    header = "".join(f" {n:>16}" for n in names) + f" {'transformers':>13}" + "".join(f" {r:>9}" for r in ratios)
+    print(f"{'figure':34}{header}")
     fields = [
         (f"prefill tok/s ({args.prompt_tokens}-token prompt)", "prefill_tps"),
         ("decode tok/s, 1 request", "decode_tps_1"),
