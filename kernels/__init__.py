@@ -6,8 +6,9 @@ online_softmax      the fixed split/tile reduction tree all attention kernels sh
 paged_decode_attention, paged_prefill_attention, attention_torch   paged GQA attention
 mla_decode          MLA over the latent cache with absorbed projections (glm4_moe_lite)
 rmsnorm, rotary, kv_write, moe_routing, fused_moe                  the rest of a decoder layer
-cpu_native, cpu_gemm, cpu_attention   the CPU path's native kernels (cpu/*.c): AMX bf16 matmuls on weights
-                    packed at load, float32 paged attention; fixed per-row order, built on first use
+cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/simd.h):
+                    AMX bf16 matmuls on weights packed at load, float32 paged attention in row tiles,
+                    RMSNorm / RoPE / SiLU*up / greedy argmax; fixed per-row order, built on first use
 checks, _triton     argument checks; Triton import guard (interpreter on CUDA-less machines)
 testing             test helpers (poisoned outputs, float64 references, GPU-faithful interpreter dots)
 compile_check       ahead-of-time sm_80/sm_90 compile of every kernel, no GPU needed
