@@ -79,6 +79,8 @@ def test_the_walk_over_the_head_draws_what_the_whole_order_draws(settings: dict,
             logits[:30] += 9  # a trained model's head
         if trial % 3 == 0:
             logits[100:4000] = float("-inf")  # a grammar mask
+        if trial % 8 == 5:
+            logits[20:] = float("-inf")  # a grammar that allows fewer tokens than the first head holds
         logits[7:12] = logits[7]  # ties, resolved by lower id
         rows.append(logits)
     draws = [_draw(seed=trial, reply_position=trial * 5, **settings) for trial in range(24)]

@@ -42,7 +42,10 @@ class RankedRow:
         if count >= self.scaled.shape[0]:
             return torch.sort(self.scaled, descending=True, stable=True).indices
         kth = torch.topk(self.scaled, count).values[-1]
-        candidates = (self.scaled >= kth).nonzero().squeeze(1)  # ascending ids: ties keep lower ids first
+        keep = self.scaled >= kth
+        if kth == float("-inf"):  # a grammar allows fewer tokens than `count`: the head is those (no sort)
+            keep &= self.scaled > kth
+        candidates = keep.nonzero().squeeze(1)  # ascending ids: ties keep lower ids first
         order = torch.sort(self.scaled[candidates], descending=True, stable=True).indices
         return candidates[order][:count]
 
@@ -72,7 +75,8 @@ class KeptHead:
 def kept_head(ids: torch.Tensor, probs: torch.Tensor, complete: bool, draw: SeqDraw) -> KeptHead:
     """Top-p (the smallest prefix whose mass reaches it; the first token always stays), then min-p
     (relative to the likeliest), then only tokens of non-zero probability (grammar-masked ones have none).
-    Each keeps a prefix of the rank order, so a cut inside this prefix is where the set ends for any longer one."""
+    Each keeps a prefix of the rank order, so a cut inside this prefix is where the set ends for any
+    longer one."""
     head = KeptHead(ids, probs, probs.shape[0], complete, False)
     if draw.top_p < 1.0:
         before = torch.cumsum(probs, dim=0) - probs

@@ -67,17 +67,13 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return flat[:vocab_size]
 
 
-def mask_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> torch.Tensor:
-    """Disallowed tokens of each constrained row get -inf (a copy; unconstrained rows are untouched)."""
-    constrained = [i for i, d in enumerate(draws) if d.allowed is not None]
-    if not constrained:
-        return logits
-    masked = logits.clone()
-    for row in constrained:
-        allowed = unpack_bitmask(draws[row].allowed, logits.shape[-1])  # type: ignore[arg-type]
-        if bool(allowed.any()):  # a dead end allows nothing: draw freely, the matcher refuses it, that request ends
-            masked[row].masked_fill_(~allowed, float("-inf"))
-    return masked
+def allowed_ids(draw: SeqDraw, vocab_size: int) -> torch.Tensor | None:
+    """The ids a constrained row may draw, ascending (None: unconstrained, or a dead end that allows
+    nothing, which draws freely; the matcher then refuses the token and ends that request)."""
+    if draw.allowed is None:
+        return None
+    ids = unpack_bitmask(draw.allowed, vocab_size).nonzero().squeeze(1)
+    return ids if ids.shape[0] else None
 
 
 def logprob_row(logits: torch.Tensor, token: int, top: int) -> LogprobRow:
@@ -129,7 +125,7 @@ def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
     Each row's token depends only on its own (masked) logits, seed and position; logprob rows and scores
     describe the unmasked logits, so they are the same whatever the sampling settings.
     """
-    tokens = _draw_tokens(mask_rows(logits, draws), draws)
+    tokens = _draw_tokens(logits, draws)
     results = [StepResult(token=t) for t in tokens]
     for row, draw in enumerate(draws):
         if draw.want_logprobs is not None:
@@ -140,17 +136,23 @@ def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
 
 
 def _draw_tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
-    greedy_rows = [i for i, d in enumerate(draws) if d.temperature <= 0.0]
+    """Each row's token. A constrained row draws among its allowed ids only (ascending, so ties still go
+    to the lower id): the same token as over a row with -inf everywhere else, without touching those."""
     tokens: list[int] = [0] * len(draws)
-    if greedy_rows:
+    free_greedy = [i for i, d in enumerate(draws) if d.temperature <= 0.0 and d.allowed is None]
+    if free_greedy:
         # Every row greedy (the common batch): argmax in place, without gathering a [R, V] copy first.
-        rows = logits if len(greedy_rows) == len(draws) else logits[greedy_rows]
-        argmax = _argmax_rows(rows)
-        for row, token in zip(greedy_rows, argmax):
+        rows = logits if len(free_greedy) == len(draws) else logits[free_greedy]
+        for row, token in zip(free_greedy, _argmax_rows(rows)):
             tokens[row] = int(token)
     for row, draw in enumerate(draws):
-        if draw.temperature > 0.0:
+        if draw.temperature <= 0.0 and draw.allowed is None:
+            continue
+        ids = allowed_ids(draw, logits.shape[-1])
+        if ids is None:
             tokens[row] = draw_token(logits[row], draw)
+        else:
+            tokens[row] = int(ids[draw_token(logits[row][ids], draw)].item())
     return tokens
 
 
