@@ -79,11 +79,7 @@ def allowed_ids(draw: SeqDraw, vocab_size: int) -> torch.Tensor | None:
 def logprob_row(logits: torch.Tensor, token: int, top: int) -> LogprobRow:
     """The raw distribution at temperature 1 (float64 log-softmax); alternatives likeliest first, ties by id."""
     logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    alternatives: list[tuple[int, float]] = []
-    if top > 0:
-        values, ids = torch.sort(logprobs, descending=True, stable=True)
-        alternatives = [(int(i), float(v)) for i, v in zip(ids[:top].tolist(), values[:top].tolist())]
-    return LogprobRow(token_id=token, logprob=float(logprobs[token].item()), top=alternatives)
+    return LogprobRow(token_id=token, logprob=float(logprobs[token].item()), top=best_tokens(logprobs, top))
 
 
 def score_row(logits: torch.Tensor, ids: list[int]) -> list[float]:
