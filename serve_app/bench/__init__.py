@@ -25,6 +25,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--decode-tokens", type=int, default=128)
     engine.add_argument("--concurrency", type=int, default=16)
     engine.add_argument("--skip-transformers", action="store_true")
+    engine.add_argument("--temperature", type=float, default=0.0,
+                        help="sample every reply token at this temperature on both sides (default 0: greedy)")
     engine.add_argument("--draft", default="off", choices=["off", "auto", "mtp", "ngram"],
                         help="the engine's drafts (default off: plain decode, as transformers' generate runs)")
     engine.add_argument("--backend", default="torch", choices=["torch", "mlx"],

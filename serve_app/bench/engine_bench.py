@@ -1,9 +1,9 @@
 """`tensorfold bench engine`: our engine against transformers' generate on one checkpoint, in one run.
 
 Reports prefill tokens/s (the fastest of a few distinct prompts), decode tokens/s at 1 and N concurrent
-requests (plain decode unless --draft, as generate runs), and batch-1 decode as a fraction of the
-memory-bandwidth roofline (weight bytes read per token over a measured read bandwidth). `--backend mlx`
-adds the MLX rank's column beside the torch rank's.
+requests (plain decode unless --draft, as generate runs; greedy unless --temperature), and batch-1 decode
+as a fraction of the memory-bandwidth roofline (weight bytes read per token over a measured read
+bandwidth). `--backend mlx` adds the MLX rank's column beside the torch rank's.
 """
 
 import argparse
@@ -47,22 +47,24 @@ def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
     return [torch.randint(10, vocab - 10, (length,), generator=generator).tolist() for _ in range(count)]
 
 
-def add_greedy_requests(engine: Engine, prompts: list[list[int]], max_tokens: int) -> None:
-    """One greedy request per prompt that writes exactly `max_tokens` tokens."""
+def add_requests(engine: Engine, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0) -> None:
+    """One request per prompt that writes exactly `max_tokens` tokens: greedy, or sampled at `temperature`
+    over the whole vocabulary (no top-k or top-p)."""
     for i, prompt in enumerate(prompts):
         engine.add_request(
             EngineRequest(
                 request_id=f"bench-{time.monotonic_ns()}-{i}",
                 prompt_token_ids=prompt,
-                sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+                sampling=SamplingParams(temperature=temperature, seed=i, ignore_eos=True),
                 max_tokens=max_tokens,
             )
         )
 
 
-def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int) -> Figures:
+def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int,
+                    temperature: float) -> Figures:  # fmt: skip
     def run(batch: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
-        add_greedy_requests(engine, batch, max_tokens)
+        add_requests(engine, batch, max_tokens, temperature)
         prefill = decode = 0.0
         decoded = 0
         while engine.has_work():
@@ -84,18 +86,21 @@ def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int
     return Figures(len(prompts[0]) / prefill, decode_1, decoded / decode)
 
 
-def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[list[int]], decode_tokens: int, concurrency: int) -> Figures:
+def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[list[int]], decode_tokens: int,
+                          concurrency: int, temperature: float) -> Figures:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
     model.eval()
+    # The same draw as ours: greedy, or the whole vocabulary at `temperature` (generate's top-k 50 off).
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}
 
     def generate(batch: list[list[int]], new_tokens: int) -> float:
         ids = torch.tensor(batch)
         start = time.perf_counter()
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                           min_new_tokens=new_tokens, pad_token_id=0, **({"do_sample": False} | sampling))
         return time.perf_counter() - start
 
     generate([prompts[0][:16]], 2)  # warm-up
@@ -120,7 +125,7 @@ def _engine_run(checkpoint: Path, backend: str, args: argparse.Namespace) -> tup
     try:
         vocab = engine.runner_info.vocab_size
         prompts = _prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, vocab)
-        figures = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency)
+        figures = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency, args.temperature)
         if args.profile and backend == "torch":
             _print_profile(engine, vocab, args.concurrency)
         return figures, engine.runner_info
@@ -140,12 +145,13 @@ def run(args: argparse.Namespace) -> int:
         weight_bytes, model_dtype = info.weight_bytes, getattr(torch, info.dtype)
         prompts = _prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, info.vocab_size)
         theirs = None if args.skip_transformers else _transformers_figures(
-            checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency
+            checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency, args.temperature
         )
     bandwidth = measure_read_bandwidth()
     roofline = bandwidth / weight_bytes
     print(f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
-          f"{torch.get_num_threads()}  drafts {args.draft}  read bandwidth {bandwidth / 1e9:.1f} GB/s  "
+          f"{torch.get_num_threads()}  drafts {args.draft}  temperature {args.temperature}  "
+          f"read bandwidth {bandwidth / 1e9:.1f} GB/s  "
           f"roofline {roofline:.1f} tok/s")
     _print_table(args, ours, theirs, roofline)
     return 0

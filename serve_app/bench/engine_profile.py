@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.scheduler.engine import Engine
-from serve_app.bench.engine_bench import add_greedy_requests
+from serve_app.bench.engine_bench import add_requests
 
 # (category, module path, attribute): every call of module.attribute is charged to category.
 TIMED: list[tuple[str, str, str]] = [
@@ -105,7 +105,7 @@ def profile_steps(engine: Engine, prompts: list[list[int]], kind: str, count: in
     """Time up to `rounds` steps of `kind` ("decode" or "prefill") with `count` sequences in flight."""
     times, current = StepTimes(), StepTimes()
     with instrumented(engine, current):
-        add_greedy_requests(engine, prompts[:count], max_tokens=rounds + 2 if kind == "decode" else 1)
+        add_requests(engine, prompts[:count], max_tokens=rounds + 2 if kind == "decode" else 1)
         while engine.has_work():
             current.parts.clear()
             current.execute = 0.0
