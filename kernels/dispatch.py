@@ -1,6 +1,7 @@
 """What the model layers call: each function takes the arguments of the torch code it replaces and runs
-the Triton kernel when its tensors are on CUDA (and Triton imports), else the plain-torch path, which
-computes exactly what the layers computed before (so CPU results keep their bits).
+the Triton kernel when its tensors are on CUDA (and Triton imports), else the CPU's native kernel where one
+takes the call (kernels/cpu_*.py: batch-invariant, RoPE and argmax with torch's bits), else the plain-torch
+path, which computes exactly what the layers computed before.
 
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
 GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests).
@@ -14,9 +15,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels import (
-    attention_torch, cpu_attention, cpu_layer_ops, cpu_native, fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary,
-)  # fmt: skip
+from kernels import attention_torch, cpu_attention, cpu_layer_ops, cpu_native, fused_moe, kv_write, mla_decode
+from kernels import moe_routing, rmsnorm, rotary
 from kernels._triton import HAS_TRITON
 from kernels.activation import silu
 from kernels.paged_decode_attention import paged_decode_attention
