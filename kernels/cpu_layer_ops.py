@@ -13,6 +13,7 @@ import weakref
 import torch
 
 from kernels import cpu_native
+from kernels.rotary import cos_sin
 from kernels.cpu_attention import DTYPE_CODES
 
 NARROW = (torch.bfloat16, torch.float16)  # where RMSNorm and SiLU run natively
@@ -100,13 +101,11 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
 def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """torch's cos/sin table [T, rot] for these positions, computed once per step for all the layers."""
-    from kernels.rotary import _cos_sin as torch_cos_sin
-
     if _COS_SIN:
         owner, freqs, scale, kind, table = _COS_SIN[0]
         if owner() is positions and freqs is inv_freq and scale == scaling and kind == dtype:
             return table
-    cos, sin = torch_cos_sin(positions, inv_freq, scaling, dtype)  # [T, 1, rot]
+    cos, sin = cos_sin(positions, inv_freq, scaling, dtype)  # [T, 1, rot]
     table = (cos[:, 0].contiguous(), sin[:, 0].contiguous())
     _COS_SIN[:] = [(weakref.ref(positions), inv_freq, scaling, dtype, table)]
     return table

@@ -74,7 +74,7 @@ def _rotary_kernel(
                   HALF, HEAD_DIM, INTERLEAVED, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)  # fmt: skip
 
 
-def _cos_sin(
+def cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = positions[:, None].float() * inv_freq.to(positions.device)  # [T, rot/2]
@@ -106,7 +106,7 @@ def rotary_torch(
     interleaved: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """layers/rotary.py's RotaryEmbedding.forward: q [T, Hq, D], k [T, Hk, D] -> rotated copies."""
-    cos, sin = _cos_sin(positions, inv_freq, attention_scaling, q.dtype)
+    cos, sin = cos_sin(positions, inv_freq, attention_scaling, q.dtype)
     return _rotate_torch(q, cos, sin, interleaved), _rotate_torch(k, cos, sin, interleaved)
 
 

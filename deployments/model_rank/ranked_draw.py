@@ -97,7 +97,9 @@ def draw_ranked(logits: torch.Tensor, draw: SeqDraw, u: float) -> int:
     """The token whose cumulative kept probability first passes u times the kept mass."""
     ranked = RankedRow(logits, draw.temperature, draw.top_k)
     settings_cut = draw.top_p < 1.0 or draw.min_p > 0.0  # the kept mass is known once their cut is seen
-    needed = u if not settings_cut else draw.top_p if draw.min_p <= 0.0 else 0.0  # the mass the walk must see
+    needed = u  # the mass the walk must see before it can stop (min-p's cut is found by reading, not by mass)
+    if settings_cut:
+        needed = draw.top_p if draw.min_p <= 0.0 else 0.0
     likeliest = float(1.0 / ranked.total)  # no head of n tokens holds more than n times the top token's mass
     count = CANDIDATES if CANDIDATES * WIDEN * likeliest >= needed else ranked.limit
     while True:

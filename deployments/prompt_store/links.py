@@ -19,6 +19,9 @@ class LocalStoreLink(PromptStoreActor):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config.learn_dir, store_caps(config))
 
+    def flush(self, timeout_s: float) -> None:
+        """Writes here are done when `write` returns."""
+
 
 class ActorStoreLink:
     """This node's PromptStore actor; writes are sent without waiting, and awaited only at shutdown."""

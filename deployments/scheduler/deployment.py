@@ -65,7 +65,7 @@ def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
         driver = EngineProcess(config)
     else:
         link = ActorStoreLink(config) if config.learning else None
-        driver = EngineLoop(Engine(config, link), link)
+        driver = EngineLoop(Engine(config, link))
     driver.start()
     return driver
 

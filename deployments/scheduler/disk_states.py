@@ -33,6 +33,8 @@ class StoreLink(Protocol):
 
     def write(self, piece: PieceWrite) -> None: ...  # never waits for the disk
 
+    def flush(self, timeout_s: float) -> None: ...  # waits (up to timeout_s) for the writes sent so far
+
     def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None: ...
 
     def delete_set(self, set_id: str) -> int: ...

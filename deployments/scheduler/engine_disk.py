@@ -11,6 +11,7 @@ from deployments.model_rank.runner import RunnerInfo
 from deployments.config import EngineConfig
 from deployments.prefix_hashes import PromptHashes
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
+from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.scheduler.disk_states import DiskStates, StoreLink
 from deployments.scheduler.kv_blocks import BlockManager
 from deployments.types import EngineRequest, ImprintAnswer, ImprintQuery
@@ -57,10 +58,13 @@ class EngineDisk:
         return self.disk is not None and (self.disk.has_writes() or self.disk.stats_stale)
 
     def finish_writes(self) -> None:
-        """A planned stop writes what is waiting, within STOP_WRITES_S."""
+        """A planned stop writes what is waiting, within STOP_WRITES_S, then waits for the store to have them
+        (writes are sent without waiting: the process must not exit before the store has read them)."""
         deadline = time.monotonic() + STOP_WRITES_S
         while self.has_idle_work() and time.monotonic() < deadline:
             self.idle_work()
+        if self.disk is not None:
+            self.disk.link.flush(STORE_FLUSH_S)
 
     def idle_work(self) -> None:
         if self.disk is None:

@@ -9,7 +9,6 @@ import logging
 import threading
 
 from deployments.prefix_hashes import PrefixDigest
-from deployments.prompt_store.links import STORE_FLUSH_S, ActorStoreLink
 from deployments.scheduler.engine import ENGINE_CALLS, Engine, EngineInfo
 from deployments.scheduler.memory_report import ReplicaMemory, memory_figures_of, replica_memory
 from deployments.scheduler.stream_hub import StreamHub
@@ -19,10 +18,9 @@ log = logging.getLogger("tensorfold.engine")
 
 
 class EngineLoop(StreamHub):
-    def __init__(self, engine: Engine, store: ActorStoreLink | None = None) -> None:
+    def __init__(self, engine: Engine) -> None:
         super().__init__(engine.config)
         self.engine = engine
-        self._store = store  # the node's store actor, whose writes in flight a planned stop waits for
         self._wake = threading.Condition(self._lock)
         self._adds: list[EngineRequest] = []
         self._aborts: list[str] = []
@@ -40,8 +38,6 @@ class EngineLoop(StreamHub):
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout=30)
-        if self._store is not None:  # writes are sent without waiting: the replica must not exit before them
-            self._store.flush(STORE_FLUSH_S)
         self.engine.shutdown()
 
     def alive(self) -> bool:
@@ -120,7 +116,7 @@ class EngineLoop(StreamHub):
             self.deliver_chunks(chunks)
             if failed:
                 self.fail_all("internal engine error")
-        self.engine.finish_writes()  # a planned stop writes what is waiting
+        self.engine.finish_writes()  # a planned stop writes what is waiting, and waits for the store to have it
         self.fail_all("the server is shutting down")
 
     def _add(self, request: EngineRequest) -> None:

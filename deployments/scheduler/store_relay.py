@@ -57,6 +57,9 @@ class RelayStoreLink:
     def write(self, piece: PieceWrite) -> None:
         self._conn.send(StoreCall(NO_REPLY, "write", (piece,)))
 
+    def flush(self, timeout_s: float) -> None:
+        """The parent relays the writes to the actor and waits for them as it stops (EngineProcess.shutdown)."""
+
     def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
         try:
             return self._call("read", set_id, hashes)  # type: ignore[return-value]
