@@ -63,3 +63,7 @@ class EngineConfig(BaseModel):
     @property
     def learning(self) -> bool:
         return self.learn or self.learn_conversations
+
+
+class StartupError(ValueError):
+    """The engine cannot open (too little memory, bad settings); the message says what to change."""

@@ -13,8 +13,8 @@ import weakref
 import torch
 
 from kernels import cpu_native
-from kernels.rotary import cos_sin
 from kernels.cpu_attention import DTYPE_CODES
+from kernels.rotary import cos_sin
 
 NARROW = (torch.bfloat16, torch.float16)  # where RMSNorm and SiLU run natively
 _COS_SIN: list[tuple[weakref.ref, torch.Tensor, float, torch.dtype, tuple[torch.Tensor, torch.Tensor]]] = []

@@ -15,8 +15,18 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kernels import attention_torch, cpu_attention, cpu_layer_ops, cpu_native, fused_moe, kv_write, mla_decode
-from kernels import moe_routing, rmsnorm, rotary
+from kernels import (
+    attention_torch,
+    cpu_attention,
+    cpu_layer_ops,
+    cpu_native,
+    fused_moe,
+    kv_write,
+    mla_decode,
+    moe_routing,
+    rmsnorm,
+    rotary,
+)
 from kernels._triton import HAS_TRITON
 from kernels.activation import silu
 from kernels.paged_decode_attention import paged_decode_attention

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.activation import silu
 from kernels._triton import cdiv, dot_precision, jit, next_pow2, tl
+from kernels.activation import silu
 from kernels.checks import (
     FLOAT_DTYPES,
     check_device,

@@ -8,8 +8,8 @@ normalised, times routed_scaling_factor. Ties pick the lower expert id.
 
 import torch
 
-from kernels.activation import sigmoid
 from kernels._triton import jit, next_pow2, tl
+from kernels.activation import sigmoid
 from kernels.checks import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_last_contiguous, output_buffer
 
 

@@ -23,24 +23,24 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
+from deployments.chat_format.rendering import RendererOptions
+from deployments.chat_format.template_file import load_template_file
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.deployment import Ingress
-from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
-from deployments.ingress.keys import auth_settings  # digests only: replica args show in Ray's dashboard
-from deployments.ingress.responses.store_deployment import ResponseStoreDeployment
+from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
+from deployments.ingress.http.keys import auth_settings  # digests only: replica args show in Ray's dashboard
 from deployments.model_rank.backend import resolve_backend
 from deployments.renderer.deployment import Renderer
-from deployments.renderer.prompt_renderer import RendererOptions
-from deployments.renderer.template_file import load_template_file
+from deployments.response_store.deployment import ResponseStoreDeployment
+from deployments.routing.request_router import PrefixAffinityRouter
 from deployments.scheduler.deployment import Scheduler
-from deployments.scheduler.request_router import PrefixAffinityRouter
 from serve_app.args import AppArgs
 from serve_app.serve_env import direct_ingress_env, replica_env
 
 log = logging.getLogger("tensorfold.app")
 STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
 # Serve's per-call access line is off: Ingress logs every request itself (method, path, status, key label,
-# time: deployments/ingress/auth.py) and its finish line, and the internal calls' lines were only noise,
+# time: deployments/ingress/http/auth.py) and its finish line, and the internal calls' lines were only noise,
 # at a log record's cost on every request and stream.
 QUIET = LoggingConfig(enable_access_log=False)
 
@@ -90,7 +90,7 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
 
 
 def affinity_router_config(args: AppArgs) -> RequestRouterConfig:
-    """The Scheduler's request router: prefix affinity with balance (deployments/scheduler/request_router.py)."""
+    """The Scheduler's request router: prefix affinity with balance (deployments/routing/request_router.py)."""
     kwargs = {"block_size": args.block_size, "balance_abs": args.routing_balance_abs, "balance_rel": args.routing_balance_rel,
               "min_match": args.routing_min_match, "stats_period_s": args.routing_stats_period_s}  # fmt: skip
     return RequestRouterConfig(request_router_class=PrefixAffinityRouter, request_router_kwargs=kwargs,

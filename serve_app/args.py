@@ -53,7 +53,7 @@ class AppArgs(BaseModel):
     # have the settings too: configs/glm.yaml's controller_options, or `tensorfold serve`), or Serve's proxy.
     http_entry: Literal["ingress", "proxy"] = "proxy"
 
-    # Keys (deployments.ingress.keys): added to TENSORFOLD_API_KEY's; prefer a 0600 api_key_file.
+    # Keys (deployments.ingress.http.keys): added to TENSORFOLD_API_KEY's; prefer a 0600 api_key_file.
     api_keys: list[str] = Field(default_factory=list, repr=False)  # never printed with the args
     api_key_file: str | None = None
     metrics_open: bool = False  # /metrics and /v1/metrics without a key
@@ -77,7 +77,7 @@ class AppArgs(BaseModel):
     stream_events_per_second: float = Field(default=STREAM_EVENTS_PER_SECOND, ge=0.0)
     engine_process: bool = True
     engine_threads: int | None = Field(default=None, ge=1)  # None: the node's cores less Ingress's and the Renderer's
-    # Drafts (deployments/scheduler/drafts.py): auto = the checkpoint's MTP layer, else n-gram prompt lookup.
+    # Drafts (deployments/scheduler/engine/drafts.py): auto = the checkpoint's MTP layer, else n-gram prompt lookup.
     # Replies are the same as `draft: false` ones, token for token; draft_tokens caps drafts per round.
     draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
     draft_tokens: int | None = Field(default=None, ge=1, le=16)
@@ -92,7 +92,7 @@ class AppArgs(BaseModel):
     learn_min_free_gib: float = Field(default=4.0, ge=0.0)  # past it, states stay in RAM only
     learn_daily_gib: float = Field(default=32.0, gt=0.0)  # written per day; past it, states stay in RAM only
 
-    # Chat rendering and thinking (deployments.renderer, deployments.scheduler.thinking).
+    # Chat rendering and thinking (deployments.renderer, deployments.scheduler.engine.thinking).
     chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     thinking_budget: int = Field(default=0, ge=0)  # requests without a budget get this one; 0 = none
@@ -103,7 +103,7 @@ class AppArgs(BaseModel):
     data_parallel_size: int = Field(default=1, ge=1)
     placement_strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK"
     max_ongoing_requests: int = Field(default=1024, ge=1)  # per Ingress/Scheduler replica: queue in the engine
-    # Which replica a request goes to (deployments.scheduler.affinity): "affinity" = the one holding the
+    # Which replica a request goes to (deployments.routing.affinity): "affinity" = the one holding the
     # longest cached prefix of its prompt, unless its queue leads the least loaded one's by more than
     # routing_balance_abs requests and routing_balance_rel times; "serve" = Serve's power of two choices;
     # "auto" = affinity when data_parallel_size > 1.

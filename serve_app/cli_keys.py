@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
 def run(namespace: argparse.Namespace) -> int:
     import ray
 
-    from deployments.ingress.key_store import request_reload
+    from deployments.ingress.http.key_store import request_reload
 
     ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), namespace="serve", log_to_driver=False)
     try:

@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.ingress.keys import ENV_VAR as API_KEY_ENV
-from deployments.ingress.keys import auth_settings
+from deployments.config import StartupError
+from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
+from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
-from deployments.scheduler.memory import StartupError
 from serve_app.args import AppArgs
 from serve_app.launch import HTTP_ENTRIES, HttpEntry
 from serve_app.listen_checks import exposure_warning, port_taken, raise_open_file_limit
@@ -207,7 +207,7 @@ def serve_blocking(args: AppArgs, entry: HttpEntry = "ingress") -> int:
 
 
 def _reload_keys() -> None:
-    from deployments.ingress.key_store import request_reload
+    from deployments.ingress.http.key_store import request_reload
 
     try:
         for outcome in request_reload(APP_NAME):

@@ -35,6 +35,13 @@ def build_glm_checkpoint(out_dir: Path, *, seed: int = 0, corpus: list[str] | No
     return out_dir
 
 
+def end_token_checkpoint(out_dir: Path) -> Path:
+    """A random GLM checkpoint whose end token is the tokenizer's."""
+    from serve_app.fixtures.tokenizer_builder import use_tokenizer_end_token
+
+    return use_tokenizer_end_token(build_glm_checkpoint(out_dir))
+
+
 @pytest.fixture(scope="session")
 def random_glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_glm_checkpoint(tmp_path_factory.mktemp("random-glm"))
@@ -60,7 +67,7 @@ def ray_cluster() -> Iterator[None]:
     from serve_app.serve_env import cluster_runtime_env
 
     # Serve's data-path settings reach its controller and proxy from the job; the apps are reached through
-    # Serve's proxy, as under `serve run` (tests/test_cli_serve_e2e.py runs `tensorfold serve`'s direct path).
+    # Serve's proxy, as under `serve run` (tests/e2e/test_cli_serve_e2e.py runs `tensorfold serve`'s direct path).
     ray.init(num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False,
              runtime_env=cluster_runtime_env())  # fmt: skip
     yield
@@ -86,7 +93,7 @@ GLM_APP = "e2e-glm"
 @pytest.fixture(scope="session")
 def glm_base_url(serve_url: str, served_model: str) -> Iterator[str]:
     """configs/glm.yaml serving tiny-glm (aliases `glm`), deployed once for every module that uses it."""
-    from tests.serve_harness import delete_apps, deploy_apps, load_app_config
+    from tests.support.serve_harness import delete_apps, deploy_apps, load_app_config
 
     deploy_apps([load_app_config("glm.yaml", GLM_APP, "/glm", model=served_model, name="tiny", aliases=["glm"])])
     yield f"{serve_url}/glm"

@@ -11,12 +11,12 @@ from typing import Protocol
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from deployments.ingress.responses.store import StoredResponse
-from deployments.renderer.deployment import RenderRefusal
-from deployments.renderer.prompt_renderer import ChatRenderRequest, RenderedPrompt, TokenizerCard
-from deployments.scheduler.memory_report import ReplicaMemory
-from deployments.scheduler.wire import ReplicaStatus, UpstreamItem
-from deployments.types import EngineRequest, ImprintAnswer, ImprintQuery
+from deployments.messages.memory import ReplicaMemory
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, TokenizerCard
+from deployments.messages.replies import ImprintAnswer
+from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.messages.responses import StoredResponse
+from deployments.messages.status import ReplicaStatus, UpstreamItem
 
 log = logging.getLogger("tensorfold.ingress")
 STATUS_TIMEOUT_S = 5.0

@@ -6,11 +6,11 @@ from importlib import metadata
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.ingress.backend import Backend
-from deployments.ingress.errors import APIError
-from deployments.ingress.keys import AuthSettings
-from deployments.ingress.limits import DEFAULT_MAX_BODY_BYTES
+from deployments.ingress.http.errors import APIError
+from deployments.ingress.http.keys import AuthSettings
+from deployments.ingress.http.limits import DEFAULT_MAX_BODY_BYTES
 from deployments.ingress.readiness import Readiness
-from deployments.scheduler.wire import ReplicaStatus
+from deployments.messages.status import ReplicaStatus
 
 DEFAULT_READY_WAIT_S = 60.0
 

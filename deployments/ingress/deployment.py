@@ -8,10 +8,10 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.ingress.api import build_api
+from deployments.ingress.app import build_api
 from deployments.ingress.backend import GraphBackend
 from deployments.ingress.context import IngressSettings
-from deployments.ingress.key_store import KeyStore
+from deployments.ingress.http.key_store import KeyStore
 from deployments.log_setup import configure_logging
 
 

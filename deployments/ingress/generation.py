@@ -13,12 +13,13 @@ from collections.abc import AsyncIterator
 from typing import NoReturn
 
 from deployments.ingress.backend import Backend, Upstream
-from deployments.ingress.errors import bad_request, context_error, server_error
-from deployments.ingress.finish_log import log_ended, log_finished
+from deployments.ingress.http.errors import bad_request, context_error, server_error
+from deployments.ingress.http.finish_log import log_ended, log_finished
 from deployments.ingress.usage import ReplySummary, summarise
-from deployments.renderer.prompt_renderer import ReplyFormat
-from deployments.scheduler.wire import ContextRefusal, InvalidPrompt, UpstreamItem
-from deployments.types import EngineChunk, EngineRequest, FinishReason
+from deployments.messages.render import ReplyFormat
+from deployments.messages.replies import EngineChunk, FinishReason
+from deployments.messages.requests import EngineRequest
+from deployments.messages.status import ContextRefusal, InvalidPrompt, UpstreamItem
 
 log = logging.getLogger("tensorfold.ingress")
 END_READ_TIMEOUT_S = 5.0

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 from deployments.ingress.backend import Backend
-from deployments.scheduler.wire import ReplicaStatus
+from deployments.messages.status import ReplicaStatus
 
 POLL_S = 0.2  # between status calls while waiting: a request starts within this of the engine's readiness
 

@@ -10,13 +10,13 @@ import json
 from typing import Any
 
 from deployments.ingress.backend import Backend
-from deployments.ingress.echo import EchoedPrompt
-from deployments.ingress.errors import bad_request
 from deployments.ingress.generation import Generation
-from deployments.ingress.logprobs import LogprobFramer, chat_logprobs, completion_logprobs, refuse_combinations
-from deployments.ingress.openai_models import offered_tools
-from deployments.renderer.prompt_renderer import ReplyFormat
-from deployments.types import GrammarSpec
+from deployments.ingress.http.errors import bad_request
+from deployments.ingress.openai.echo import EchoedPrompt
+from deployments.ingress.openai.logprobs import LogprobFramer, chat_logprobs, completion_logprobs, refuse_combinations
+from deployments.ingress.openai.models import offered_tools
+from deployments.messages.render import ReplyFormat
+from deployments.messages.requests import GrammarSpec
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _STRUCTURED_KEYS = ("json", "json_object", "regex", "choice", "grammar")
@@ -150,7 +150,7 @@ def forced_tool_grammar(body: dict[str, Any], reply: ReplyFormat) -> GrammarSpec
     if not tools:
         what = "the named function is not among the tools" if isinstance(choice, dict) else "no tools are given"
         raise bad_request(f"tool_choice: {what}", "tool_choice")
-    from deployments.ingress.tool_grammar import forced_call_ebnf  # imports xgrammar (see check_compiles)
+    from deployments.chat_format.forced_calls import forced_call_ebnf  # imports xgrammar (see check_compiles)
 
     try:
         source = forced_call_ebnf(tools, reply.tool_format, parallel=body.get("parallel_tool_calls") is not False)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.ingress.errors import APIError, bad_request
+from deployments.ingress.http.errors import APIError, bad_request
 
 NAME_CHARS = re.compile(r"[a-zA-Z0-9_-]+")
 

@@ -12,8 +12,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.renderer.prompt_renderer import ReplyFormat
-from deployments.types import RequestStats, SamplingParams
+from deployments.messages.render import ReplyFormat
+from deployments.messages.replies import RequestStats
+from deployments.messages.requests import SamplingParams
 
 
 def token_sha(token_ids: list[int]) -> str:

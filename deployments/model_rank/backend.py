@@ -4,8 +4,7 @@ import importlib.util
 import platform
 import sys
 
-from deployments.config import EngineConfig
-from deployments.scheduler.memory import StartupError
+from deployments.config import EngineConfig, StartupError
 
 MLX_INSTALL = "pip install 'tensorfold[mlx]'"
 

@@ -9,10 +9,10 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import EngineConfig
+from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
 from deployments.model_rank.threads import use_engine_threads
-from deployments.step_plan import StepOutput, StepPlan
 
 
 class ModelRank:

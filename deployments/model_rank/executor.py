@@ -11,11 +11,11 @@ from typing import Protocol
 import numpy as np
 
 from deployments.config import EngineConfig
+from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.backend import resolve_backend
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
 from deployments.model_rank.threads import use_engine_threads
-from deployments.step_plan import StepOutput, StepPlan
 
 
 class Executor(Protocol):

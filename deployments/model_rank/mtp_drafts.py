@@ -12,8 +12,8 @@ The bookkeeping here is plain Python over the step's host rows; each backend (to
 import time
 from typing import Any, Protocol
 
+from deployments.messages.step import MtpWork, Proposal, SeqStep, StepPlan, StepResult
 from deployments.model_rank.step_rows import StepRows
-from deployments.step_plan import MtpWork, Proposal, SeqStep, StepPlan, StepResult
 
 
 class MtpOps(Protocol):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deployments.step_plan import SeqDraw
+from deployments.messages.step import SeqDraw
 
 CANDIDATES = 64  # the head of the rank order read first; a trained model's mass is nearly all there
 WIDEN = 16  # how much a head that is too short grows, once; past that the whole order is sorted

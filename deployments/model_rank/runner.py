@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deployments.messages.replies import PromptLogprobRow
+from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.sampler import sample_rows
 from deployments.model_rank.step_rows import StepRows, prompt_logprob_rows, step_rows
-from deployments.step_plan import StepOutput, StepPlan
-from deployments.types import PromptLogprobRow
 
 
 @dataclass

@@ -10,11 +10,10 @@ import os
 
 import torch
 
-from kernels import cpu_layer_ops
-
+from deployments.messages.replies import LogprobRow, PromptLogprobRow
+from deployments.messages.step import SeqDraw, StepResult
 from deployments.model_rank.ranked_draw import draw_ranked
-from deployments.step_plan import SeqDraw, StepResult
-from deployments.types import LogprobRow, PromptLogprobRow
+from kernels import cpu_layer_ops
 
 _MASK64 = (1 << 64) - 1
 

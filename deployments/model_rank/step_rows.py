@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from deployments.messages.replies import PromptLogprobRow
+from deployments.messages.step import StepPlan
 from deployments.model_rank.sampler import prompt_rows
-from deployments.step_plan import StepPlan
-from deployments.types import PromptLogprobRow
 
 PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
 

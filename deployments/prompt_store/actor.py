@@ -9,7 +9,8 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from deployments.prompt_store.store import BlockRows, PieceWrite, PromptStoreFiles, StoreCaps, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, StoreCaps, StoreStats
+from deployments.prompt_store.store import PromptStoreFiles
 
 log = logging.getLogger("tensorfold.store")
 ACTOR_CPUS = 0.05  # it mostly waits on the disk

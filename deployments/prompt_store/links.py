@@ -2,8 +2,8 @@
 thread). An engine in the replica's child process goes through the replica (scheduler/store_relay.py)."""
 
 from deployments.config import EngineConfig
+from deployments.messages.store import BlockRows, PieceWrite, StoreCaps, StoreStats
 from deployments.prompt_store.actor import PromptStoreActor
-from deployments.prompt_store.store import BlockRows, PieceWrite, StoreCaps, StoreStats
 
 GIB = 1 << 30
 STORE_FLUSH_S = 5.0  # after the engine's own 15 s of writes: a planned stop ends within the manual's 20 s

@@ -4,26 +4,12 @@ Errors a client caused (a template refusal, a malformed message) come back as `R
 rather than exceptions, so Ingress can answer 400 without unwrapping Ray's exception types.
 """
 
-from dataclasses import dataclass
-
 from ray import serve
 
-from deployments.renderer.chat_template import TemplateRenderError
-from deployments.renderer.messages import MessageError
-from deployments.renderer.prompt_renderer import (
-    ChatRenderRequest,
-    PromptRenderer,
-    RenderedPrompt,
-    RendererOptions,
-    TokenizerCard,
-)
-
-
-@dataclass
-class RenderRefusal:
-    """Why a chat request cannot be rendered (HTTP 400, param `messages`)."""
-
-    message: str
+from deployments.chat_format.conversation import MessageError
+from deployments.chat_format.rendering import PromptRenderer, RendererOptions
+from deployments.chat_format.template import TemplateRenderError
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, TokenizerCard
 
 
 @serve.deployment(name="Renderer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)

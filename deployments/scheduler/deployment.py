@@ -11,23 +11,24 @@ At tensor-parallel size N > 1 the replica sits in a placement group whose bundle
 """
 
 import os
-from dataclasses import fields, replace
 from collections.abc import AsyncIterator
+from dataclasses import fields, replace
 
 from ray import serve
 
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
+from deployments.messages.memory import ReplicaMemory
+from deployments.messages.replies import ContextLengthError, ImprintAnswer
+from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.messages.status import ContextRefusal, EngineInfo, InvalidPrompt, ReplicaStatus, UpstreamItem
 from deployments.prompt_store.links import ActorStoreLink
-from deployments.scheduler.engine import Engine
-from deployments.scheduler.engine_loop import EngineLoop
-from deployments.scheduler.engine_process import EngineProcess
-from deployments.scheduler.memory_report import ReplicaMemory
+from deployments.routing.request_router import routing_stats
+from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.ray_metrics import RayMetricsExport
-from deployments.scheduler.request_router import routing_stats
-from deployments.scheduler.stream_hub import StreamHub
-from deployments.scheduler.wire import EngineInfo, ContextRefusal, InvalidPrompt, ReplicaStatus, UpstreamItem
-from deployments.types import ContextLengthError, EngineRequest, ImprintAnswer, ImprintQuery
+from deployments.scheduler.transports.hub import StreamHub
+from deployments.scheduler.transports.process import EngineProcess
+from deployments.scheduler.transports.thread import EngineLoop
 
 
 async def engine_stream(loop: StreamHub, request: EngineRequest, replica: str = "") -> AsyncIterator[UpstreamItem]:

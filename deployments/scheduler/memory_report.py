@@ -9,59 +9,9 @@ import ctypes
 import os
 import resource
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass
-class DeviceMemory:
-    """CUDA memory of this process: torch's allocated bytes, reserved bytes, the peak and the card's total."""
-
-    name: str
-    active_bytes: int
-    reserved_bytes: int
-    peak_bytes: int
-    free_bytes: int
-    total_bytes: int
-
-
-@dataclass
-class MlxMemory:
-    """An MLX rank's memory (the manual's MLX figures), read in the rank's process."""
-
-    active_bytes: int  # MLX's arrays now
-    cache_bytes: int  # freed buffers MLX keeps for reuse
-    peak_bytes: int
-    budget_bytes: int  # what the KV pool was sized from: unified memory less the weights and the reserve
-    mlx_budget_bytes: int  # MLX's own allocation limit (mx.get_memory_limit)
-    footprint_bytes: int  # the process's footprint (phys_footprint on macOS, else its resident set)
-
-
-@dataclass
-class RankMemory:
-    rank: int
-    weights_bytes: int  # this rank's shard of the weights
-    kv_pool_bytes: int  # this rank's KV tensors
-    process_rss_bytes: int | None = None  # only for the rank running in this replica's process
-    device: DeviceMemory | None = None
-    mlx: MlxMemory | None = None  # only for an MLX rank
-
-
-@dataclass
-class ReplicaMemory:
-    replica: str
-    block_size: int
-    kv_blocks_total: int
-    kv_blocks_used: int  # referenced by a running request
-    prompt_cache_blocks: int  # blocks holding named prompt tokens (reusable by a later prompt)
-    kv_bytes_per_block: int  # per rank
-    process_rss_bytes: int
-    ranks: list[RankMemory] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
+from deployments.messages.memory import DeviceMemory, MlxMemory, RankMemory, ReplicaMemory
 
 
 def process_rss_bytes() -> int:

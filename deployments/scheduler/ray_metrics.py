@@ -11,9 +11,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from deployments.scheduler.metrics import HISTOGRAMS, RequestTimings
-from deployments.scheduler.stats import EngineCounters
-from deployments.types import EngineChunk
+from deployments.messages.counters import HISTOGRAMS, EngineCounters, RequestTimings
+from deployments.messages.replies import EngineChunk
 
 log = logging.getLogger("tensorfold.metrics")
 SYNC_SECONDS = 1.0

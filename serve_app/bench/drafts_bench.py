@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deployments.config import EngineConfig
-from deployments.scheduler.engine import Engine
-from deployments.types import EngineRequest, SamplingParams
+from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.scheduler.engine.core import Engine
 from serve_app.args import resolve_model_dir
 
 

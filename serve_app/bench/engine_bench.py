@@ -16,10 +16,9 @@ from pathlib import Path
 import torch
 
 from deployments.config import EngineConfig
+from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.model_rank.runner import RunnerInfo
-from deployments.scheduler.engine import Engine
-from deployments.types import EngineRequest, SamplingParams
-
+from deployments.scheduler.engine.core import Engine
 
 PREFILL_SAMPLES = 3  # prefills of distinct prompts (no cache hits); the fastest is reported, as one step is noisy
 

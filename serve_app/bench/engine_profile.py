@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.scheduler.engine import Engine
+from deployments.scheduler.engine.core import Engine
 from serve_app.bench.engine_bench import add_requests
 
 # (category, module path, attribute): every call of module.attribute is charged to category.

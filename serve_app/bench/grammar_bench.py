@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from deployments.config import EngineConfig
-from deployments.scheduler.engine import Engine
-from deployments.types import EngineRequest, FinishReason, GrammarSpec, SamplingParams
-from serve_app.bench.engine_bench import bench_checkpoint, _prompts
+from deployments.messages.replies import FinishReason
+from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
+from deployments.scheduler.engine.core import Engine
+from serve_app.bench.engine_bench import _prompts, bench_checkpoint
 
 SCHEMA = {
     "type": "array",

@@ -118,9 +118,9 @@ async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tok
     import torch
 
     from deployments.config import EngineConfig
-    from deployments.scheduler.engine import Engine
-    from deployments.scheduler.engine_loop import EngineLoop
-    from deployments.types import EngineRequest, SamplingParams
+    from deployments.messages.requests import EngineRequest, SamplingParams
+    from deployments.scheduler.engine.core import Engine
+    from deployments.scheduler.transports.thread import EngineLoop
 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)

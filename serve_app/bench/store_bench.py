@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from deployments.config import EngineConfig
+from deployments.messages.replies import RequestStats
+from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.prompt_store.links import LocalStoreLink
-from deployments.scheduler.engine import Engine
-from deployments.types import EngineRequest, RequestStats, SamplingParams
+from deployments.scheduler.engine.core import Engine
 from serve_app.bench.engine_bench import _prompts, bench_checkpoint
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from deployments.ingress.errors import APIError, bad_request
+from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.sampling_fields import bool_field, float_field
 
 PROMPT_FORMAT_VERSION = 1

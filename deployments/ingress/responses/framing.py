@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.ingress.reply_parser import ReplyDelta, ReplyView
-from deployments.ingress.reply_tools import ParsedCall
+from deployments.chat_format.reply_parser import ReplyDelta, ReplyView
+from deployments.chat_format.tool_calls import ParsedCall
 from deployments.ingress.usage import ReplySummary
 
 

@@ -9,7 +9,7 @@ input, so its prompt repeats the earlier one and the prompt cache resumes the sh
 
 from typing import Any
 
-from deployments.ingress.errors import APIError, bad_request
+from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.responses.models import ResponsesRequest
 from deployments.ingress.tool_checks import RESPONSES, check_tools
 

@@ -7,13 +7,12 @@ path (kernels/attention_torch.py: each sequence on its own, scored in float64 on
 import torch
 from torch import nn
 
-from kernels import dispatch
-
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.layers.linear import ColumnParallelLinear, FusedProjection, RowParallelLinear
 from deployments.model_rank.layers.norm import RMSNorm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RotaryEmbedding
+from kernels import dispatch
 
 
 class PagedAttention(nn.Module):

@@ -4,10 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_gemm
-
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.parallel import default_loader
+from kernels import cpu_gemm
 
 
 class VocabEmbedding(nn.Module):

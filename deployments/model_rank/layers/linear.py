@@ -8,10 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_gemm
-
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
+from kernels import cpu_gemm
 
 TILE_ROWS = 16  # float32 matmuls run on row counts that are multiples of this
 CALL_ROWS = 256  # ... at most this many rows per GEMM call (past it MKL's kernel choice changes the bits)

@@ -10,13 +10,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels import dispatch
-
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from deployments.model_rank.layers.norm import RMSNorm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RotaryEmbedding
+from kernels import dispatch
 
 LORA_NORM_EPS = 1e-6  # the reference model builds its q/kv latent norms with the default epsilon
 

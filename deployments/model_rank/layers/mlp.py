@@ -4,8 +4,8 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
-from kernels import dispatch
 from deployments.model_rank.layers.linear import ColumnParallelLinear, FusedProjection, RowParallelLinear
+from kernels import dispatch
 
 
 class GatedMLP(nn.Module):

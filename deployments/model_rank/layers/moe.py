@@ -10,12 +10,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels import dispatch
-
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
+from kernels import dispatch
 
 
 @dataclass(frozen=True)

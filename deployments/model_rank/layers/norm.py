@@ -3,9 +3,8 @@
 import torch
 from torch import nn
 
-from kernels import dispatch
-
 from deployments.model_rank.layers.parallel import default_loader
+from kernels import dispatch
 
 
 class RMSNorm(nn.Module):

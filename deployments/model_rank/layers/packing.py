@@ -8,11 +8,10 @@ rows back out of the pack) are packed; each tensor is packed once even when modu
 import torch
 from torch import nn
 
-from kernels import cpu_gemm
-
 from deployments.model_rank.layers.embedding import LMHead
 from deployments.model_rank.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from deployments.model_rank.layers.moe import Experts
+from kernels import cpu_gemm
 
 PROJECTIONS = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear, LMHead)
 

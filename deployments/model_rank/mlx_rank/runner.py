@@ -10,19 +10,19 @@ import mlx.core as mx
 import numpy as np
 import torch
 
+from deployments.messages.replies import PromptLogprobRow
+from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.forward_batch import LayerCacheSpec, ParallelContext
 from deployments.model_rank.mlx_rank.arrays import MX_NAMES, TORCH_TO_MX, as_bytes, from_bytes, to_torch
-from deployments.model_rank.mlx_rank.batch import MlxBatch
 from deployments.model_rank.mlx_rank.attention import DecoderLayer
+from deployments.model_rank.mlx_rank.batch import MlxBatch
 from deployments.model_rank.mlx_rank.mirror import mirror_model
 from deployments.model_rank.mlx_rank.mtp import MlxMtpOps
-from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.models import load_model
+from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.runner import RunnerInfo
 from deployments.model_rank.sampler import sample_rows
 from deployments.model_rank.step_rows import prompt_logprob_rows, step_rows
-from deployments.step_plan import StepOutput, StepPlan
-from deployments.types import PromptLogprobRow
 
 
 def mlx_device_name() -> str:

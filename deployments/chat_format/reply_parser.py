@@ -1,0 +1,156 @@
+"""A chat reply's text split into reasoning, content and tool calls, streamed and whole alike.
+
+`ReplyParser.view` parses the whole text so far. A non-final view holds back whatever later text could
+still change (a partial marker, an open call block, trailing whitespace), so every non-final view is a
+prefix of the final one; `ReplyStream` sends the differences, and the joined deltas equal the whole reply.
+
+Rules (the manual's): a reply-written leading `<think>` is removed when the template supplies no opener;
+reasoning ends at `</think>`, or where a tool call starts when the reply ends inside the block; a call only
+mentioned while thinking (the block closed after it) stays reasoning; a block that does not parse stays
+content; an end token inside a call closes its markup when it then parses strictly.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.chat_format.think import THINK_CLOSER, THINK_OPENER
+from deployments.chat_format.tool_calls import ParsedCall, close_cut_call, parse_call, tool_schemas
+from deployments.chat_format.tool_format import CALL_CLOSE, CALL_OPEN
+from deployments.messages.render import ReplyFormat
+
+
+@dataclass
+class ReplyView:
+    reasoning: str | None  # None: the reply has no think section
+    content: str
+    calls: list[ParsedCall] = field(default_factory=list)
+
+
+@dataclass
+class ReplyDelta:
+    reasoning: str = ""
+    content: str = ""
+    calls: list[tuple[int, ParsedCall]] = field(default_factory=list)  # (index in tool_calls, call)
+
+
+def _without_partial(text: str, markers: tuple[str, ...]) -> str:
+    """`text` less a suffix that could be the start of a marker still being written."""
+    for cut in range(min(len(text), max(len(m) for m in markers) - 1), 0, -1):
+        if any(m.startswith(text[-cut:]) for m in markers):
+            return text[:-cut]
+    return text
+
+
+class ReplyParser:
+    def __init__(self, reply: ReplyFormat, tools: list[dict[str, Any]] | None = None,
+                 parallel_tool_calls: bool = True) -> None:  # fmt: skip
+        self.reply = reply
+        self.tool_format = reply.tool_format if tools else None  # calls are parsed only when tools are offered
+        self.schemas = tool_schemas(tools)
+        self.parallel = parallel_tool_calls
+
+    def view(self, text: str, final: bool, ended_by_end_token: bool = False) -> ReplyView:
+        start = self._think_start(text, final)
+        if start is None:
+            return ReplyView(None, "")  # a leading `<think>` may still be arriving
+        reasoning: str | None = None
+        answer = text
+        if start >= 0:
+            reasoning, answer = self._split_think(text, start, final)
+            if answer is None:
+                return ReplyView(reasoning, "")
+        content, calls = self._answer(answer, final, ended_by_end_token)
+        if reasoning is not None or self.reply.prompt_closes_thinking:
+            content = content.lstrip()  # the blank line after the think block is markup
+        if not final or calls:
+            content = content.rstrip()  # held until more text shows it is not the end
+        return ReplyView(reasoning, content, calls if self.parallel else calls[:1])
+
+    def _think_start(self, text: str, final: bool) -> int | None:
+        """Where reasoning starts (-1: no think section; None: cannot tell yet)."""
+        if self.reply.prompt_opens_thinking:
+            return 0
+        stripped = text.lstrip()
+        if stripped.startswith(THINK_OPENER):
+            return len(text) - len(stripped) + len(THINK_OPENER)
+        if not final and THINK_OPENER.startswith(stripped):
+            return None
+        return -1
+
+    def _split_think(self, text: str, start: int, final: bool) -> tuple[str, str | None]:
+        close = text.find(THINK_CLOSER, start)
+        if close >= 0:
+            return text[start:close].strip(), text[close + len(THINK_CLOSER) :]
+        call_at = text.find(CALL_OPEN, start) if self.tool_format else -1
+        if final:
+            if call_at >= 0:  # the reply ended inside the block: a call written there is the reply's call
+                return text[start:call_at].strip(), text[call_at:]
+            return text[start:].strip(), ""
+        markers = (THINK_CLOSER, CALL_OPEN) if self.tool_format else (THINK_CLOSER,)
+        shown = text[start:call_at] if call_at >= 0 else _without_partial(text[start:], markers)
+        return shown.strip(), None
+
+    def _answer(self, answer: str, final: bool, ended_by_end_token: bool) -> tuple[str, list[ParsedCall]]:
+        fmt = self.tool_format
+        if fmt is None:
+            return answer, []
+        content: list[str] = []
+        calls: list[ParsedCall] = []
+        pos = 0
+        while True:
+            opened = answer.find(CALL_OPEN, pos)
+            if opened < 0:
+                tail = answer[pos:]
+                content.append(tail if final else _without_partial(tail, (CALL_OPEN,)))
+                break
+            content.append(answer[pos:opened])
+            body_at = opened + len(CALL_OPEN)
+            closed = answer.find(CALL_CLOSE, body_at)
+            if closed < 0:
+                if final:
+                    call = self._cut_call(answer[body_at:]) if ended_by_end_token else None
+                    if call is None:
+                        content.append(answer[opened:])
+                    else:
+                        calls.append(call)
+                break  # not final: the open block is held until it closes or the reply ends
+            call = parse_call(answer[body_at:closed], fmt, self.schemas)
+            if call is None:
+                content.append(answer[opened : closed + len(CALL_CLOSE)])
+            else:
+                calls.append(call)
+            pos = closed + len(CALL_CLOSE)
+        return "".join(content), calls
+
+    def _cut_call(self, body: str) -> ParsedCall | None:
+        assert self.tool_format is not None
+        closed = close_cut_call(body, self.tool_format)
+        return None if closed is None else parse_call(closed, self.tool_format, self.schemas)
+
+
+class ReplyStream:
+    """Feeds text deltas, returns reasoning/content/call deltas; `finish` flushes what was held."""
+
+    def __init__(self, parser: ReplyParser) -> None:
+        self.parser = parser
+        self.text = ""
+        self.shown = ReplyView(None, "")
+
+    def feed(self, text: str) -> ReplyDelta:
+        self.text += text
+        return self._advance(self.parser.view(self.text, final=False))
+
+    def finish(self, ended_by_end_token: bool) -> ReplyDelta:
+        return self._advance(self.parser.view(self.text, final=True, ended_by_end_token=ended_by_end_token))
+
+    def _advance(self, view: ReplyView) -> ReplyDelta:
+        old = self.shown
+        old_reasoning = old.reasoning or ""
+        new_reasoning = view.reasoning or ""
+        delta = ReplyDelta(
+            reasoning=new_reasoning[len(old_reasoning) :] if new_reasoning.startswith(old_reasoning) else "",
+            content=view.content[len(old.content) :] if view.content.startswith(old.content) else "",
+            calls=[(i, c) for i, c in enumerate(view.calls) if i >= len(old.calls)],
+        )
+        self.shown = view
+        return delta

@@ -1,0 +1,72 @@
+"""From a validated route body and its prompt ids to the one internal EngineRequest."""
+
+import uuid
+
+from deployments.ingress.http.errors import bad_request
+from deployments.ingress.http.request_labels import current_key_label
+from deployments.ingress.openai.models import GenerationFields
+from deployments.messages.render import ReplyFormat, TokenizerCard
+from deployments.messages.requests import EngineRequest, SamplingParams, ThinkingControls
+
+
+def new_request_id(prefix: str) -> str:
+    """The client-visible reply id (`chatcmpl-...`, `cmpl-...`), also the engine's request id."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(fields: GenerationFields) -> SamplingParams:
+    """Request overrides on top of the server defaults (a null field keeps the default)."""
+    defaults = SamplingParams()
+    return SamplingParams(
+        temperature=defaults.temperature if fields.temperature is None else fields.temperature,
+        top_p=defaults.top_p if fields.top_p is None else fields.top_p,
+        top_k=defaults.top_k if fields.top_k is None else fields.top_k,
+        min_p=defaults.min_p if fields.min_p is None else fields.min_p,
+        seed=fields.seed,
+        ignore_eos=bool(fields.ignore_eos),
+        stop=list(fields.stop),
+        stop_token_ids=list(fields.stop_token_ids),
+    )
+
+
+def check_token_ids(ids: list[int], card: TokenizerCard, param: str) -> None:
+    """Ids a client sends must exist in the vocabulary (400 naming the field, not an engine failure)."""
+    bad = next((t for t in ids if t >= card.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{param}: token id {bad} is outside the vocabulary (0..{card.vocab_size - 1})", param)
+
+
+def thinking_controls(reply: ReplyFormat, budget: int | None, server_budget: int,
+                      loop_guard: bool) -> ThinkingControls | None:  # fmt: skip
+    """The engine's watch over the think block: a request budget of None or 0 takes the server's."""
+    controls = ThinkingControls(
+        opener_id=reply.think_opener_id,
+        closer_id=reply.think_closer_id,
+        prompt_opens=reply.prompt_opens_thinking,
+        close_ids=list(reply.think_close_ids),
+        budget=budget or server_budget,
+        loop_guard=loop_guard,
+    )
+    if reply.enable_thinking is False or reply.think_closer_id is None:
+        return None  # with thinking off the budget is not applied
+    return controls if controls.budget > 0 or controls.loop_guard else None
+
+
+def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[int], prompt_param: str,
+                   card: TokenizerCard, arrival_time: float,
+                   thinking: ThinkingControls | None = None) -> EngineRequest:  # fmt: skip
+    if not prompt_ids:
+        raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
+    check_token_ids(fields.stop_token_ids, card, "stop_token_ids")
+    return EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_ids),
+        sampling=sampling_params(fields),
+        max_tokens=fields.reply_limit,  # None: the engine caps its default to the context the prompt leaves
+        prompt_param=prompt_param,
+        priority=fields.priority,
+        arrival_time=arrival_time,
+        thinking=thinking,
+        key_label=current_key_label(),
+        draft=fields.draft is not False,
+    )

@@ -1,0 +1,135 @@
+"""OpenAI's error envelope, `{"error": {"message", "type", "param", "code"}}`, for every failure path.
+
+Request bodies are parsed by hand (not by FastAPI's body binding) so a malformed field answers 400 in
+this envelope, naming the field in `param`, instead of FastAPI's 422 format.
+"""
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments.ingress.http.limits import MAX_JSON_DEPTH, is_anthropic, json_depth, lone_surrogate_path, route_path
+from deployments.messages.replies import ContextLengthError
+
+log = logging.getLogger("tensorfold.ingress")
+M = TypeVar("M", bound=BaseModel)
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's envelope with its HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def server_error(message: str) -> APIError:
+    return APIError(500, message, "server_error")
+
+
+def context_error(exc: ContextLengthError) -> APIError:
+    """Every context refusal: 400, code context_length_exceeded, param = the field it is about."""
+    return APIError(400, str(exc), "invalid_request_error", exc.param, "context_length_exceeded")
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    """The first problem pydantic found, with the top-level field it concerns as `param`."""
+    first = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    param = loc[0] if loc else None
+    message = str(first.get("msg", "invalid request"))
+    message = message.removeprefix("Value error, ")
+    where = ".".join(loc)
+    if where and not message.startswith(loc[0]):
+        message = f"{where}: {message}"
+    return bad_request(message, param)
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why not."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    if json_depth(body) > MAX_JSON_DEPTH:  # templates, schemas and grammars recurse over what we accept
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    surrogate_at = lone_surrogate_path(raw, body)
+    if surrogate_at is not None:  # valid JSON, but not text any tokenizer can encode
+        param = surrogate_at.split(".")[0].split("[")[0]
+        raise bad_request(f"{surrogate_at}: the string holds a lone UTF-16 surrogate", param)
+    return body
+
+
+def parse_body(model: type[M], body: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+# Anthropic's error type for each status (any other status is an api_error).
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+
+
+def anthropic_response(status: int, message: str) -> JSONResponse:
+    """Anthropic's envelope, `{"type": "error", "error": {"type", "message"}}`."""
+    kind = ANTHROPIC_TYPES.get(status, "api_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+
+
+def _envelope(request: Request, status: int, message: str, type: str) -> JSONResponse:
+    """OpenAI's envelope, or Anthropic's on the Messages routes."""
+    if is_anthropic(route_path(request.scope)):
+        return anthropic_response(status, message)
+    return JSONResponse(error_body(message, type), status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error FastAPI or a handler raises through the route's envelope."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if is_anthropic(route_path(request.scope)):
+            return _envelope(request, exc.status, exc.message, exc.type)
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _envelope(request, exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in a route")
+        return _envelope(request, 500, f"internal server error: {exc}", "server_error")

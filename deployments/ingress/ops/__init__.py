@@ -1,0 +1,1 @@
+"""Operator routes: models, health, metrics, memory, dashboard, tokenize and the imprint routes."""

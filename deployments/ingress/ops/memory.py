@@ -1,0 +1,46 @@
+"""GET /memory and GET /v1/memory: a read-only memory snapshot of every Scheduler replica and its ranks.
+
+Per replica: the KV pool (blocks total, in use, holding reusable prompt tokens; bytes per block) and the
+process's resident memory; per rank: its weights and KV bytes, and where this process holds the device,
+CUDA's active/reserved/peak bytes (the same peak `/health?reset_peak=1` restarts).
+"""
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from deployments.ingress.context import ServingContext
+from deployments.ingress.http.errors import error_body
+from deployments.messages.memory import ReplicaMemory
+
+
+def memory_body(model: str, replicas: list[ReplicaMemory]) -> dict[str, Any]:
+    ordered = sorted(replicas, key=lambda r: r.replica)
+    return {
+        "object": "memory",
+        "model": model,
+        "totals": {
+            "weights_bytes": sum(rank.weights_bytes for r in ordered for rank in r.ranks),
+            "kv_pool_bytes": sum(rank.kv_pool_bytes for r in ordered for rank in r.ranks),
+            "kv_used_bytes": sum(r.kv_blocks_used * r.kv_bytes_per_block * len(r.ranks) for r in ordered),
+            "prompt_cache_bytes": sum(r.prompt_cache_blocks * r.kv_bytes_per_block * len(r.ranks) for r in ordered),
+            "process_rss_bytes": sum(r.process_rss_bytes for r in ordered),
+        },
+        "replicas": [r.as_json() for r in ordered],
+    }
+
+
+def memory_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    async def memory() -> JSONResponse:
+        replicas = await ctx.backend.memory()
+        if not replicas:
+            body = error_body("no Scheduler replica answered: the model is not serving", "server_error")
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(memory_body(ctx.settings.served_name, replicas))
+
+    router.add_api_route("/memory", memory, methods=["GET"])
+    router.add_api_route("/v1/memory", memory, methods=["GET"])
+    return router

@@ -1,0 +1,53 @@
+"""What Ingress asks the Renderer and what comes back: the chat request, the prompt ids, the reply format."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ChatRenderRequest:
+    """What shapes a chat prompt (set by Ingress from the route's body)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    reasoning_effort: str | None = None  # the request's top-level field (validated by Ingress)
+
+
+@dataclass
+class ReplyFormat:
+    """What the reply parser and usage need to know about the reply this prompt asks for."""
+
+    think_opener_id: int | None = None  # the `<think>` token, when the vocabulary has it as one id
+    think_closer_id: int | None = None  # the `</think>` token
+    prompt_opens_thinking: bool = False  # the rendered prompt ends inside an open think block
+    enable_thinking: bool | None = None  # the toggle the template heard, if the request set one
+    prompt_closes_thinking: bool = False  # the prompt ends with a closed (empty) think block: thinking off
+    tool_format: str | None = None  # the call markup the template teaches (reply_tools.GLM / QWEN_XML / HERMES)
+    think_close_ids: list[int] = field(default_factory=list)  # "\n</think>\n\n": a forced close of the block
+    reasoning_effort: str | None = None  # the level the template heard
+
+
+@dataclass
+class RenderedPrompt:
+    """What crosses back to Ingress: the ids (the text stays here; long prompts would double the payload)."""
+
+    prompt_token_ids: list[int]
+    reply: ReplyFormat
+
+
+@dataclass
+class TokenizerCard:
+    """Facts about the tokenizer Ingress checks requests against (asked once per Ingress replica)."""
+
+    vocab_size: int
+    eos_token_ids: list[int]
+    has_chat_template: bool
+
+
+@dataclass
+class RenderRefusal:
+    """Why a chat request cannot be rendered (HTTP 400, param `messages`)."""
+
+    message: str

@@ -1,0 +1,74 @@
+"""What crosses the Ray boundary between Ingress and a Scheduler replica, besides EngineRequest/EngineChunk.
+
+Kept free of torch and the engine's modules so Ingress can unpickle these without importing the model
+code. Refusals travel as values: ContextLengthError does not survive pickling (its constructor takes
+four arguments), and Ingress must answer a refusal before it opens any stream.
+"""
+
+from dataclasses import dataclass, field
+
+from deployments.messages.counters import EngineCounters
+from deployments.messages.replies import ContextLengthError, EngineChunk
+from deployments.messages.store import StoreStats
+
+
+@dataclass
+class ContextRefusal:
+    """A request that cannot fit the window: what the `context_length_exceeded` error needs."""
+
+    window: int
+    prompt_tokens: int
+    requested: int | None
+    param: str
+
+    @classmethod
+    def from_error(cls, exc: ContextLengthError) -> "ContextRefusal":
+        return cls(window=exc.window, prompt_tokens=exc.prompt_tokens, requested=exc.requested, param=exc.param)
+
+    def to_error(self) -> ContextLengthError:
+        return ContextLengthError(self.window, self.prompt_tokens, self.requested, self.param)
+
+
+@dataclass
+class InvalidPrompt:
+    """A prompt the engine cannot run (empty, or an id outside the vocabulary): HTTP 400."""
+
+    message: str
+    param: str
+
+
+UpstreamItem = EngineChunk | ContextRefusal | InvalidPrompt
+
+
+@dataclass
+class EngineInfo:
+    """A snapshot for /health, /metrics and the finish log (read on any thread)."""
+
+    window: int
+    max_batch_size: int
+    policy: str
+    block_size: int
+    num_blocks: int
+    kv_usage: float
+    running: int
+    waiting: int
+    decode_tokens_per_second: float
+    prefill_tokens_per_second: float
+    dtype: str
+    device: str
+    device_name: str
+    model_type: str
+    counters: EngineCounters
+    prompt_cache: bool = True  # whether prompt blocks are kept for reuse across requests
+    store: StoreStats | None = None  # the disk store's figures for this replica's set (None: the store is off)
+    drafts: str = "off"  # the engine's drafter: "mtp", "ngram" or "off" (then the draft families are left out)
+    draft_tokens: int = 0  # the most drafts a round verifies per sequence
+
+
+@dataclass
+class ReplicaStatus(EngineInfo):
+    """One Scheduler replica's snapshot for /health and the runtime block (summed over replicas by Ingress)."""
+
+    replica: str = ""  # Serve's replica id, so a caller can tell the model copies apart
+    # CUDA's or MLX's active, cache and peak bytes (absent elsewhere), and the engine process's footprint
+    memory: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""The ResponseStore deployment: stored Responses, shared by every Ingress replica."""

@@ -1,0 +1,26 @@
+"""The ResponseStore deployment: one replica holding stored responses for every Ingress replica.
+
+Kept in memory only (the manual: a restart forgets every response). One replica, so a response stored
+through one Ingress replica is read, continued or deleted through any other.
+"""
+
+from ray import serve
+
+from deployments.messages.responses import StoredResponse
+from deployments.response_store.store import ResponseStore
+
+
+@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0.05},
+                  max_ongoing_requests=1024)  # fmt: skip
+class ResponseStoreDeployment:
+    def __init__(self) -> None:
+        self._store = ResponseStore()
+
+    async def save(self, entry: StoredResponse) -> bool:
+        return self._store.save(entry)
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        return self._store.load(response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        return self._store.delete(response_id)

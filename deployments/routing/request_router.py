@@ -1,0 +1,129 @@
+"""The Scheduler deployment's request router (Serve's request-router API): prefix affinity with balance.
+
+It runs inside each caller's process (the Ingress replicas), so it costs no Ray call per request. Each
+replica reports the keys of the blocks it holds through Serve's routing stats (`record_routing_stats`,
+every `routing_stats_period_s`); between two reports the router also remembers which prompts it sent
+where, so a conversation's next turn finds its replica before the next report. The request's block names
+are computed here once (`EngineRequest.prompt_hashes`) and the engine's prefix match reuses them.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from deployments.messages.prefix import PrefixDigest, PromptHashes
+from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.routing.affinity import ReplicaView, RoutingKnobs, choose_replica
+
+log = logging.getLogger("tensorfold.router")
+ROUTED_KEYS_CAP = 200_000  # keys remembered per replica between its reports (~a few MB at most)
+ROUTED_KEYS_TTL_PERIODS = 30  # a sent prompt no report has shown yet is remembered this many periods
+
+
+def routing_stats(digest: PrefixDigest, load: int) -> dict[str, object]:
+    """What a Scheduler replica reports: plain values, since Serve's controller relays them unimported."""
+    return {"block_size": digest.block_size, "keys": digest.keys, "disk_keys": digest.disk_keys,
+            "version": digest.version, "load": load}  # fmt: skip
+
+
+@dataclass
+class _ReplicaMemory:
+    """This router's picture of one replica."""
+
+    version: int = -1  # of the digest parsed last
+    reported: set[bytes] = field(default_factory=set)
+    reported_disk: set[bytes] = field(default_factory=set)  # what its node's disk store holds
+    reported_load: int = 0
+    reported_at: float = 0.0  # when that digest was parsed here
+    routed_keys: dict[bytes, float] = field(default_factory=dict)  # prompt keys sent there -> when
+    in_flight: int = 0
+    routed: int = 0
+
+
+class PrefixAffinityRouter(RequestRouter):
+    def initialize_state(self, block_size: int = 16, balance_abs: int = 4, balance_rel: float = 1.5,
+                         min_match: float = 0.25, stats_period_s: float = 1.0, **_: object) -> None:  # fmt: skip
+        self._block_size = block_size  # the engines' (from the same args), so names match before any report
+        self._knobs = RoutingKnobs(balance_abs=balance_abs, balance_rel=balance_rel, min_match=min_match)
+        self._stats_period_s = stats_period_s
+        self._memory: dict[str, _ReplicaMemory] = {}
+        self._sent: dict[str, str] = {}  # internal request id -> replica id, until it completes
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:  # fmt: skip
+        request = _engine_request(pending_request)
+        if request is None or not candidate_replicas:  # not a generation call: any replica will do
+            return [candidate_replicas]
+        now = time.monotonic()
+        views = [self._view(replica, now) for replica in candidate_replicas]
+        keys = self._prompt_hashes(request).keys()
+        decision = choose_replica(views, keys, self._knobs)
+        request.route_reason = decision.reason
+        chosen = next(r for r in candidate_replicas if r.replica_id.unique_id == decision.replica_id)
+        self._record(pending_request, decision.replica_id, keys, now)
+        return [[chosen]]
+
+    def on_request_completed(self, replica_id: object, internal_request_id: str) -> None:
+        replica = self._sent.pop(internal_request_id, None)
+        if replica is not None and replica in self._memory:
+            self._memory[replica].in_flight = max(0, self._memory[replica].in_flight - 1)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id.unique_id for r in replicas}
+        for gone in set(self._memory) - live:  # a restarted replica comes back empty, under a new id
+            del self._memory[gone]
+
+    # ---- state ----------------------------------------------------------------------------------------
+    def _view(self, replica: RunningReplica, now: float) -> ReplicaView:
+        memory = self._memory.setdefault(replica.replica_id.unique_id, _ReplicaMemory())
+        stats = replica.routing_stats or {}
+        fresh = stats.get("version", -1) != memory.version and stats.get("block_size") == self._block_size
+        if fresh and isinstance(stats.get("keys"), bytes):
+            digest = PrefixDigest(int(stats["block_size"]), stats["keys"], int(stats["version"]),
+                                  bytes(stats.get("disk_keys", b"")))  # fmt: skip
+            memory.version, memory.reported, memory.reported_at = digest.version, digest.key_set(), now
+            memory.reported_disk = digest.disk_key_set()
+            # A report can lag behind what was sent (it is relayed by Serve's controller): a prompt sent there is
+            # forgotten once a report holds it, or after ROUTED_KEYS_TTL_PERIODS reports' time at most.
+            horizon = now - ROUTED_KEYS_TTL_PERIODS * self._stats_period_s
+            memory.routed_keys = {k: t for k, t in memory.routed_keys.items()
+                                  if t >= horizon and k not in memory.reported}  # fmt: skip
+        memory.reported_load = int(stats.get("load", 0))
+        load = max(memory.in_flight, memory.reported_load)
+        return ReplicaView(replica.replica_id.unique_id, load, memory.reported, memory.routed, memory.reported_disk,
+                           memory.routed_keys.keys())  # fmt: skip
+
+    def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
+        """The request's block names (computed once: a retry of the same request reuses them)."""
+        if request.prompt_hashes is None or request.prompt_hashes.block_size != self._block_size:
+            request.prompt_hashes = PromptHashes.of(request.prompt_token_ids, self._block_size)
+        return request.prompt_hashes
+
+    def _record(self, pending: PendingRequest | None, replica_id: str, keys: list[bytes], now: float) -> None:
+        memory = self._memory[replica_id]
+        if pending is not None:
+            internal_id = pending.metadata.internal_request_id
+            previous = self._sent.get(internal_id)
+            if previous is None or previous != replica_id:  # a retry that moved: the old count goes back
+                if previous in self._memory:
+                    self._memory[previous].in_flight = max(0, self._memory[previous].in_flight - 1)
+                memory.in_flight += 1
+                memory.routed += 1
+            self._sent[internal_id] = replica_id
+        for key in keys:
+            memory.routed_keys.pop(key, None)  # re-inserted: the dict's order stays oldest first
+            memory.routed_keys[key] = now
+        if len(memory.routed_keys) > ROUTED_KEYS_CAP:  # oldest first out (dicts keep insertion order)
+            for key in list(memory.routed_keys)[: len(memory.routed_keys) - ROUTED_KEYS_CAP]:
+                del memory.routed_keys[key]
+
+
+def _engine_request(pending: PendingRequest | None) -> EngineRequest | ImprintQuery | None:
+    """A generation request, or an imprint query (it asks about the replica its conversation would go to)."""
+    if pending is None or not pending.args:
+        return None
+    first = pending.args[0]
+    return first if isinstance(first, (EngineRequest, ImprintQuery)) else None

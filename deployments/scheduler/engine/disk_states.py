@@ -1,0 +1,211 @@
+"""The engine's side of the disk prompt-state store (`learn_conversations`): what to write, when to restore.
+
+Every prompt state the engine keeps in RAM (a finished request's named blocks: the conversation so far,
+its reply's full blocks, shared prefixes) is queued for disk and written while the engine is idle, one
+piece (at most 16 MiB) per idle turn. A request whose prompt continues past what RAM holds, along blocks
+the store holds, reads them back into the paged KV before its prompt pass, when reading is estimated to
+take less time than prefilling those tokens (both rates measured on this machine). The store itself (the
+PromptStore actor) does the disk I/O; `StoreLink` is how the engine reaches it from where it runs.
+"""
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from deployments.messages.prefix import KEY_BYTES, PromptHashes
+from deployments.messages.replies import ImprintAnswer
+from deployments.messages.store import BlockRows, PieceWrite, StoreStats
+from deployments.prompt_store.store import PIECE_BYTES
+from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
+
+log = logging.getLogger("tensorfold.store")
+FIRST_READ_BYTES_PER_S = 200e6  # until a read is measured: a cautious local disk
+FIRST_PREFILL_TOKENS_PER_S = 1000.0  # until a prompt pass is measured
+RATE_WEIGHT = 0.3  # of each new measurement in the running estimates
+
+
+class StoreLink(Protocol):
+    """Calls into the PromptStore (in-process, over Ray, or relayed by the engine's parent process)."""
+
+    def open_set(self, set_id: str) -> list[bytes]: ...
+
+    def write(self, piece: PieceWrite) -> None: ...  # never waits for the disk
+
+    def flush(self, timeout_s: float) -> None: ...  # waits (up to timeout_s) for the writes sent so far
+
+    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None: ...
+
+    def delete_set(self, set_id: str) -> int: ...
+
+    def stats(self, set_id: str) -> StoreStats: ...
+
+
+class BlockRowsIO(Protocol):
+    def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...
+
+    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
+
+
+@dataclass
+class Resumable:
+    """How much of a prompt resumes, and from where (the imprint routes' answer, before any read)."""
+
+    tokens: int
+    ram_tokens: int
+    disk_tokens: int
+    disk_bytes: int
+    read_seconds: float  # estimated
+    prefill_seconds: float  # estimated, for the disk tokens
+
+    @property
+    def worth_reading(self) -> bool:
+        return self.disk_tokens > self.ram_tokens and self.read_seconds < self.prefill_seconds
+
+
+class DiskStates:
+    def __init__(self, link: StoreLink, set_id: str, blocks: BlockManager, rows: BlockRowsIO, block_bytes: int) -> None:
+        self.link, self.set_id = link, set_id
+        self.blocks, self.rows, self.block_bytes = blocks, rows, block_bytes
+        self._on_disk: set[bytes] | None = None  # opened on first use (the link may not answer before then)
+        self._queue: deque[tuple[bytes | None, bytes, int, tuple[int, ...]]] = deque()  # (parent, name, id, tokens)
+        self.read_rate = FIRST_READ_BYTES_PER_S
+        self.prefill_rate = FIRST_PREFILL_TOKENS_PER_S
+        self.restored_tokens_total = 0
+        self.latest: StoreStats | None = None  # the store's figures for this set, refreshed while idle
+        self.stats_stale = True
+        self.version = 0  # counts changes to `on_disk`, for the router's digest
+
+    @property
+    def on_disk(self) -> set[bytes]:
+        if self._on_disk is None:
+            self._on_disk = set(self.link.open_set(self.set_id))
+            self.version += 1
+        return self._on_disk
+
+    # ---- writes ---------------------------------------------------------------------------------------
+    def remember(self, chain: list[tuple[bytes, int, tuple[int, ...]]]) -> None:
+        """Queue a sequence's named blocks that the store does not hold yet."""
+        parent: bytes | None = None
+        for name, block_id, tokens in chain:
+            if name not in self.on_disk:
+                self._queue.append((parent, name, block_id, tokens))
+            parent = name
+
+    def disk_keys(self) -> bytes:
+        """The keys of the blocks the store holds for this set (none before it is opened), for the router."""
+        return b"".join(name[:KEY_BYTES] for name in self._on_disk or ())
+
+    def has_writes(self) -> bool:
+        return bool(self._queue)
+
+    def refresh_stats(self) -> None:
+        _ = self.on_disk  # the set is opened before the store has figures for it
+        self.latest, self.stats_stale = self.link.stats(self.set_id), False
+
+    def write_one(self) -> None:
+        """Send one piece of queued blocks still held in RAM (called while the engine is idle)."""
+        run: list[tuple[bytes | None, bytes, int, tuple[int, ...]]] = []
+        per_piece = max(1, PIECE_BYTES // self.block_bytes)
+        while self._queue and len(run) < per_piece:
+            entry = self._queue.popleft()
+            parent, name, block_id, _ = entry
+            if name in self.on_disk or not self.blocks.still_holds(name, block_id):
+                continue  # stored meanwhile, or evicted from RAM before its turn
+            if run and parent != run[-1][1]:  # a piece is one run of a chain
+                self._queue.appendleft(entry)
+                break
+            run.append(entry)
+        if not run:
+            return
+        payload = self.rows.read_block_rows([block_id for _, _, block_id, _ in run]).reshape(-1)
+        piece = PieceWrite(self.set_id, run[0][0], [name for _, name, _, _ in run],
+                           [list(tokens) for *_, tokens in run], self.block_bytes, payload)  # fmt: skip
+        self.link.write(piece)
+        self.stats_stale = True
+        self.on_disk.update(piece.hashes)  # optimistic: a cap may refuse it, and a later read then misses
+        self.version += 1
+
+    # ---- reads ----------------------------------------------------------------------------------------
+    def resumable(self, prompt: list[int], hashes: PromptHashes) -> Resumable:
+        """RAM's and disk's longest kept state for this prompt (leaving its last token to compute)."""
+        bs = self.blocks.block_size
+        usable = (len(prompt) - 1) // bs
+        ram = len(self.blocks.match_prefix(prompt, len(prompt) - 1, hashes))
+        disk = 0
+        while disk < usable and hashes.hashes[disk] in self.on_disk:
+            disk += 1
+        extra = max(0, disk - ram)
+        return Resumable(len(prompt), ram * bs, disk * bs, extra * self.block_bytes,
+                         extra * self.block_bytes / self.read_rate, extra * bs / self.prefill_rate)  # fmt: skip
+
+    def restore(self, prompt: list[int], hashes: PromptHashes) -> int:
+        """Read the prompt's disk state past RAM's into the cache when that pays; returns tokens restored."""
+        plan = self.resumable(prompt, hashes)
+        if not plan.worth_reading:
+            return 0
+        bs = self.blocks.block_size
+        start, end = plan.ram_tokens // bs, plan.disk_tokens // bs
+        pin = BlockTable()  # RAM's part of the state stays while room is made for the disk's part
+        self.blocks.adopt_prefix(pin, prompt, plan.ram_tokens, hashes)
+        try:
+            if end - start > self.blocks.num_available:
+                return 0
+            return self._read_into_cache(prompt, hashes, start, end)
+        finally:
+            self.blocks.release(pin)
+
+    def _read_into_cache(self, prompt: list[int], hashes: PromptHashes, start: int, end: int) -> int:
+        bs = self.blocks.block_size
+        rows = self.link.read(self.set_id, hashes.hashes[start:end])
+        if rows is None or not rows.hashes:
+            self._forget_missing(hashes.hashes[start:end])
+            return 0
+        if len(rows.hashes) < end - start:  # a damaged or evicted piece: the rest prefills
+            self._forget_missing(hashes.hashes[start + len(rows.hashes) : end])
+        count = len(rows.hashes)
+        expected = [prompt[(start + i) * bs : (start + i + 1) * bs] for i in range(count)]
+        if [list(t) for t in rows.token_ids] != expected:  # names collide only with other tokens: refuse
+            log.warning("prompt store: stored tokens differ from the prompt's; prefilling instead")
+            return 0
+        block_ids = self.blocks.take_for_restore(count)
+        self.rows.write_block_rows(block_ids, rows.payload.reshape(count, self.block_bytes))
+        for block_id, name, tokens in zip(block_ids, rows.hashes, expected):
+            self.blocks.name_restored(block_id, name, tokens)
+        self._measured_read(count * self.block_bytes, rows.read_seconds)
+        self.restored_tokens_total += count * bs
+        self.stats_stale = True
+        return count * bs
+
+    def _forget_missing(self, names: list[bytes]) -> None:
+        self.on_disk.difference_update(names)
+        self.version += 1
+
+    def _measured_read(self, size: int, seconds: float) -> None:
+        if seconds > 0:
+            self.read_rate = (1 - RATE_WEIGHT) * self.read_rate + RATE_WEIGHT * size / seconds
+
+    def measured_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens >= self.blocks.block_size and seconds > 0:
+            self.prefill_rate = (1 - RATE_WEIGHT) * self.prefill_rate + RATE_WEIGHT * tokens / seconds
+
+    def answer(self, prompt: list[int], hashes: PromptHashes) -> ImprintAnswer:
+        """Where this prompt would resume from, and the estimated wait before its first token."""
+        plan = self.resumable(prompt, hashes)
+        from_disk = plan.worth_reading
+        resumed = plan.disk_tokens if from_disk else plan.ram_tokens
+        wait = (plan.read_seconds if from_disk else 0.0) + (plan.tokens - resumed) / self.prefill_rate
+        source = "disk" if from_disk else ("ram" if plan.ram_tokens else "none")
+        return ImprintAnswer(plan.tokens, plan.ram_tokens, plan.disk_tokens, plan.disk_bytes if from_disk else 0,
+                             source, round(wait, 6), disk=True)  # fmt: skip
+
+    def forget_all(self) -> int:
+        """DELETE /v1/imprint: the set's states on disk go (RAM's stay until evicted)."""
+        self._queue.clear()
+        freed = self.link.delete_set(self.set_id)
+        self._on_disk = set()
+        self.stats_stale = True
+        self.version += 1
+        return freed

@@ -1,0 +1,136 @@
+"""Sizing the KV pool from free memory less a reserve, as the manual sets the defaults."""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from deployments.config import StartupError
+
+GIB = 1 << 30
+
+
+@dataclass
+class MemoryReading:
+    available_bytes: int  # what the pool may come out of, before the reserve
+    total_bytes: int
+    unified: bool  # host memory (CPU, or a GPU sharing RAM): the reserve rule differs
+
+
+def read_memory(device: torch.device) -> MemoryReading:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return MemoryReading(available_bytes=free, total_bytes=total, unified=False)
+    return read_host_memory()
+
+
+def read_host_memory() -> MemoryReading:
+    """RAM available and total: /proc/meminfo on Linux, the VM statistics elsewhere (a Mac)."""
+    try:
+        fields: dict[str, int] = {}
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                name, value = line.split(":", 1)
+                fields[name] = int(value.split()[0]) * 1024
+        return MemoryReading(available_bytes=fields["MemAvailable"], total_bytes=fields["MemTotal"], unified=True)
+    except FileNotFoundError:
+        return _darwin_memory()
+
+
+def _darwin_memory() -> MemoryReading:
+    """macOS: total from sysctl hw.memsize; available = free + inactive + purgeable pages (vm_stat)."""
+    import re
+    import subprocess
+
+    total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
+    stats = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
+    page = int(re.search(r"page size of (\d+) bytes", stats).group(1))  # type: ignore[union-attr]
+    pages = {m.group(1): int(m.group(2)) for m in re.finditer(r"Pages (\w+):\s+(\d+)", stats)}
+    available = sum(pages.get(name, 0) for name in ("free", "inactive", "purgeable", "speculative")) * page
+    return MemoryReading(available_bytes=available, total_bytes=total, unified=True)
+
+
+def read_mlx_memory() -> MemoryReading:
+    """What an MLX pool may come out of: on Metal, the recommended GPU working set less what MLX holds now
+    (the weights), within the host's available RAM; on the CPU, the host's RAM."""
+    import mlx.core as mx
+
+    host = read_host_memory()
+    info = mx.device_info()
+    working_set = info.get("max_recommended_working_set_size")
+    if working_set is None:
+        return host
+    available = min(host.available_bytes, int(working_set) - mx.get_active_memory())
+    return MemoryReading(available_bytes=max(available, 0), total_bytes=int(info.get("memory_size", host.total_bytes)),
+                         unified=True)  # fmt: skip
+
+
+def reserve_bytes(reading: MemoryReading) -> int:
+    """TENSORFOLD_MEMORY_RESERVE_GIB, else a tenth of RAM (>= 4 GiB) on host memory, a 32nd (>= 1 GiB) on a card."""
+    raw = os.environ.get("TENSORFOLD_MEMORY_RESERVE_GIB", "").strip()
+    if raw:
+        try:
+            gib = float(raw)
+        except ValueError as exc:
+            raise StartupError(f"TENSORFOLD_MEMORY_RESERVE_GIB must be a number of GiB, got {raw!r}") from exc
+        floor = 2.0 if reading.unified else 0.5
+        if gib < floor:
+            raise StartupError(f"TENSORFOLD_MEMORY_RESERVE_GIB must be at least {floor} GiB here, got {gib}")
+        return int(gib * GIB)
+    if reading.unified:
+        return max(reading.total_bytes // 10, 4 * GIB)
+    return max(reading.total_bytes // 32, 1 * GIB)
+
+
+@dataclass
+class PoolPlan:
+    num_blocks: int
+    max_seqs: int
+    window: int  # the effective context window
+    reason: str  # how the pool was sized, for the policy line and the log
+
+
+def plan_pool(
+    *,
+    budget_bytes: int,
+    bytes_per_block: int,
+    block_size: int,
+    window: int,
+    parallel: int | str,
+    max_parallel_auto: int,
+) -> PoolPlan:
+    """Blocks from a byte budget; lanes from `parallel` or, for auto, from how many full windows fit."""
+    if bytes_per_block <= 0:
+        raise StartupError("the model declares no KV cache")
+    blocks_per_window = -(-window // block_size)
+    # More than every lane's full window (twice, for the prefix cache) is never used.
+    lanes_cap = max_parallel_auto if parallel == "auto" else int(parallel)
+    useful = 2 * lanes_cap * blocks_per_window
+    num_blocks = min(budget_bytes // bytes_per_block, useful)
+    if num_blocks < 1:
+        raise StartupError(
+            f"no memory left for the KV cache ({budget_bytes / GIB:.2f} GiB after the model and the reserve); "
+            "free memory, lower TENSORFOLD_MEMORY_RESERVE_GIB or set kv_cache_gib"
+        )
+    window = min(window, num_blocks * block_size)
+    if parallel == "auto":
+        max_seqs = max(1, min(max_parallel_auto, (num_blocks * block_size) // window))
+    else:
+        max_seqs = int(parallel)
+    return PoolPlan(
+        num_blocks=num_blocks,
+        max_seqs=max_seqs,
+        window=window,
+        reason=f"{num_blocks} blocks of {block_size} tokens ({num_blocks * bytes_per_block / GIB:.2f} GiB)",
+    )
+
+
+def check_weights_fit(weight_bytes: int, device: torch.device, tp_size: int = 1) -> None:
+    """Refuse to start when the weights alone would not fit, before loading a byte of them."""
+    reading = read_memory(device)
+    need = weight_bytes // tp_size if not reading.unified else weight_bytes
+    if need > reading.available_bytes:
+        raise StartupError(
+            f"too little memory for the model: its weights need {need / GIB:.2f} GiB, "
+            f"only {reading.available_bytes / GIB:.2f} GiB is available on {device.type}"
+        )

@@ -1,0 +1,84 @@
+"""The store for an engine in the replica's child process: the child cannot call Ray, so its store calls
+go to the replica over their socket, and the replica makes them on the PromptStore actor.
+
+child -> replica: StoreCall (a write is sent and forgotten; other calls wait for their StoreReply, and
+                  whatever else arrives meanwhile is kept, in order, for the child's loop)
+replica -> child: StoreReply
+"""
+
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from deployments.messages.store import BlockRows, PieceWrite, StoreStats
+
+log = logging.getLogger("tensorfold.store")
+NO_REPLY = -1
+
+
+@dataclass
+class StoreCall:
+    call_id: int  # NO_REPLY for writes
+    method: str  # a StoreLink method
+    args: tuple
+
+
+@dataclass
+class StoreReply:
+    call_id: int
+    value: object
+    error: str | None = None
+
+
+class RelayStoreLink:
+    """The child's StoreLink; `pending` holds the messages that arrived while a call waited."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._ids = itertools.count()
+        self.pending: deque[object] = deque()
+
+    def _call(self, method: str, *args: object) -> object:
+        call_id = next(self._ids)
+        self._conn.send(StoreCall(call_id, method, args))
+        while True:
+            message = self._conn.recv()
+            if isinstance(message, StoreReply) and message.call_id == call_id:
+                if message.error is not None:
+                    raise RuntimeError(f"the prompt store failed: {message.error}")
+                return message.value
+            self.pending.append(message)
+
+    def open_set(self, set_id: str) -> list[bytes]:
+        return self._call("open_set", set_id)  # type: ignore[return-value]
+
+    def write(self, piece: PieceWrite) -> None:
+        self._conn.send(StoreCall(NO_REPLY, "write", (piece,)))
+
+    def flush(self, timeout_s: float) -> None:
+        """The parent relays the writes to the actor and waits for them as it stops (EngineProcess.shutdown)."""
+
+    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
+        try:
+            return self._call("read", set_id, hashes)  # type: ignore[return-value]
+        except RuntimeError:
+            log.exception("prompt store read failed; prefilling instead")
+            return None
+
+    def delete_set(self, set_id: str) -> int:
+        return self._call("delete_set", set_id)  # type: ignore[return-value]
+
+    def stats(self, set_id: str) -> StoreStats:
+        return self._call("stats", set_id)  # type: ignore[return-value]
+
+
+def answer_store_call(link: object, call: StoreCall) -> StoreReply | None:
+    """Make a relayed call on the replica's own link; None for a write (nobody waits for it)."""
+    try:
+        value = getattr(link, call.method)(*call.args)
+    except Exception as exc:  # the child decides what a failed call means (a read prefills instead)
+        log.exception("prompt store call %s failed", call.method)
+        return None if call.call_id == NO_REPLY else StoreReply(call.call_id, None, f"{type(exc).__name__}: {exc}")
+    return None if call.call_id == NO_REPLY else StoreReply(call.call_id, value)

@@ -1,0 +1,97 @@
+"""The routes' Backend over an in-process renderer and engine loop: the same HTTP surface without Ray.
+
+Used to measure what the graph adds (`tensorfold bench`) and by tests that need the routes but not Serve.
+Everything here is the real renderer and engine; only the Ray hops are missing. Like the graph's Ingress,
+it may answer before its engine has loaded: built without a loop it reports no replica (the engine is not
+ready), and `attach` hands it the engine's running loop once that exists.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from deployments.chat_format.conversation import MessageError
+from deployments.chat_format.rendering import PromptRenderer
+from deployments.chat_format.template import TemplateRenderError
+from deployments.messages.memory import ReplicaMemory
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, TokenizerCard
+from deployments.messages.replies import ImprintAnswer
+from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.messages.responses import StoredResponse
+from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.response_store.store import ResponseStore
+from deployments.scheduler.deployment import engine_stream, replica_status
+from deployments.scheduler.transports.thread import EngineLoop
+
+
+class _LocalStream:
+    def __init__(self, generator: AsyncIterator[UpstreamItem]) -> None:
+        self._generator = generator
+
+    def __aiter__(self) -> AsyncIterator[UpstreamItem]:
+        return self._generator
+
+    async def close(self) -> None:
+        await self._generator.aclose()  # type: ignore[attr-defined]
+
+
+class LocalBackend:
+    def __init__(self, renderer: PromptRenderer, loop: EngineLoop | None) -> None:
+        self._renderer = renderer
+        self._loop = loop  # None while the engine loads
+        self._responses = ResponseStore()  # one process, so the store lives here
+
+    def attach(self, loop: EngineLoop) -> None:
+        """The engine has loaded: its running loop serves from now on."""
+        self._loop = loop
+
+    @property
+    def loop(self) -> EngineLoop:
+        if self._loop is None:
+            raise RuntimeError("the engine has not loaded yet")
+        return self._loop
+
+    async def card(self) -> TokenizerCard:
+        return self._renderer.card()
+
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+        try:
+            return self._renderer.render_chat(request)
+        except (TemplateRenderError, MessageError) as exc:
+            return RenderRefusal(str(exc))
+
+    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._renderer.tokenize(text, add_special_tokens)
+
+    async def token_strs(self, ids: list[int]) -> list[str]:
+        return self._renderer.token_strs(ids)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return self._renderer.detokenize(ids)
+
+    def stream(self, request: EngineRequest) -> _LocalStream:
+        return _LocalStream(engine_stream(self.loop, request))
+
+    async def replicas(self) -> list[ReplicaStatus]:
+        if self._loop is None:  # still loading: no replica answers, as in the graph
+            return []
+        return [replica_status("local", self._loop.info(), self._loop.memory_figures())]
+
+    async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
+        if self._loop is None:
+            return []
+        return [replace(await self._loop.memory(reset_peak), replica="local")]
+
+    async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
+        return await self.loop.engine_call("imprint", query)  # type: ignore[return-value]
+
+    async def forget_disk(self) -> int:
+        return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
+
+    async def save_response(self, entry: StoredResponse) -> None:
+        self._responses.save(entry)
+
+    async def load_response(self, response_id: str) -> StoredResponse | None:
+        return self._responses.load(response_id)
+
+    async def delete_response(self, response_id: str) -> bool:
+        return self._responses.delete(response_id)

@@ -1,0 +1,141 @@
+"""The engine in its own process (EngineProcess): the same replies, refusals and bookkeeping as the engine on
+a thread of this process, and a child that dies ends what is in flight instead of hanging it."""
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from deployments.config import EngineConfig
+from deployments.messages.replies import ContextLengthError, EngineChunk, FinishReason
+from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.scheduler.engine.core import Engine
+from deployments.scheduler.transports.hub import StreamHub
+from deployments.scheduler.transports.process import EngineProcess
+from deployments.scheduler.transports.thread import EngineLoop
+from serve_app.args import AppArgs
+
+PROMPTS = [[11, 12, 13, 14], [200, 201, 202], [5] * 40, [300, 301, 302, 303, 304, 305]]
+
+
+def _config(served_model: str) -> EngineConfig:
+    model_dir = str(AppArgs(model=served_model).model_dir)
+    return EngineConfig(model=model_dir, context=256, kv_cache_gib=0.05, device="cpu", engine_process=True)
+
+
+@pytest.fixture(scope="module")
+def process(served_model: str) -> Iterator[EngineProcess]:
+    driver = EngineProcess(_config(served_model))
+    driver.start()
+    yield driver
+    driver.shutdown()
+
+
+@pytest.fixture(scope="module")
+def thread(served_model: str) -> Iterator[EngineLoop]:
+    driver = EngineLoop(Engine(_config(served_model)))
+    driver.start()
+    yield driver
+    driver.shutdown()
+
+
+def _request(tag: str, prompt: list[int], seed: int | None = None, max_tokens: int = 24) -> EngineRequest:
+    sampling = SamplingParams(temperature=0.0) if seed is None else SamplingParams(temperature=0.9, seed=seed)
+    return EngineRequest(tag, prompt, sampling, max_tokens=max_tokens)
+
+
+async def _reply(driver: StreamHub, request: EngineRequest) -> list[EngineChunk]:
+    return [chunk async for chunk in driver.generate(request)]
+
+
+def _replies(driver: StreamHub, tag: str) -> list[tuple[list[int], str, FinishReason | None]]:
+    async def run() -> list[list[EngineChunk]]:
+        requests = [_request(f"{tag}-{i}", p) for i, p in enumerate(PROMPTS)]
+        requests.append(_request(f"{tag}-seeded", PROMPTS[0], seed=7))
+        return list(await asyncio.gather(*[_reply(driver, r) for r in requests]))
+
+    return [([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1].finish_reason)
+            for chunks in asyncio.run(run())]  # fmt: skip
+
+
+def test_replies_equal_the_engine_on_a_thread(process: EngineProcess, thread: EngineLoop) -> None:
+    from_process, from_thread = _replies(process, "p"), _replies(thread, "t")
+    assert from_process == from_thread
+    assert all(tokens and finish in (FinishReason.STOP, FinishReason.LENGTH) for tokens, _, finish in from_process)
+
+
+def _refusal(driver: StreamHub, request: EngineRequest) -> Exception:
+    with pytest.raises(ValueError) as caught:
+        asyncio.run(_reply(driver, request))
+    return caught.value
+
+
+@pytest.mark.parametrize("prompt, max_tokens", [([7] * 300, 4), ([7] * 200, 100), ([10**6], 4), ([], 4)])
+def test_refusals_are_the_ones_the_engine_on_a_thread_raises(process: EngineProcess, thread: EngineLoop,
+                                                             prompt: list[int], max_tokens: int) -> None:  # fmt: skip
+    from_process = _refusal(process, _request("refused", prompt, max_tokens=max_tokens))
+    from_thread = _refusal(thread, _request("refused", prompt, max_tokens=max_tokens))
+    assert str(from_process) == str(from_thread)
+    assert isinstance(from_process, ContextLengthError) == isinstance(from_thread, ContextLengthError)
+    assert getattr(from_process, "param", None) == getattr(from_thread, "param", "messages")
+    assert process.alive()
+
+
+def _wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_stream_closed_early_aborts_its_request_and_frees_its_blocks(process: EngineProcess) -> None:
+    aborted_before = process.info().counters.requests_aborted_total
+
+    async def leave_after_first_chunk() -> None:
+        stream = process.generate(_request("leaves", PROMPTS[2], max_tokens=200))
+        async for _ in stream:
+            break
+        await stream.aclose()
+
+    asyncio.run(leave_after_first_chunk())
+    _wait_until(lambda: process.info().counters.requests_aborted_total == aborted_before + 1)
+    assert process.info().running == 0 and process.info().kv_usage == 0.0
+
+
+def test_memory_and_info_are_the_childs(process: EngineProcess) -> None:
+    memory = asyncio.run(process.memory())
+    info = process.info()
+    assert memory.kv_blocks_total == info.num_blocks > 0
+    assert memory.process_rss_bytes > 0 and memory.ranks[0].weights_bytes > 0
+    # a CPU engine reports no device memory, only the child's footprint (its resident set, not this process's)
+    figures = process.memory_figures()
+    assert set(figures) == {"footprint"} and figures["footprint"] > 0
+
+
+def test_a_dead_engine_process_ends_its_requests_and_fails_the_health_check(served_model: str) -> None:
+    driver = EngineProcess(_config(served_model))
+    driver.start()
+
+    async def run() -> EngineChunk:
+        chunks = []
+        async for chunk in driver.generate(_request("orphan", PROMPTS[2], max_tokens=200)):
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                driver._process.kill()  # the engine dies mid-reply
+        return chunks[-1]
+
+    try:
+        last = asyncio.run(asyncio.wait_for(run(), 30))
+        assert last.finish_reason == FinishReason.ERROR and "engine process exited" in (last.error or "")
+        _wait_until(lambda: not driver.alive())
+        with pytest.raises(RuntimeError, match="engine process has exited"):
+            asyncio.run(_reply(driver, _request("after", PROMPTS[0])))
+        assert not driver._subscribers  # a request that could not be sent leaves no mailbox behind
+    finally:
+        driver.shutdown()
+
+
+def test_an_engine_that_cannot_start_fails_the_constructor(tmp_path) -> None:
+    with pytest.raises(RuntimeError, match="the engine process did not start"):
+        EngineProcess(EngineConfig(model=str(tmp_path), device="cpu", engine_process=True))

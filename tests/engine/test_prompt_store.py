@@ -1,0 +1,160 @@
+"""The disk prompt-state store: its files (checks, permissions, caps) and the engine's round trip through it."""
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deployments.config import EngineConfig
+from deployments.messages.prefix import PromptHashes
+from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.messages.store import PieceWrite, StoreCaps
+from deployments.prompt_store.links import LocalStoreLink
+from deployments.prompt_store.store import PromptStoreFiles
+from serve_app.args import AppArgs
+
+BIG = StoreCaps(max_bytes=1 << 40, min_free_bytes=0, daily_bytes=1 << 40)
+
+
+def _piece(set_id: str, tokens: list[int], block_bytes: int = 64, seed: int = 0) -> PieceWrite:
+    hashes = PromptHashes.of(tokens, 4).hashes
+    payload = np.random.default_rng(seed).integers(0, 255, len(hashes) * block_bytes, dtype=np.uint8)
+    blocks = [tokens[i * 4 : (i + 1) * 4] for i in range(len(hashes))]
+    return PieceWrite(set_id, None, hashes, blocks, block_bytes, payload)
+
+
+def test_pieces_survive_a_reopen_and_are_checked(tmp_path: Path) -> None:
+    store = PromptStoreFiles(tmp_path, BIG)
+    store.open_set("s")
+    piece = _piece("s", list(range(16)))
+    assert store.write(piece) == piece.hashes
+    assert store.write(piece) == []  # rows already stored for the same tokens are written once
+    reopened = PromptStoreFiles(tmp_path, BIG)
+    assert set(reopened.open_set("s")) == set(piece.hashes)
+    rows = reopened.read("s", piece.hashes + [b"x" * 16])
+    assert rows.hashes == piece.hashes and np.array_equal(rows.payload, piece.payload)
+    assert rows.token_ids == [list(range(i, i + 4)) for i in range(0, 16, 4)]
+
+
+def test_a_damaged_piece_is_deleted_with_the_states_that_need_it(tmp_path: Path) -> None:
+    store = PromptStoreFiles(tmp_path, BIG)
+    store.open_set("s")
+    first = _piece("s", list(range(8)))
+    store.write(first)
+    tail_tokens = list(range(8)) + [50, 51, 52, 53]
+    tail = _piece("s", tail_tokens)
+    tail = PieceWrite("s", first.hashes[-1], tail.hashes[2:], tail.token_ids[2:], 64, tail.payload[128:])
+    store.write(tail)
+    (path,) = [p for p in (tmp_path / "s").glob("*.piece") if p.name.startswith(first.hashes[0].hex())]
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert store.read("s", PromptHashes.of(tail_tokens, 4).hashes) is None
+    assert not list((tmp_path / "s").glob("*.piece"))  # the tail needed the damaged piece: both went
+    assert store.stats("s").damaged_pieces == 1
+
+
+def test_files_are_owner_only_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        store = PromptStoreFiles(tmp_path / "learned", BIG)
+        store.open_set("s")
+        store.write(_piece("s", list(range(8))))
+    finally:
+        os.umask(old)
+    for path in [tmp_path / "learned", *(tmp_path / "learned").rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "learned" / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PermissionError):
+        store.open_set("linked")
+
+
+def test_caps_skip_writes_and_evict_other_sets_first(tmp_path: Path) -> None:
+    probe = PromptStoreFiles(tmp_path / "probe", BIG)
+    probe.open_set("p")
+    probe.write(_piece("p", list(range(8))))
+    piece_size = probe.stats("p").bytes_held
+    store = PromptStoreFiles(tmp_path, StoreCaps(max_bytes=int(2.5 * piece_size), min_free_bytes=0,
+                                                 daily_bytes=1 << 40))  # fmt: skip
+    store.open_set("old")
+    store.write(_piece("old", list(range(8))))
+    store.open_set("new")
+    store.write(_piece("new", list(range(100, 108))))
+    store.write(_piece("new", list(range(200, 208))))  # the total cap: the other set goes first
+    assert not list((tmp_path / "old").glob("*.piece")) and (tmp_path / "old" / "used").exists()
+    assert len(list((tmp_path / "new").glob("*.piece"))) == 2
+    daily = PromptStoreFiles(tmp_path / "d", StoreCaps(max_bytes=1 << 40, min_free_bytes=0, daily_bytes=10))
+    daily.open_set("s")
+    assert daily.write(_piece("s", list(range(8)))) == [] and daily.stats("s").writes_skipped == 1
+    no_room = PromptStoreFiles(tmp_path / "f", StoreCaps(max_bytes=1 << 40, min_free_bytes=1 << 60, daily_bytes=1 << 40))
+    no_room.open_set("s")  # the disk would keep less free space than asked: RAM only
+    assert no_room.write(_piece("s", list(range(8)))) == [] and not list((tmp_path / "f").rglob("*.piece"))
+    written = json.loads((tmp_path / "written").read_text())  # today's bytes, every set's (three pieces)
+    assert written["day"] == time.strftime("%Y-%m-%d") and 2.5 * piece_size < written["bytes"] < 4 * piece_size
+
+
+def _config(served_model: str, learn_dir: Path, **extra: object) -> EngineConfig:
+    model_dir = str(AppArgs(model=served_model).model_dir)
+    return EngineConfig(model=model_dir, context=1024, kv_cache_gib=0.05, device="cpu", learn_dir=str(learn_dir),
+                        learn_conversations=True, **extra)  # fmt: skip
+
+
+def _run(engine: object, prompt: list[int], request_id: str) -> tuple[list[int], object]:
+    engine.add_request(EngineRequest(request_id, prompt, SamplingParams(temperature=0.0), max_tokens=12))
+    tokens: list[int] = []
+    while True:
+        for chunk in engine.step():
+            tokens += chunk.token_ids
+            if chunk.finished:
+                return tokens, chunk.stats
+
+
+def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp_path: Path) -> None:
+    from deployments.scheduler.engine.core import Engine
+
+    prompt = [(13 * i) % 600 + 30 for i in range(300)]
+    config = _config(served_model, tmp_path)
+    first = Engine(config, LocalStoreLink(config))
+    reply, _ = _run(first, prompt, "a")
+    while first.has_idle_work():
+        first.idle_work()
+    first.shutdown()
+    next_turn = prompt + reply + [40, 41, 42]
+    restarted = Engine(config, LocalStoreLink(config))  # a fresh RAM cache over the same folder
+    resumed, stats = _run(restarted, next_turn, "b")
+    assert stats.disk_tokens >= 0.9 * len(prompt) and stats.cached_tokens >= stats.disk_tokens
+    fresh_config = config.model_copy(update={"learn_conversations": False})
+    fresh, fresh_stats = _run(Engine(fresh_config), next_turn, "c")
+    assert resumed == fresh and fresh_stats.cached_tokens == 0  # the same reply as a fresh prompt pass
+
+
+def test_learn_alone_keeps_only_shared_prefixes_in_a_store_of_their_own(served_model: str, tmp_path: Path) -> None:
+    from deployments.scheduler.engine.core import Engine
+
+    shared = [(7 * i) % 500 + 30 for i in range(160)]
+    config = _config(served_model, tmp_path).model_copy(update={"learn_conversations": False, "learn": True})
+    engine = Engine(config, LocalStoreLink(config))
+    _run(engine, shared + [1, 2, 3], "a")
+    while engine.has_idle_work():
+        engine.idle_work()
+    assert engine.disk.latest.pieces_written == 0  # nothing was shared yet
+    _, stats = _run(engine, shared + [4, 5, 6], "b")  # finds the first prompt's blocks cached: shared
+    while engine.has_idle_work():
+        engine.idle_work()
+    held = engine.disk.latest
+    assert held.pieces_written == 1 and held.bytes_held < 1.2 * stats.cached_tokens * engine.disk.block_bytes / 16
+    engine.shutdown()
+    restarted = Engine(config, LocalStoreLink(config))
+    _, resumed = _run(restarted, shared + [7, 8, 9], "c")
+    assert resumed.disk_tokens == stats.cached_tokens
+    conversations = _config(served_model, tmp_path)  # --learn-conversations: its own store, not the prefixes
+    other = Engine(conversations, LocalStoreLink(conversations))
+    _, fresh = _run(other, shared + [7, 8, 9], "d")
+    assert fresh.disk_tokens == 0
+    assert sorted(p.name.rsplit("-", 1)[-1] for p in tmp_path.iterdir() if p.is_dir()) == ["conversations", "prefixes"]

@@ -1,0 +1,108 @@
+"""Label scoring in the engine: a request that reads the next-token distribution and generates nothing.
+
+Scores must be the float64 log-softmax of the model's own next-token logits at the prompt's end, the same
+alone or batched beside running replies, with no reply token; the replies next to it must not change.
+"""
+
+import pytest
+import torch
+
+from deployments.config import EngineConfig
+from deployments.messages.replies import FinishReason
+from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
+from deployments.model_rank.models import load_model
+from deployments.scheduler.engine.core import Engine
+from tests.support.engine_harness import run_to_end
+from tests.support.model_harness import PagedHarness
+
+LABELS = [32, 33, 34, 15, 16, 725]  # "A", "B", "C", "0", "1" and an end token in tiny-glm's vocabulary
+
+
+@pytest.fixture(scope="module")
+def model_dir(served_model: str) -> str:
+    from serve_app.args import AppArgs
+
+    return str(AppArgs(model=served_model).model_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: str) -> Engine:
+    return Engine(EngineConfig(model=model_dir, context=256, kv_cache_gib=0.02, parallel=8, device="cpu",
+                               prefill_chunk_size=24))  # fmt: skip
+
+
+def _prompt(length: int, offset: int = 0) -> list[int]:
+    return [(11 * j + offset) % 600 + 60 for j in range(length)]
+
+
+def _scoring(request_id: str, prompt: list[int], labels: list[int] = LABELS) -> EngineRequest:
+    return EngineRequest(request_id, prompt, sampling=SamplingParams(temperature=0.0), score_token_ids=list(labels))
+
+
+def _reply(request_id: str, prompt: list[int]) -> EngineRequest:
+    sampling = SamplingParams(temperature=0.7, seed=5, ignore_eos=True)
+    return EngineRequest(request_id, prompt, sampling=sampling, max_tokens=20)
+
+
+def _scores(engine: Engine, request: EngineRequest) -> list[float]:
+    """Drive the engine and return the final chunk's scores (checking nothing was generated)."""
+    engine.add_request(request)
+    final = None
+    while engine.has_work():
+        for chunk in engine.step():
+            assert chunk.request_id == request.request_id and not chunk.token_ids and not chunk.text
+            final = chunk
+    assert final is not None and final.finish_reason == FinishReason.STOP and final.scores is not None
+    assert final.stats.completion_tokens == 0 and final.stats.prompt_tokens == len(request.prompt_token_ids)
+    return final.scores
+
+
+def test_scores_are_the_models_next_token_log_softmax(engine: Engine, model_dir: str) -> None:
+    prompt = _prompt(50)  # longer than one prefill chunk
+    logits = PagedHarness(load_model(model_dir, dtype="float32")).prefill(0, prompt).float()
+    expected = torch.log_softmax(logits.to(torch.float64), dim=-1)[LABELS].tolist()
+    scores = _scores(engine, _scoring("solo", prompt))
+    assert scores == pytest.approx(expected, abs=1e-9)
+    assert all(s < 0 for s in scores)
+
+
+def test_scoring_beside_running_replies_equals_solo(engine: Engine) -> None:
+    prompts = [_prompt(30 + 7 * i, offset=i) for i in range(4)]
+    solo_scores = [_scores(engine, _scoring(f"alone-{i}", p)) for i, p in enumerate(prompts)]
+    solo_reply = run_to_end(engine, [_reply("reply-solo", _prompt(40, offset=9))])["reply-solo"]
+    finals: dict[str, list[float] | None] = {}
+    tokens: list[int] = []
+    engine.add_request(_reply("reply-mixed", _prompt(40, offset=9)))
+    while len(tokens) < 3:  # the reply is decoding when the scoring prompts arrive
+        tokens.extend(t for chunk in engine.step() for t in chunk.token_ids)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(_scoring(f"mixed-{i}", prompt))
+    while engine.has_work():
+        for chunk in engine.step():
+            if chunk.request_id == "reply-mixed":
+                tokens.extend(chunk.token_ids)
+            else:
+                assert not chunk.token_ids
+            if chunk.finished:
+                finals[chunk.request_id] = chunk.scores
+                scored = chunk.request_id.startswith("mixed")
+                assert chunk.finish_reason == (FinishReason.STOP if scored else FinishReason.LENGTH)
+    assert [finals[f"mixed-{i}"] for i in range(4)] == solo_scores
+    assert finals["reply-mixed"] is None
+    assert tokens == solo_reply.token_ids and len(tokens) == 20
+
+
+def test_scoring_refusals(engine: Engine) -> None:
+    vocab = engine.runner_info.vocab_size
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.validate(_scoring("bad-id", _prompt(5), [1, vocab]))
+    with pytest.raises(ValueError, match="empty"):
+        engine.validate(_scoring("no-ids", _prompt(5), []))
+    with_logprobs = _scoring("logprobs", _prompt(5))
+    with_logprobs.logprobs = 2
+    with pytest.raises(ValueError, match="grammar or ask for logprobs"):
+        engine.validate(with_logprobs)
+    with_grammar = _scoring("grammar", _prompt(5))
+    with_grammar.grammar = GrammarSpec(kind="regex", source="a+")
+    with pytest.raises(ValueError, match="grammar or ask for logprobs"):
+        engine.validate(with_grammar)
