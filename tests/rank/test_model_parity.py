@@ -112,15 +112,19 @@ def test_glm_mtp_layer_matches_transformers(checkpoints: dict[str, Path], prompt
     assert (ours - expected[0].float()).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_invariant_linear_rows_do_not_depend_on_row_count(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(96, 80), (64, 64)])  # (in, out); bf16 64x64 changes with M on CPUs without AMX
+def test_invariant_linear_rows_do_not_depend_on_row_count(dtype: torch.dtype, shape: tuple[int, int]) -> None:
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 96, generator=gen).to(dtype)
-    w = torch.randn(80, 96, generator=gen).to(dtype)
-    full = invariant_linear(x, w)
-    for rows in (1, 2, 3, 5, 8, 17, 33):
-        for start in (0, 40 - rows):
-            assert torch.equal(invariant_linear(x[start : start + rows], w), full[start : start + rows])
+    for _ in range(24):
+        x = torch.randn(64, shape[0], generator=gen).to(dtype)
+        w = (torch.randn(shape[1], shape[0], generator=gen) * 0.05).to(dtype)
+        full = invariant_linear(x, w)
+        for rows in (1, 2, 3, 5, 8, 17, 33):
+            for start in (0, 64 - rows):
+                assert torch.equal(invariant_linear(x[start : start + rows], w), full[start : start + rows])
+        for row in range(64):  # every row alone
+            assert torch.equal(invariant_linear(x[row : row + 1], w), full[row : row + 1])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
