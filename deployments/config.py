@@ -1,68 +1,277 @@
-"""Each deployment's own configuration model, shared by the app builder, the CLI and the tests."""
+"""Each deployment's settings, declared once: name, type, default, bounds, description and flag.
 
-from typing import Literal
+A user sets them as flat keys of the Serve config's `args` or as `tensorfold serve` flags; serve_app/args.py
+composes the sections below into AppArgs and derives EngineConfig and IngressSettings from it, the CLI builds
+its flags from the `Flag` markers (serve_app/cli_serve.py), and docs/config.md's table is generated from the
+same fields (serve_app/settings_doc.py). Each section class names its `SECTION` in that table.
+"""
 
-from pydantic import BaseModel, ConfigDict, Field
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_MAX_BODY_BYTES = 16 << 20
 
 
-class EngineConfig(BaseModel):
-    """What a Scheduler replica needs to open its engine (built from `AppArgs` or directly in tests)."""
+@dataclass(frozen=True)
+class Flag:
+    """How a setting reads on `tensorfold serve`'s command line. A setting without this marker gets the
+    flag `--its-name` (underscores as dashes), helped by its description."""
+
+    exists: bool = True  # False: only the YAML's `args` set it (NO_FLAG)
+    name: str | None = None  # the flag where it is not `--its-name` (`--ready-wait` for ready_wait_s)
+    metavar: str | None = None  # the value's placeholder in --help
+    repeatable: bool = False  # a list, given one value per use of the flag (`--alias a --alias b`)
+    positional: bool = False  # the command's positional argument (MODEL)
+    help: str | None = None  # the flag's help where the description does not read well on a command line
+    default: str | None = None  # the command's own default, where it is not the YAML's (`--http-entry`)
+
+
+NO_FLAG = Flag(exists=False)
+
+
+class Section(BaseModel):
+    """A group of settings, one per table in docs/config.md; unknown keys are errors naming the key."""
 
     model_config = ConfigDict(extra="forbid")
+    SECTION: ClassVar[str]
 
-    model: str  # checkpoint directory
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # auto = the checkpoint's
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # What computes the forward pass: auto = MLX on an Apple-silicon Mac where mlx imports, torch elsewhere.
-    backend: Literal["auto", "torch", "mlx"] = "auto"
-    context: int | None = Field(default=None, ge=16)  # window cap; None = the model's
-    parallel: int | Literal["auto"] = "auto"  # concurrent sequences; auto = sized from memory
-    block_size: int = Field(default=16, ge=1)
-    prefill_chunk_size: int = Field(default=512, ge=1)
-    decode_share: float = Field(default=0.25, ge=0.0, le=1.0)
-    prompt_cache_gib: float | None = Field(default=None, ge=0.0)  # None = no extra cap; 0 = no reuse across requests
-    kv_cache_gib: float | None = Field(default=None, gt=0.0)  # explicit KV pool size instead of free memory
-    default_max_tokens: int | None = Field(default=None, ge=1)  # reply limit when a request omits one
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    max_parallel_auto: int = Field(default=64, ge=1)  # ceiling of `parallel: auto`
-    # Least time between two chunks of one reply leaving the Scheduler: the first and last go at once, and
-    # tokens drawn in between ride together, so a busy replica sends fewer, fuller items over Ray.
-    stream_interval_ms: float = Field(default=0.0, ge=0.0, le=1000.0)
-    # Chunks per second all of a replica's streams may send together (0 = no cap): under load each reply's
-    # interval stretches to streams / this, bounding what the hops downstream spend per token.
-    stream_events_per_second: float = Field(default=0.0, ge=0.0)
-    # At tensor-parallel size 1, step the engine in a child process of the Scheduler replica rather than on
-    # a thread of it, so the replica's own Python work (requests, streamed chunks) never holds its GIL.
-    engine_process: bool = False
-    # Intra-op threads of the forward pass (None: the node's cores less `reserved_cpus`, split between the
-    # node's tensor-parallel ranks; deployments/model_rank/threads.py), never Ray's OMP_NUM_THREADS.
-    engine_threads: int | None = Field(default=None, ge=1)
-    reserved_cpus: float = Field(default=0.0, ge=0.0)  # CPUs the graph's other replicas on the node need
-    # The disk prompt-state store (deployments/prompt_store): every state kept in RAM also goes to disk, and
-    # a prompt continuing past RAM's state resumes from disk when reading beats prefilling.
-    learn: bool = False  # shared prefixes only (blocks a later request found cached), in a store of their own
-    learn_conversations: bool = False  # every state kept in RAM (implies learn, in place of its store)
-    learn_dir: str = "~/.cache/tensorfold/learned"
-    learn_gib: float = Field(default=32.0, gt=0.0)  # every model's sets together
-    learn_min_free_gib: float = Field(default=4.0, ge=0.0)
-    learn_daily_gib: float = Field(default=32.0, gt=0.0)
 
-    # Drafts: several tokens per round, every reply the same as serial decoding's. auto = the checkpoint's MTP
-    # layer where it has one, else n-gram lookup; draft_tokens caps the drafts per round (None: the method's).
-    draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
-    draft_tokens: int | None = Field(default=None, ge=1, le=16)
-    # measured: each round's lengths from acceptance and step cost (0 when drafting does not pay); fixed:
-    # every round drafts draft_tokens where the proposal and the limit allow (reproducible draft counts).
-    draft_policy: Literal["measured", "fixed"] = "measured"
+class EngineSettings(Section):
+    """How a Scheduler replica's engine computes and paces its replies."""
+
+    SECTION = "engine"
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="the weights' dtype; auto: the checkpoint's"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="where the ranks compute; auto: CUDA when the Ray cluster has GPUs"
+    )
+    backend: Literal["auto", "torch", "mlx"] = Field(
+        default="auto",
+        description="what computes the forward pass: torch, or MLX (Metal on a Mac); "
+        "auto: MLX on an Apple-silicon Mac where mlx imports, torch elsewhere",
+    )
+    context: int | None = Field(
+        default=None, ge=16, description="cap on the context window, in tokens; unset: the model's"
+    )
+    parallel: int | Literal["auto"] = Field(
+        default="auto", description="concurrent sequences per model copy: N, or auto (as many as full windows fit)"
+    )
+    block_size: Annotated[int, NO_FLAG] = Field(
+        default=16, ge=1, description="tokens per KV-cache block (the prefix cache's and the router's unit)"
+    )
+    prefill_chunk_size: Annotated[int, NO_FLAG] = Field(
+        default=512, ge=1, description="prompt tokens a prefill chunk takes at most"
+    )
+    decode_share: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+        description="decode rounds' time per prefill chunk's time; "
+        "0: each prompt prefills whole first, in arrival order",
+    )
+    prompt_cache_gib: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="cap on unreferenced cached prompt blocks, in GiB; unset: no cap beyond the pool; 0: no reuse "
+        "across requests",
+    )
+    # Added to the flags (not one before): the pool's size is the memory knob a shared GPU needs at once.
+    kv_cache_gib: float | None = Field(
+        default=None, gt=0.0, description="the KV pool's size, in GiB; unset: sized from free memory"
+    )
+    default_max_tokens: int | None = Field(
+        default=None, ge=1, description="reply limit when a request sets none (always capped to the context left)"
+    )
+    # Tokens drawn while a reply's chunk waits ride in the next one, so a busy replica sends fewer, fuller
+    # items over Ray; under load the events cap stretches each reply's interval to streams / the cap, which
+    # bounds what the hops downstream spend per token.
+    stream_interval_ms: Annotated[float, NO_FLAG] = Field(
+        default=0.0,
+        ge=0.0,
+        le=1000.0,
+        description="least time between two chunks of one reply leaving the "
+        "Scheduler (the first and the last go at once)",
+    )
+    stream_events_per_second: Annotated[float, NO_FLAG] = Field(
+        default=200.0, ge=0.0, description="chunks per second all of a replica's streams may send together; 0: no cap"
+    )
+    # A child process keeps the replica's own Python work (requests, streamed chunks) off the engine's GIL.
+    engine_process: Annotated[bool, NO_FLAG] = Field(
+        default=True,
+        description="at tensor-parallel size 1, step the engine in a child process of the "
+        "Scheduler replica rather than on a thread of it",
+    )
+    # Never Ray's OMP_NUM_THREADS (deployments/model_rank/threads.py).
+    engine_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="intra-op threads of the forward pass; unset: the node's cores less Ingress's and the Renderer's",
+    )
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("parallel must be 'auto' or a positive integer")
+        return value
+
+
+class DraftSettings(Section):
+    """Drafts: several tokens per round, every reply the same as serial decoding's, token for token
+    (deployments/scheduler/engine/drafts.py)."""
+
+    SECTION = "drafts"
+
+    draft: Literal["auto", "mtp", "ngram", "off"] = Field(
+        default="auto",
+        description="the drafter: the checkpoint's MTP layer, n-gram prompt lookup, or none; "
+        "auto: MTP where the checkpoint has it, else n-gram",
+    )
+    draft_tokens: int | None = Field(
+        default=None, ge=1, le=16, description="most drafts a round verifies; unset: the drafter's (3 MTP, 4 n-gram)"
+    )
+    draft_policy: Literal["measured", "fixed"] = Field(
+        default="measured",
+        description="measured: each round's lengths from acceptance and step cost (none when "
+        "drafting does not pay); fixed: always draft_tokens",
+    )
 
     @property
     def wants_mtp(self) -> bool:
         """Whether the ranks should load the MTP layer's drafting (it runs only where the checkpoint has one)."""
         return self.draft in ("auto", "mtp")
 
+
+class StoreSettings(Section):
+    """The disk prompt-state store (deployments/prompt_store): every state kept in RAM also goes to disk, and a
+    prompt continuing past RAM's states resumes from disk (after a restart too) when reading beats prefilling."""
+
+    SECTION = "store"
+
+    learn: bool = Field(
+        default=False,
+        description="keep shared prompt prefixes on disk too (blocks a later "
+        "request found cached), in a store of their own",
+    )
+    learn_conversations: bool = Field(
+        default=False,
+        description="keep every prompt state on disk too, so conversations resume after a restart "
+        "(implies learn, in place of its store)",
+    )
+    learn_dir: Annotated[str, Flag(metavar="PATH")] = Field(
+        default="~/.cache/tensorfold/learned", description="the store's folder"
+    )
+    learn_gib: float = Field(default=32.0, gt=0.0, description="disk the stored states may take, every model's")
+    learn_min_free_gib: float = Field(
+        default=4.0, ge=0.0, description="free disk to keep; below it, states stay in RAM only"
+    )
+    learn_daily_gib: float = Field(
+        default=32.0, gt=0.0, description="bytes the store may write per day; past it, states stay in RAM only"
+    )
+
     @property
     def learning(self) -> bool:
         return self.learn or self.learn_conversations
+
+
+class TensorParallel(Section):
+    """The graph's one setting the engine reads too: how many ranks it drives."""
+
+    SECTION = "graph"
+
+    tensor_parallel_size: int = Field(default=1, ge=1, description="ranks per model copy (gloo on CPU, NCCL on GPUs)")
+
+
+class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel):
+    """Every engine setting a user sets: the part of AppArgs that EngineConfig carries whole."""
+
+    @model_validator(mode="after")
+    def _learning_possible(self) -> "EngineKnobs":
+        """Refuse at startup what cannot keep states on disk, naming the fix."""
+        flag = "learn_conversations" if self.learn_conversations else "learn"
+        if self.learning and self.prompt_cache_gib == 0:
+            raise ValueError(f"{flag} needs the engine to keep prompt states: prompt_cache_gib 0 keeps none")
+        return self
+
+
+class EngineConfig(EngineKnobs):
+    """What a Scheduler replica needs to open its engine: `AppArgs.engine_config()`, or built directly in tests
+    (with the production defaults)."""
+
+    model: str  # checkpoint directory
+    max_parallel_auto: int = Field(default=64, ge=1)  # ceiling of `parallel: auto`
+    reserved_cpus: float = Field(default=0.0, ge=0.0)  # CPUs the graph's other replicas on the node need
+
+
+class KeyEntry(BaseModel):
+    """One accepted key, as the server keeps it: a non-secret label and the key's SHA-256 hex digest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: str
+    digest: str
+
+
+class AuthSettings(BaseModel):
+    """What an Ingress replica needs to authenticate: digests of the fixed keys, and the key file's path
+    (deployments/ingress/http/keys.py builds it at startup)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fixed: list[KeyEntry] = []  # from --api-key and TENSORFOLD_API_KEY
+    key_file: str | None = None  # read by each replica, re-read when it changes
+    metrics_open: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.fixed) or self.key_file is not None
+
+
+class IngressHttp(Section):
+    """What an Ingress replica's HTTP surface allows: body size, the dashboard, the wait for a loading model."""
+
+    SECTION = "HTTP"
+
+    max_body_bytes: int = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1024, description="larger request bodies get HTTP 413"
+    )
+    dashboard: bool = Field(default=False, description="serve a live /dashboard page and its /stats JSON snapshot")
+    ready_wait_s: Annotated[float, Flag(name="--ready-wait", metavar="SECONDS")] = Field(
+        default=60.0, ge=0.0, description="seconds a request sent while the model loads waits for it, then 503"
+    )
+
+
+class ThinkingDefaults(Section):
+    """Thinking limits the Ingress gives the requests that set none (deployments/scheduler/engine/thinking.py)."""
+
+    SECTION = "chat"
+
+    thinking_budget: int = Field(
+        default=0, ge=0, description="reasoning tokens before a forced close, for requests that set none; 0: none"
+    )
+    loop_guard: bool = Field(default=False, description="close a think block caught in a short exact loop")
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("tensorfold")
+    except metadata.PackageNotFoundError:  # running from a checkout without an install
+        return "0.0.0+source"
+
+
+class IngressSettings(IngressHttp, ThinkingDefaults):
+    """What an Ingress replica is built with: `AppArgs.ingress_settings(auth)`, or built directly in tests."""
+
+    served_name: str
+    model_ids: list[str]  # the served name, then each alias
+    version: str = package_version()
+    auth: AuthSettings = AuthSettings()  # key digests and the key file; no keys: every route open
+    learn_conversations: bool = False  # the disk prompt-state store is on: the imprint routes answer
 
 
 class StartupError(ValueError):

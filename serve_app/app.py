@@ -3,7 +3,7 @@
 No `from __future__ import annotations` here: Serve reads the builder's parameter annotation at runtime
 to validate the YAML's `args` into AppArgs; with postponed annotations it would pass a plain dict.
 
-Layout (DESIGN.md): Ingress -> Renderer, Ingress -> Scheduler (one replica per model copy), Ingress ->
+Layout: Ingress -> Renderer, Ingress -> Scheduler (one replica per model copy), Ingress ->
 ResponseStore (one replica: stored Responses, shared by every Ingress replica). At
 tensor-parallel size N > 1 each Scheduler replica gets a placement group of N + 1 bundles: bundle 0 holds
 the replica itself, bundle i + 1 rank i's actor (deployments/model_rank/deployment.py places the ranks
@@ -25,10 +25,9 @@ from ray.serve.schema import LoggingConfig
 
 from deployments.chat_format.rendering import RendererOptions
 from deployments.chat_format.template_file import load_template_file
-from deployments.ingress.context import IngressSettings
 from deployments.ingress.deployment import Ingress
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
-from deployments.ingress.http.keys import auth_settings  # digests only: replica args show in Ray's dashboard
+from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
 from deployments.renderer.deployment import Renderer
 from deployments.response_store.deployment import ResponseStoreDeployment
@@ -105,14 +104,10 @@ def build_app(args: AppArgs) -> Application:
 def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Application:
     """The graph; `ingress_node_ip` places the Ingress replica on that node (it answers HTTP there itself)."""
     device = resolve_device(args)
-    engine_config = args.to_engine_config().model_copy(update={"device": device})
+    engine_config = args.engine_config().model_copy(update={"device": device})
     resolve_backend(engine_config)  # an MLX setting the rank refuses fails the deploy with its one-line fix
-    settings = IngressSettings(served_name=args.served_name, model_ids=args.model_ids,
-                               thinking_budget=args.thinking_budget, loop_guard=args.loop_guard)  # fmt: skip
     auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
-    settings = settings.model_copy(update={"auth": auth, "max_body_bytes": args.max_body_bytes})
-    settings = settings.model_copy(update={"dashboard": args.dashboard, "ready_wait_s": args.ready_wait_s,
-                                           "learn_conversations": args.learn_conversations})  # fmt: skip
+    settings = args.ingress_settings(auth)  # digests only: replica args show in Ray's dashboard
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
     renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus), logging_config=QUIET)

@@ -2,24 +2,32 @@
 
 `serve run configs/*.yaml` hands the YAML's `args` mapping to `build_app`, whose single parameter is
 annotated with `AppArgs`, so Serve validates it here; `tensorfold serve MODEL --flags` builds the same
-model from the command line. Unknown keys are errors that name the key (extra="forbid").
+model from the command line. The keys stay flat: AppArgs inherits every section, the app's own below and
+the deployments' from deployments/config.py, and derives what each deployment is built with from itself.
+Unknown keys are errors that name the key (extra="forbid"). docs/config.md lists every key.
 """
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from deployments.config import EngineConfig
+from deployments.config import (
+    NO_FLAG,
+    AuthSettings,
+    EngineConfig,
+    EngineKnobs,
+    Flag,
+    IngressHttp,
+    IngressSettings,
+    Section,
+    ThinkingDefaults,
+)
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 DEFAULT_MODEL = "builtin:tiny-glm"
-# A served reply's chunks leave its Scheduler at most once per interval (the first and last at once). The
-# floor is 0, so a lone stream gets every token as drawn; under load all of a replica's streams together
-# send at most STREAM_EVENTS_PER_SECOND chunks, so each hop's per-chunk cost stays bounded (README, Benchmarks).
-STREAM_INTERVAL_MS = 0.0
-STREAM_EVENTS_PER_SECOND = 200.0
+Derived = TypeVar("Derived", bound=BaseModel)
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -36,95 +44,18 @@ def resolve_model_dir(model: str) -> Path:
     return path
 
 
-class AppArgs(BaseModel):
-    """Everything that shapes one served model: the engine, the HTTP surface and the graph's layout."""
+class ModelSettings(Section):
+    """What is served and under which names."""
 
-    model_config = ConfigDict(extra="forbid")
+    SECTION = "model"
 
-    # What is served and under which names.
-    model: str = DEFAULT_MODEL  # a checkpoint directory, or builtin:tiny-glm
-    name: str | None = None  # the served model id; default: the checkpoint directory's name
-    aliases: list[str] = Field(default_factory=list)  # extra ids /v1/models lists and requests may use
-
-    # HTTP binding. `tensorfold serve` uses these; under `serve run` the YAML's http_options decide.
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=1, le=65535)
-    # Who answers HTTP: "ingress" = the Ingress replica itself (Serve's direct ingress; its controller must
-    # have the settings too: configs/glm.yaml's controller_options, or `tensorfold serve`), or Serve's proxy.
-    http_entry: Literal["ingress", "proxy"] = "proxy"
-
-    # Keys (deployments.ingress.http.keys): added to TENSORFOLD_API_KEY's; prefer a 0600 api_key_file.
-    api_keys: list[str] = Field(default_factory=list, repr=False)  # never printed with the args
-    api_key_file: str | None = None
-    metrics_open: bool = False  # /metrics and /v1/metrics without a key
-    max_body_bytes: int = Field(default=16 << 20, ge=1024)  # larger request bodies get HTTP 413
-    dashboard: bool = False  # GET /dashboard (live page) and GET /stats (its JSON snapshot)
-    ready_wait_s: float = Field(default=60.0, ge=0.0)  # a request sent while the model loads waits this long
-
-    # The engine (see deployments.config.EngineConfig for each knob's meaning).
-    context: int | None = Field(default=None, ge=16)
-    parallel: int | Literal["auto"] = "auto"
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when the Ray cluster has GPUs
-    backend: Literal["auto", "torch", "mlx"] = "auto"  # auto: MLX on an Apple-silicon Mac, torch elsewhere
-    block_size: int = Field(default=16, ge=1)
-    prefill_chunk_size: int = Field(default=512, ge=1)
-    decode_share: float = Field(default=0.25, ge=0.0, le=1.0)
-    prompt_cache_gib: float | None = Field(default=None, ge=0.0)
-    kv_cache_gib: float | None = Field(default=None, gt=0.0)
-    default_max_tokens: int | None = Field(default=None, ge=1)
-    stream_interval_ms: float = Field(default=STREAM_INTERVAL_MS, ge=0.0, le=1000.0)
-    stream_events_per_second: float = Field(default=STREAM_EVENTS_PER_SECOND, ge=0.0)
-    engine_process: bool = True
-    engine_threads: int | None = Field(default=None, ge=1)  # None: the node's cores less Ingress's and the Renderer's
-    # Drafts (deployments/scheduler/engine/drafts.py): auto = the checkpoint's MTP layer, else n-gram prompt lookup.
-    # Replies are the same as `draft: false` ones, token for token; draft_tokens caps drafts per round.
-    draft: Literal["auto", "mtp", "ngram", "off"] = "auto"
-    draft_tokens: int | None = Field(default=None, ge=1, le=16)
-    draft_policy: Literal["measured", "fixed"] = "measured"  # fixed: always draft_tokens (no cost model)
-
-    # The disk prompt-state store (deployments/prompt_store): every state the engine keeps in RAM also goes
-    # to disk, and a conversation resumes from there after a restart or an eviction from RAM.
-    learn: bool = False  # shared prefixes only (what a later request found cached), in a store of their own
-    learn_conversations: bool = False  # implies learn: every state, in the store that takes learn's place
-    learn_dir: str = "~/.cache/tensorfold/learned"
-    learn_gib: float = Field(default=32.0, gt=0.0)  # every model's sets together
-    learn_min_free_gib: float = Field(default=4.0, ge=0.0)  # past it, states stay in RAM only
-    learn_daily_gib: float = Field(default=32.0, gt=0.0)  # written per day; past it, states stay in RAM only
-
-    # Chat rendering and thinking (deployments.renderer, deployments.scheduler.engine.thinking).
-    chat_template: str | None = None  # a UTF-8 Jinja file replacing the checkpoint's template
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
-    thinking_budget: int = Field(default=0, ge=0)  # requests without a budget get this one; 0 = none
-    loop_guard: bool = False  # close a think block stuck in a short exact cycle
-
-    # The graph: model copies, ranks per copy and how the ranks are placed.
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    data_parallel_size: int = Field(default=1, ge=1)
-    placement_strategy: Literal["STRICT_PACK", "PACK"] = "STRICT_PACK"
-    max_ongoing_requests: int = Field(default=1024, ge=1)  # per Ingress/Scheduler replica: queue in the engine
-    # Which replica a request goes to (deployments.routing.affinity): "affinity" = the one holding the
-    # longest cached prefix of its prompt, unless its queue leads the least loaded one's by more than
-    # routing_balance_abs requests and routing_balance_rel times; "serve" = Serve's power of two choices;
-    # "auto" = affinity when data_parallel_size > 1.
-    router: Literal["auto", "affinity", "serve"] = "auto"
-    routing_balance_abs: int = Field(default=4, ge=0)
-    routing_balance_rel: float = Field(default=1.5, ge=1.0)
-    routing_min_match: float = Field(default=0.25, ge=0.0, le=1.0)  # share of the prompt's blocks held
-    routing_stats_period_s: float = Field(default=1.0, gt=0.0)  # how often each replica reports its blocks
-
-    # Fractional CPUs so the whole graph fits a 2-core machine; the YAML's `deployments:` may override.
-    ingress_cpus: float = Field(default=0.1, gt=0.0)
-    renderer_cpus: float = Field(default=0.1, gt=0.0)
-    scheduler_cpus: float = Field(default=0.2, gt=0.0)
-    rank_cpus: float = Field(default=0.5, gt=0.0)  # each tensor-parallel rank actor (tensor_parallel_size > 1)
-
-    @field_validator("parallel")
-    @classmethod
-    def _parallel_positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("parallel must be 'auto' or a positive integer")
-        return value
+    model: Annotated[str, Flag(positional=True, metavar="MODEL")] = Field(
+        default=DEFAULT_MODEL, description="a checkpoint directory, or builtin:tiny-glm"
+    )
+    name: str | None = Field(default=None, description="the served model id; unset: the checkpoint directory's name")
+    aliases: Annotated[list[str], Flag(name="--alias", repeatable=True)] = Field(
+        default_factory=list, description="another id for the model, listed by /v1/models and accepted in requests"
+    )
 
     @field_validator("aliases")
     @classmethod
@@ -134,23 +65,11 @@ class AppArgs(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _learning_possible(self) -> "AppArgs":
-        """Refuse at startup what cannot keep states on disk, naming the fix."""
-        flag = "learn_conversations" if self.learn_conversations else "learn"
-        if (self.learn or self.learn_conversations) and self.prompt_cache_gib == 0:
-            raise ValueError(f"{flag} needs the engine to keep prompt states: prompt_cache_gib 0 keeps none")
-        return self
-
-    @model_validator(mode="after")
-    def _model_exists(self) -> "AppArgs":
+    def _model_exists(self) -> "ModelSettings":
         resolve_model_dir(self.model)  # fail at startup, naming the path, not inside a replica
         if self.name is not None and not self.name.strip():
             raise ValueError("name must be a nonempty string")
         return self
-
-    @property
-    def affinity_routing(self) -> bool:
-        return self.router == "affinity" or (self.router == "auto" and self.data_parallel_size > 1)
 
     @property
     def model_dir(self) -> Path:
@@ -167,33 +86,145 @@ class AppArgs(BaseModel):
         ids.extend(alias for alias in self.aliases if alias not in ids)
         return ids
 
-    def to_engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=str(self.model_dir),
-            dtype=self.dtype,
-            device=self.device,
-            backend=self.backend,
-            context=self.context,
-            parallel=self.parallel,
-            block_size=self.block_size,
-            prefill_chunk_size=self.prefill_chunk_size,
-            decode_share=self.decode_share,
-            prompt_cache_gib=self.prompt_cache_gib,
-            kv_cache_gib=self.kv_cache_gib,
-            default_max_tokens=self.default_max_tokens,
-            stream_interval_ms=self.stream_interval_ms,
-            stream_events_per_second=self.stream_events_per_second,
-            engine_process=self.engine_process,
-            tensor_parallel_size=self.tensor_parallel_size,
-            engine_threads=self.engine_threads,
-            draft=self.draft,
-            draft_tokens=self.draft_tokens,
-            draft_policy=self.draft_policy,
-            reserved_cpus=self.ingress_cpus + self.renderer_cpus,
-            learn=self.learn,
-            learn_conversations=self.learn_conversations,
-            learn_dir=self.learn_dir,
-            learn_gib=self.learn_gib,
-            learn_min_free_gib=self.learn_min_free_gib,
-            learn_daily_gib=self.learn_daily_gib,
-        )
+
+class HttpSettings(Section):
+    """The HTTP binding. `tensorfold serve` uses host and port; under `serve run` the YAML's http_options decide."""
+
+    SECTION = "HTTP"
+
+    host: str = Field(default="127.0.0.1", description="bind address")
+    port: int = Field(default=8080, ge=1, le=65535, description="port")
+    # Direct ingress needs Serve's controller started with its settings too: configs/glm.yaml's
+    # controller_options, or `tensorfold serve`, whose own default it is (serve_app/launch.py).
+    http_entry: Annotated[Literal["ingress", "proxy"], Flag(default="ingress")] = Field(
+        default="proxy",
+        description="who answers HTTP on the port: the Ingress replica itself (Serve's direct ingress), "
+        "or Serve's proxy",
+    )
+
+
+class KeySettings(Section):
+    """API keys (deployments/ingress/http/keys.py): added to TENSORFOLD_API_KEY's; prefer a 0600 key file."""
+
+    SECTION = "keys"
+
+    api_keys: Annotated[
+        list[str],
+        Flag(
+            name="--api-key",
+            metavar="KEY",
+            repeatable=True,
+            help="accept this key (visible in the process list: prefer --api-key-file)",
+        ),
+    ] = Field(
+        default_factory=list,
+        repr=False,
+        description="keys to accept, besides TENSORFOLD_API_KEY's (never printed with the args)",
+    )
+    api_key_file: Annotated[str | None, Flag(metavar="PATH")] = Field(
+        default=None, description="a 0600 file of keys: one per line, 'label: key'"
+    )
+    metrics_open: bool = Field(default=False, description="serve /metrics and /v1/metrics without a key")
+
+
+class ChatSettings(Section):
+    """Chat rendering (deployments/chat_format); the thinking defaults are the Ingress's, in ThinkingDefaults."""
+
+    SECTION = "chat"
+
+    chat_template: str | None = Field(
+        default=None, description="a UTF-8 Jinja chat template file replacing the checkpoint's"
+    )
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = Field(
+        default=None, description="effort of chat requests that set none; unset: the template's own"
+    )
+
+
+class GraphSettings(Section):
+    """Model copies, ranks per copy (TensorParallel) and how the ranks are placed."""
+
+    SECTION = "graph"
+
+    data_parallel_size: int = Field(default=1, ge=1, description="model copies (Scheduler replicas)")
+    placement_strategy: Literal["STRICT_PACK", "PACK"] = Field(
+        default="STRICT_PACK", description="STRICT_PACK: each model copy's ranks on one node; PACK: they may span nodes"
+    )
+    max_ongoing_requests: Annotated[int, NO_FLAG] = Field(
+        default=1024,
+        ge=1,
+        description="requests each Ingress and Scheduler replica takes at once (they queue in the engine)",
+    )
+
+
+class RoutingSettings(Section):
+    """Which Scheduler replica a request goes to (deployments/routing/affinity.py)."""
+
+    SECTION = "routing"
+
+    router: Literal["auto", "affinity", "serve"] = Field(
+        default="auto",
+        description="which replica a request goes to: affinity (the one holding the longest cached prefix of its "
+        "prompt, unless its queue leads the least loaded one's by more than routing_balance_abs requests and "
+        "routing_balance_rel times), serve (Serve's power of two choices), or auto (affinity when "
+        "data_parallel_size > 1)",
+    )
+    routing_balance_abs: Annotated[int, NO_FLAG] = Field(
+        default=4, ge=0, description="requests the affinity target's queue may lead the least loaded one's by"
+    )
+    routing_balance_rel: Annotated[float, NO_FLAG] = Field(
+        default=1.5, ge=1.0, description="times the affinity target's queue may be the least loaded one's"
+    )
+    routing_min_match: Annotated[float, NO_FLAG] = Field(
+        default=0.25, ge=0.0, le=1.0, description="share of the prompt's blocks a replica must hold to count as a match"
+    )
+    routing_stats_period_s: Annotated[float, NO_FLAG] = Field(
+        default=1.0, gt=0.0, description="seconds between two reports of each replica's cached blocks"
+    )
+
+
+class ResourceSettings(Section):
+    """Fractional CPUs so the whole graph fits a 2-core machine; the YAML's `deployments:` may override."""
+
+    SECTION = "resources"
+
+    ingress_cpus: Annotated[float, NO_FLAG] = Field(default=0.1, gt=0.0, description="Ray CPUs per Ingress replica")
+    renderer_cpus: Annotated[float, NO_FLAG] = Field(default=0.1, gt=0.0, description="Ray CPUs per Renderer replica")
+    scheduler_cpus: Annotated[float, NO_FLAG] = Field(default=0.2, gt=0.0, description="Ray CPUs per Scheduler replica")
+    rank_cpus: Annotated[float, NO_FLAG] = Field(
+        default=0.5, gt=0.0, description="Ray CPUs per tensor-parallel rank actor (tensor_parallel_size > 1)"
+    )
+
+
+class AppArgs(
+    ModelSettings,
+    HttpSettings,
+    IngressHttp,
+    KeySettings,
+    EngineKnobs,
+    ChatSettings,
+    ThinkingDefaults,
+    GraphSettings,
+    RoutingSettings,
+    ResourceSettings,
+):
+    """Everything that shapes one served model: the engine, the HTTP surface and the graph's layout."""
+
+    @property
+    def affinity_routing(self) -> bool:
+        return self.router == "affinity" or (self.router == "auto" and self.data_parallel_size > 1)
+
+    def engine_config(self) -> EngineConfig:
+        """The Scheduler's config: every engine setting as given, the checkpoint's directory, and the CPUs the
+        node's Ingress and Renderer replicas keep from the engine's threads."""
+        reserved = self.ingress_cpus + self.renderer_cpus
+        return self._derive(EngineConfig, model=str(self.model_dir), reserved_cpus=reserved)
+
+    def ingress_settings(self, auth: AuthSettings) -> IngressSettings:
+        """The Ingress replicas' settings; `auth` holds the keys' digests only (deployments/ingress/http/keys.py)."""
+        return self._derive(IngressSettings, served_name=self.served_name, model_ids=self.model_ids, auth=auth)
+
+    def _derive(self, target: type[Derived], **derived: object) -> Derived:
+        """`target` from every field it shares with these args by name, then `derived` (which wins: `model`
+        names the checkpoint's directory there, not the argument as given)."""
+        shared = {name: getattr(self, name) for name in target.model_fields if name in type(self).model_fields}
+        return target(**{**shared, **derived})

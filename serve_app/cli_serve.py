@@ -1,4 +1,7 @@
-"""`tensorfold serve MODEL [flags]`: build AppArgs from the manual's flags and run the same graph as YAML.
+"""`tensorfold serve MODEL [flags]`: build AppArgs from flags and run the same graph as YAML.
+
+Every flag is generated from a setting's declaration (serve_app/settings.py): its name, type, choices and
+help; a flag is left out where the setting is marked NO_FLAG (deployments/config.py).
 
 Starts (or joins, with RAY_ADDRESS) a Ray cluster, runs the app on the given host and port, and blocks
 until SIGINT or SIGTERM, then shuts Serve and Ray down so no replica or rank process is left behind.
@@ -19,123 +22,73 @@ from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
 from serve_app.args import AppArgs
-from serve_app.launch import HTTP_ENTRIES, HttpEntry
+from serve_app.launch import HttpEntry
 from serve_app.listen_checks import exposure_warning, port_taken, raise_open_file_limit
+from serve_app.settings import Setting, settings, type_label, value_label
 
 APP_NAME = "tensorfold"
 log = logging.getLogger("tensorfold.cli")
 
-# flag -> AppArgs field, for the flags whose value passes through unchanged.
-_FLAG_FIELDS = {
-    "host": "host",
-    "port": "port",
-    "name": "name",
-    "context": "context",
-    "dtype": "dtype",
-    "device": "device",
-    "backend": "backend",
-    "tensor_parallel_size": "tensor_parallel_size",
-    "data_parallel_size": "data_parallel_size",
-    "placement_strategy": "placement_strategy",
-    "router": "router",
-    "prompt_cache_gib": "prompt_cache_gib",
-    "decode_share": "decode_share",
-    "default_max_tokens": "default_max_tokens",
-    "engine_threads": "engine_threads",
-    "draft": "draft",
-    "draft_tokens": "draft_tokens",
-    "draft_policy": "draft_policy",
-    "chat_template": "chat_template",
-    "reasoning_effort": "reasoning_effort",
-    "thinking_budget": "thinking_budget",
-    "loop_guard": "loop_guard",
-    "api_key_file": "api_key_file",
-    "metrics_open": "metrics_open",
-    "max_body_bytes": "max_body_bytes",
-    "dashboard": "dashboard",
-    "ready_wait": "ready_wait_s",
-    "learn": "learn",
-    "learn_conversations": "learn_conversations",
-    "learn_dir": "learn_dir",
-    "learn_gib": "learn_gib",
-    "learn_min_free_gib": "learn_min_free_gib",
-    "learn_daily_gib": "learn_daily_gib",
-}
+
+def _help(setting: Setting) -> str:
+    """The flag's help: its own line or the setting's description, then what the default is."""
+    text = setting.flag.help or setting.description
+    default = setting.flag.default if setting.flag.default is not None else setting.default
+    if setting.flag.repeatable:
+        text += " (repeatable)"
+    elif not setting.flag.positional and default is not None and default is not False:
+        text += f" (default {value_label(default)})"
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
-def _parallel(value: str) -> int | str:
-    return value if value == "auto" else int(value)
+def _flag_options(setting: Setting) -> dict[str, Any]:
+    """add_argument's options for a setting: a switch for a bool, choices for words, else a typed value."""
+    options: dict[str, Any] = {"help": _help(setting)}
+    if setting.flag.positional:
+        return {**options, "metavar": setting.flag_name}
+    options.update(dest=setting.key, default=setting.flag.default)
+    if setting.options == (bool,):
+        if setting.default is not False:
+            raise TypeError(f"{setting.key}: a switch cannot turn off a true default; mark it NO_FLAG")
+        return {**options, "action": "store_true"}  # None when absent, so AppArgs' default applies
+    if setting.flag.repeatable:
+        options["action"] = "append"
+    elif setting.choices is not None:
+        return {**options, "choices": setting.choices}
+    elif setting.options != (str,):
+        options["type"] = _value_type(setting)
+    return {**options, "metavar": setting.flag.metavar or setting.flag_name.lstrip("-").replace("-", "_").upper()}
+
+
+def _value_type(setting: Setting) -> Any:
+    """The flag's converter: the setting's one type, or (`int / auto`) its words else that type."""
+    if len(setting.options) == 1:
+        return setting.options[0]
+
+    def parse(text: str) -> Any:
+        return setting.parse(text)
+
+    parse.__name__ = type_label(setting)  # argparse names it in "invalid ... value"
+    return parse
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible)")
-    parser.add_argument("model", help="a checkpoint directory, or builtin:tiny-glm")
-    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (default 8080)")
-    parser.add_argument("--name", help="the served model id (default: the checkpoint directory's name)")
-    parser.add_argument("--alias", action="append", default=[], help="another id for the model (repeatable)")
-    parser.add_argument("--context", type=int, help="cap on the context window, in tokens")
-    parser.add_argument("--parallel", type=_parallel, help="concurrent sequences: N or auto")
-    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--backend", choices=["auto", "torch", "mlx"],
-                        help="forward pass: torch, or MLX (Metal on a Mac; default auto: MLX on Apple silicon)")
-    parser.add_argument("--tensor-parallel-size", type=int, help="ranks per model copy")
-    parser.add_argument("--data-parallel-size", type=int, help="model copies (Scheduler replicas)")
-    parser.add_argument("--placement-strategy", choices=["STRICT_PACK", "PACK"])
-    parser.add_argument("--router", choices=["auto", "affinity", "serve"],
-                        help="replica choice: prefix affinity with balance, or Serve's (default: affinity when DP > 1)")
-    parser.add_argument("--draft", choices=["auto", "mtp", "ngram", "off"],
-                        help="drafter: the checkpoint's MTP layer, n-gram lookup, or none (default auto: MTP if present)")
-    parser.add_argument("--draft-tokens", type=int, help="most drafts a round verifies (default: 3 for MTP, 4 n-gram)")
-    parser.add_argument("--draft-policy", choices=["measured", "fixed"],
-                        help="measured: lengths from acceptance and step cost (default); fixed: always --draft-tokens")
-    parser.add_argument("--prompt-cache-gib", type=float, help="cap on cached prompt blocks; 0 = no reuse")
-    parser.add_argument("--decode-share", type=float, help="decode time per prefill chunk (default 0.25)")
-    parser.add_argument("--default-max-tokens", type=int, help="reply limit when a request sets none")
-    parser.add_argument("--engine-threads", type=int,
-                        help="intra-op threads of the forward pass (default: the node's cores less Ingress's and the Renderer's)")
-    parser.add_argument("--chat-template", help="a UTF-8 Jinja chat template file replacing the checkpoint's")
-    parser.add_argument("--reasoning-effort", choices=["none", "minimal", "low", "medium", "high", "xhigh", "max"],
-                        help="effort of chat requests that set none (default: the template's own)")
-    parser.add_argument("--thinking-budget", type=int, help="reasoning tokens before a forced close; 0 = none")
-    parser.add_argument("--loop-guard", action="store_true", default=None,
-                        help="close a think block caught in a short exact loop")
-    parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                        help="accept this key (repeatable; visible in the process list: prefer --api-key-file)")
-    parser.add_argument("--api-key-file", metavar="PATH", help="a 0600 file of keys: one per line, 'label: key'")
-    parser.add_argument("--metrics-open", action="store_true", default=None, help="serve /metrics without a key")
-    parser.add_argument("--max-body-bytes", type=int, help="larger request bodies get HTTP 413 (default 16 MiB)")
-    parser.add_argument("--dashboard", action="store_true", default=None,
-                        help="serve a live /dashboard page and its /stats JSON snapshot")
-    parser.add_argument("--learn", action="store_true", default=None,
-                        help="keep shared prompt prefixes on disk too (what later requests found cached)")
-    parser.add_argument("--learn-conversations", action="store_true", default=None,
-                        help="keep every prompt state on disk too: conversations resume after a restart")
-    parser.add_argument("--learn-dir", metavar="PATH", help="the store's folder (default ~/.cache/tensorfold/learned)")
-    parser.add_argument("--learn-gib", type=float, help="disk the stored states may take, every model (default 32)")
-    parser.add_argument("--learn-min-free-gib", type=float, help="free disk to keep (default 4)")
-    parser.add_argument("--learn-daily-gib", type=float, help="bytes the store may write per day (default 32)")
-    parser.add_argument("--ready-wait", type=float, metavar="SECONDS",
-                        help="how long a request sent while the model loads waits for it, then 503 (default 60)")
-    parser.add_argument("--http-entry", choices=HTTP_ENTRIES, default="ingress",
-                        help="who answers HTTP on --port: the Ingress replica itself (default) or Serve's proxy")
+    for setting in settings():
+        if setting.flag.exists:
+            name = setting.key if setting.flag.positional else setting.flag_name
+            parser.add_argument(name, **_flag_options(setting))
     parser.set_defaults(func=run)
 
 
 def app_args_from(namespace: argparse.Namespace) -> AppArgs:
-    """Only the flags given override AppArgs' defaults, so the CLI and YAML share one set of defaults."""
-    values: dict[str, Any] = {"model": namespace.model}
-    for flag, field in _FLAG_FIELDS.items():
-        value = getattr(namespace, flag, None)
-        if value is not None:
-            values[field] = value
-    if namespace.parallel is not None:
-        values["parallel"] = namespace.parallel
-    if namespace.alias:
-        values["aliases"] = list(namespace.alias)
-    if getattr(namespace, "api_key", None):
-        values["api_keys"] = list(namespace.api_key)
+    """Only the flags given override AppArgs' defaults, so the CLI and YAML share one set of defaults. A flag
+    with a default of its own (--http-entry) is a launch choice that run() applies after the checks."""
+    values: dict[str, Any] = {}
+    for setting in settings():
+        value = getattr(namespace, setting.key, None)
+        if setting.flag.exists and setting.flag.default is None and value is not None:
+            values[setting.key] = value
     return AppArgs(**values)
 
 
@@ -231,7 +184,7 @@ def run(namespace: argparse.Namespace) -> int:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
         return 2
     try:  # a backend that cannot run here refuses before Ray starts
-        resolve_backend(args.to_engine_config())
+        resolve_backend(args.engine_config())
     except StartupError as exc:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
         return 2

@@ -124,7 +124,11 @@ async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tok
 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    loop = EngineLoop(Engine(EngineConfig(model=model_dir, parallel=lanes, kv_cache_gib=0.5, engine_threads=threads)))
+    # Unpaced (stream_events_per_second 0): the baseline is the bare engine; the graph's pacing is its own cost.
+    config = EngineConfig(
+        model=model_dir, parallel=lanes, kv_cache_gib=0.5, engine_threads=threads, stream_events_per_second=0.0
+    )
+    loop = EngineLoop(Engine(config))
     loop.start()
 
     async def one(prompt: list[int], limit: int) -> StreamTimes:

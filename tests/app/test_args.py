@@ -52,7 +52,7 @@ def test_names_default_to_the_directory_and_aliases_follow(ckpt: Path) -> None:
 def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
     args = AppArgs(model=str(ckpt), context=512, parallel=4, dtype="float32", decode_share=0.5,
                    prompt_cache_gib=0, tensor_parallel_size=2, default_max_tokens=64)  # fmt: skip
-    config = args.to_engine_config()
+    config = args.engine_config()
     assert config.model == str(ckpt.resolve())
     assert (config.context, config.parallel, config.dtype) == (512, 4, "float32")
     assert (config.decode_share, config.prompt_cache_gib, config.tensor_parallel_size) == (0.5, 0, 2)

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from deployments.config import AuthSettings, KeyEntry
 
 ENV_VAR = "TENSORFOLD_API_KEY"
 LABEL_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -23,15 +23,6 @@ MAX_KEY_FILE_BYTES = 1 << 20  # a key file is a few lines; refuse to read anythi
 
 class KeyFileError(ValueError):
     """The key file cannot be used: unreadable, too open, empty or malformed (the message says which)."""
-
-
-class KeyEntry(BaseModel):
-    """One accepted key, as the server keeps it: a non-secret label and the key's SHA-256 hex digest."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    label: str
-    digest: str
 
 
 def digest_of(key: str) -> str:
@@ -143,20 +134,6 @@ class KeySet:
             if hmac.compare_digest(probe, digest) and found is None:
                 found = label
         return found
-
-
-class AuthSettings(BaseModel):
-    """What an Ingress replica needs to authenticate: digests of the fixed keys, and the key file's path."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    fixed: list[KeyEntry] = []  # from --api-key and TENSORFOLD_API_KEY
-    key_file: str | None = None  # read by each replica, re-read when it changes
-    metrics_open: bool = False
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.fixed) or self.key_file is not None
 
 
 def auth_settings(api_keys: list[str], key_file: str | None, metrics_open: bool,

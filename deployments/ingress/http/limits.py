@@ -14,7 +14,8 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-DEFAULT_MAX_BODY_BYTES = 16 << 20
+from deployments.config import DEFAULT_MAX_BODY_BYTES
+
 MAX_JSON_DEPTH = 64
 CHEAP_RENDER_MESSAGES = 256  # conversations up to this long are rendered without asking the window
 ANTHROPIC_PREFIX = "/v1/messages"
