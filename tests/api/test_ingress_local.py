@@ -19,9 +19,9 @@ from deployments.config import EngineConfig
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import USER
 
 WINDOW = 160
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.scheduler.memory_report import process_rss_bytes
 from serve_app.local_backend import LocalBackend
-
-LONG = [{"role": "user", "content": "Tell me about Tokyo. " * 6}]
+from tests.support.bodies import LONG
 
 
 @pytest.fixture(scope="module")
