@@ -7,6 +7,7 @@ so. The bodies are built beside their topic: health.py, memory.py, metrics.py, d
 """
 
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -32,6 +33,12 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/detokenize": DetokenizeRequest,
     "/v1/detokenize": DetokenizeRequest,
 }
+
+
+def _at_both(router: APIRouter, path: str, endpoint: Callable[..., Any], **options: Any) -> None:
+    """A GET route at `path` and at its /v1 alias."""
+    for prefix in ("", "/v1"):
+        router.add_api_route(prefix + path, endpoint, methods=["GET"], **options)
 
 
 def _not_serving() -> JSONResponse:
@@ -120,8 +127,7 @@ def metrics_router(ctx: ServingContext) -> APIRouter:
             return _not_serving()
         return Response(exposition(ctx.settings.served_name, replicas), media_type=CONTENT_TYPE_LATEST)
 
-    router.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    router.add_api_route("/v1/metrics", metrics, methods=["GET"], include_in_schema=False)
+    _at_both(router, "/metrics", metrics, include_in_schema=False)
     return router
 
 
@@ -134,8 +140,7 @@ def memory_router(ctx: ServingContext) -> APIRouter:
             return _not_serving()
         return JSONResponse(memory_body(ctx.settings.served_name, replicas))
 
-    router.add_api_route("/memory", memory, methods=["GET"])
-    router.add_api_route("/v1/memory", memory, methods=["GET"])
+    _at_both(router, "/memory", memory)
     return router
 
 

@@ -18,7 +18,7 @@ from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.ingress.responses.framing import ResponseEvents, ResponseHead, typed_event, whole_output
 from deployments.ingress.responses.models import ResponsesRequest
-from deployments.ingress.responses.translate import assistant_turn, chat_body, responses_error
+from deployments.ingress.responses.translate import assistant_turn, responses_chat, responses_error
 from deployments.messages.responses import StoredResponse
 
 
@@ -111,7 +111,7 @@ async def _history(ctx: ServingContext, fields: ResponsesRequest) -> list[dict[s
 async def run_response(ctx: ServingContext, fields: ResponsesRequest, arrival: Arrival) -> Response:
     history = await _history(ctx, fields)
     try:  # a refusal naming a chat field names the Responses field it came from
-        chat, conversation = chat_body(fields, history)
+        chat, conversation = responses_chat(fields, history)
         run = await start_chat(ctx, chat, arrival.request_id, arrival.time)
     except APIError as exc:
         raise responses_error(exc) from None

@@ -199,7 +199,7 @@ def _effort(reasoning: dict[str, Any] | None) -> Any:
     return (reasoning or {}).get("effort")
 
 
-def chat_body(
+def responses_chat(
     fields: ResponsesRequest, history: list[dict[str, Any]]
 ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """The chat completion to run, and the conversation without instructions (what a stored response keeps);
