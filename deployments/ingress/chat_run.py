@@ -1,25 +1,30 @@
-"""The one chat handler every chat-shaped API family runs: validate, render, build the request, start it.
+"""The one chat handler every chat-shaped API family runs: render, build the request, start it.
 
-Chat completions call it with the client's body; Messages and Responses translate their bodies into a chat
-body first. Either way the prompt, the EngineRequest and hence the reply tokens are the ones the
-equivalent chat completion gets; only the framing of the reply differs.
+Chat completions parse the client's body into a ChatCompletionRequest; Messages and Responses build one
+from their own typed bodies (deployments/ingress/chat_request.py). Either way the prompt, the EngineRequest
+and hence the reply tokens are the ones the equivalent chat completion gets; only the framing differs.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from deployments.chat_format.reply_parser import ReplyParser
+from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import engine_request, thinking_controls
 from deployments.ingress.generation import Generation
-from deployments.ingress.http.errors import bad_request, parse_body
+from deployments.ingress.http.errors import bad_request
 from deployments.ingress.http.limits import messages_over_window
-from deployments.ingress.openai.chat_reply import ChatReply
-from deployments.ingress.openai.echo import refuse_echo_on_chat
-from deployments.ingress.openai.models import ChatCompletionRequest, unsupported_field
-from deployments.ingress.openai.prompt_logprobs import refuse_on_chat
-from deployments.ingress.structured_fields import generation_extras
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal
+from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations
+from deployments.ingress.reply_reader import ReplyReader
+from deployments.ingress.structured_fields import (
+    forced_tool_grammar,
+    forces_tool_call,
+    gate_after_thinking,
+    requested_grammar,
+)
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, ReplyFormat
+from deployments.messages.requests import GrammarSpec
 
 
 @dataclass
@@ -28,23 +33,41 @@ class ChatRun:
 
     fields: ChatCompletionRequest  # the validated chat body
     generation: Generation  # started: a refusal was already raised as an APIError
-    reply: ChatReply  # the reply's parsing state (reasoning, content, tool calls)
+    parser: ReplyParser  # reads the reply for its template and the tools offered
+    end_token_ids: set[int]  # the ids that end the reply (EOS and the request's stop ids)
     prompt_token_ids: list[int]
 
-
-def checked_body(body: dict[str, Any]) -> None:
-    refused = unsupported_field(body)
-    if refused is not None:
-        raise bad_request(refused[1], refused[0])
+    def reader(self) -> ReplyReader:
+        """A fresh parsing state for the reply's text."""
+        return ReplyReader(self.parser, self.end_token_ids)
 
 
-async def render_chat_body(ctx: ServingContext, fields: ChatCompletionRequest) -> RenderedPrompt:
-    """The prompt a chat body renders to (also what count_tokens answers); a refusal is a 400."""
+class ChatPrompt(Protocol):
+    """What renders a chat prompt: a chat completion's fields, or /tokenize's given messages."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]] | None: ...
+
+    @property
+    def offered_tools(self) -> list[dict[str, Any]] | None: ...
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any]: ...
+
+    @property
+    def add_generation_prompt(self) -> bool | None: ...
+
+    @property
+    def reasoning_effort(self) -> str | None: ...
+
+
+async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedPrompt:
+    """The prompt a chat body renders to (also what count_tokens and /tokenize answer); a refusal is a 400."""
     too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
     if too_many:
         raise bad_request(too_many, "messages", "context_length_exceeded")
     render = ChatRenderRequest(
-        messages=fields.messages,
+        messages=fields.messages or [],
         tools=fields.offered_tools,  # tool_choice "none" hides them from the template and the parser
         chat_template_kwargs=fields.chat_template_kwargs,
         add_generation_prompt=fields.add_generation_prompt is not False,
@@ -56,22 +79,34 @@ async def render_chat_body(ctx: ServingContext, fields: ChatCompletionRequest) -
     return rendered
 
 
-async def start_chat(ctx: ServingContext, body: dict[str, Any], request_id: str, arrival: float) -> ChatRun:
-    """Validate and render a chat body, then start its generation; every refusal is an APIError first."""
-    checked_body(body)
-    refuse_on_chat(body)
-    refuse_echo_on_chat(body)
-    fields = parse_body(ChatCompletionRequest, body)
+def chat_extras(fields: ChatCompletionRequest, reply: ReplyFormat) -> tuple[GrammarSpec | None, int | None]:
+    """The grammar (asked for, or forcing a tool call) and the logprob alternatives, each refusal first."""
+    grammar = requested_grammar(fields)
+    if forces_tool_call(fields.tool_choice) and fields.tools:
+        if grammar is not None:
+            why = 'a grammar cannot be combined with tool_choice "required" or a named function'
+            raise bad_request(why, "tool_choice")
+        grammar = forced_tool_grammar(fields, reply)
+    top = chat_logprobs(fields.logprobs, fields.top_logprobs)
+    if top is not None:
+        refuse_combinations(grammar, fields.tools, fields.stop, fields.thinking_budget)
+    if grammar is not None:
+        grammar = gate_after_thinking(grammar, reply)
+    return grammar, top
+
+
+async def start_chat(ctx: ServingContext, fields: ChatCompletionRequest, request_id: str, arrival: float) -> ChatRun:
+    """Render a chat body, then start its generation; every refusal is an APIError first."""
     rendered = await render_chat_body(ctx, fields)
     card = await ctx.backend.card()
     settings = ctx.settings
     thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
     request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
-    request.grammar, request.logprobs = generation_extras(body, rendered.reply, chat=True)
+    request.grammar, request.logprobs = chat_extras(fields, rendered.reply)
     facts = await ctx.facts()  # valid and rendered: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, rendered.reply, facts.engine)
-    tools = fields.offered_tools
-    parser = ReplyParser(rendered.reply, tools, parallel_tool_calls=fields.parallel_tool_calls is not False)
-    reply = ChatReply(parser, set(card.eos_token_ids) | set(fields.stop_token_ids))
+    parallel = fields.parallel_tool_calls is not False
+    parser = ReplyParser(rendered.reply, fields.offered_tools, parallel_tool_calls=parallel)
+    end_token_ids = set(card.eos_token_ids) | set(fields.stop_token_ids)
     await generation.start()
-    return ChatRun(fields, generation, reply, rendered.prompt_token_ids)
+    return ChatRun(fields, generation, parser, end_token_ids, rendered.prompt_token_ids)

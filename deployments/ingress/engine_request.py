@@ -4,7 +4,7 @@ import uuid
 
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.http.request_labels import current_key_label
-from deployments.ingress.openai.models import GenerationFields
+from deployments.ingress.request_fields import GenerationFields
 from deployments.messages.render import ReplyFormat, TokenizerCard
 from deployments.messages.requests import EngineRequest, SamplingParams, ThinkingControls
 

@@ -1,6 +1,6 @@
 """Validators for the numeric and flag fields every generation route shares.
 
-The manual: malformed temperature, top_p, top_k, min_p and seed values get HTTP 400 whether or not the
+As docs/api.md says: malformed temperature, top_p, top_k, min_p and seed values get HTTP 400 whether or not the
 request samples: booleans, non-finite numbers, non-numeric strings, and non-integral top_k or seed;
 min_p outside 0..1; a non-boolean ignore_eos; a malformed stop. Numeric strings ("0.7") are numbers, as
 lax JSON clients send them; null keeps the server default. Pydantic's own coercion would accept booleans

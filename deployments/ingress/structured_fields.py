@@ -9,16 +9,12 @@ JSON-escaped literals, so any string is matched exactly.
 import json
 from typing import Any
 
-from deployments.ingress.backend import Backend
-from deployments.ingress.generation import Generation
+from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.http.errors import bad_request
-from deployments.ingress.openai.echo import EchoedPrompt
-from deployments.ingress.openai.logprobs import LogprobFramer, chat_logprobs, completion_logprobs, refuse_combinations
-from deployments.ingress.openai.models import offered_tools
+from deployments.ingress.request_fields import GenerationFields
 from deployments.messages.render import ReplyFormat
 from deployments.messages.requests import GrammarSpec
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _STRUCTURED_KEYS = ("json", "json_object", "regex", "choice", "grammar")
 
 
@@ -107,16 +103,22 @@ def check_compiles(spec: GrammarSpec) -> None:
         raise bad_request(f"{spec.param}: the grammar does not compile: {exc}", spec.param) from None
 
 
-def requested_grammar(body: dict[str, Any]) -> GrammarSpec | None:
+def requested_grammar(fields: GenerationFields) -> GrammarSpec | None:
     """The one grammar a body asks for (None: unconstrained); two structured fields at once are a 400."""
     specs: list[GrammarSpec] = []
-    if body.get("response_format") is not None:
-        spec = _from_response_format(body["response_format"])
+    if fields.response_format is not None:
+        spec = _from_response_format(fields.response_format)
         if spec is not None:
             specs.append(spec)
-    if body.get("structured_outputs") is not None:
-        specs.append(_from_structured_outputs(body["structured_outputs"]))
-    specs.extend(_from_guided(name, body[name]) for name in _GUIDED if body.get(name) is not None)
+    if fields.structured_outputs is not None:
+        specs.append(_from_structured_outputs(fields.structured_outputs))
+    guided = {
+        "guided_json": fields.guided_json,
+        "guided_regex": fields.guided_regex,
+        "guided_choice": fields.guided_choice,
+        "guided_grammar": fields.guided_grammar,
+    }
+    specs.extend(_from_guided(name, value) for name, value in guided.items() if value is not None)
     if len(specs) > 1:
         names = ", ".join(s.param for s in specs)
         raise bad_request(f"give one structured output field, not several ({names})", specs[1].param)
@@ -137,51 +139,23 @@ def gate_after_thinking(spec: GrammarSpec, reply: ReplyFormat) -> GrammarSpec:
     return spec
 
 
-def _forces_tool_call(choice: Any) -> bool:
+def forces_tool_call(choice: Any) -> bool:
     return choice == "required" or isinstance(choice, dict)
 
 
-def forced_tool_grammar(body: dict[str, Any], reply: ReplyFormat) -> GrammarSpec | None:
+def forced_tool_grammar(fields: ChatCompletionRequest, reply: ReplyFormat) -> GrammarSpec | None:
     """`tool_choice: "required"` or a named function as a grammar over the template's call markup."""
-    choice = body.get("tool_choice")
-    if not _forces_tool_call(choice):
+    choice = fields.tool_choice
+    if not forces_tool_call(choice):
         return None
-    tools = offered_tools(body.get("tools"), choice)
+    tools = fields.offered_tools
     if not tools:
         what = "the named function is not among the tools" if isinstance(choice, dict) else "no tools are given"
         raise bad_request(f"tool_choice: {what}", "tool_choice")
     from deployments.chat_format.forced_calls import forced_call_ebnf  # imports xgrammar (see check_compiles)
 
     try:
-        source = forced_call_ebnf(tools, reply.tool_format, parallel=body.get("parallel_tool_calls") is not False)
+        source = forced_call_ebnf(tools, reply.tool_format, parallel=fields.parallel_tool_calls is not False)
     except Exception as exc:  # no markup, or a parameter schema xgrammar cannot take
         raise bad_request(f"tool_choice: a call cannot be forced: {exc}", "tool_choice") from None
     return GrammarSpec("ebnf", source, param="tool_choice")
-
-
-def generation_extras(body: dict[str, Any], reply: ReplyFormat, chat: bool) -> tuple[GrammarSpec | None, int | None]:
-    """The grammar and the logprob alternatives a body asks for, with every refusal before any token."""
-    grammar = requested_grammar(body)
-    if chat and _forces_tool_call(body.get("tool_choice")) and body.get("tools"):
-        if grammar is not None:
-            raise bad_request('a grammar cannot be combined with tool_choice "required" or a named function',
-                              "tool_choice")  # fmt: skip
-        grammar = forced_tool_grammar(body, reply)
-    top = chat_logprobs(body) if chat else completion_logprobs(body)
-    if top is not None:
-        refuse_combinations(body, grammar)
-    if grammar is not None:
-        grammar = gate_after_thinking(grammar, reply)
-    return grammar, top
-
-
-async def logprob_framer(backend: Backend, generation: Generation, legacy: bool,
-                         echo: EchoedPrompt | None = None) -> LogprobFramer | None:  # fmt: skip
-    """The reply's logprob rows framer, when its request asked for logprobs (after an echoed prompt's rows)."""
-    request = generation.request
-    if request.logprobs is None:
-        return None
-    card = await backend.card()
-    end_ids = set(card.eos_token_ids) | set(request.sampling.stop_token_ids)
-    return LogprobFramer(backend, generation.reply or ReplyFormat(), end_ids, legacy=legacy,
-                         text_offset=0 if echo is None else len(echo.text), keep_end_rows=echo is not None)  # fmt: skip

@@ -1,6 +1,6 @@
 """A finished reply's figures: OpenAI usage, the `tensorfold` runtime block and the token digest.
 
-Definitions (the manual's): `seconds` is the reply's decode time, from the end of its prompt pass to its
+Definitions (docs/api.md): `seconds` is the reply's decode time, from the end of its prompt pass to its
 last token; `tokens_per_second` divides the reply's tokens after the first by it; `prefill_seconds` is
 the prompt pass; `time_to_first_token` counts from the request's arrival, so queueing shows there.
 `token_sha` is SHA-256 over the reply's token ids (each as 4 little-endian bytes), counting the tokens

@@ -30,9 +30,9 @@ from deployments.config import EngineConfig
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import USER
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 PAGE_WAIT_S = 40.0
 
 

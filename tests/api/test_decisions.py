@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
-from deployments.ingress.decisions.answer import answer_body
+from deployments.ingress.decisions.framing import answer_body
 from deployments.ingress.decisions.models import parse_decisions
 from deployments.ingress.decisions.prompt import question_prompt
 from tests.conftest import build_glm_checkpoint

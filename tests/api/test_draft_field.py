@@ -19,8 +19,8 @@ from deployments.messages.replies import EngineChunk, FinishReason, RequestStats
 from deployments.messages.requests import EngineRequest
 from deployments.messages.status import ReplicaStatus
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import USER
 
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 ROUTES = {  # route -> a body that runs on it
     "/v1/chat/completions": {"messages": USER, "max_tokens": 16},
     "/v1/completions": {"prompt": "The capital of France is", "max_tokens": 16},

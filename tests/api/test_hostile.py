@@ -19,12 +19,12 @@ from deployments.ingress.context import IngressSettings
 from deployments.ingress.http.keys import auth_settings
 from deployments.ingress.http.limits import DEFAULT_MAX_BODY_BYTES, is_anthropic
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import USER
 from tests.support.local_app import local_backend
 
 KEY = "sk-hostile"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 QUICK_S = 3.0  # generous for a loaded 2-core machine; the real figures are tens of milliseconds
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 REFERENCE = {"messages": USER, "max_tokens": 8, "temperature": 0.8, "seed": 5}
 
 

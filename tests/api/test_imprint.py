@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
-from deployments.ingress.ops.imprint import OFF_MESSAGE
+from deployments.ingress.ops.serving import OFF_MESSAGE
 from tests.support.local_app import local_backend, local_client
 
 WINDOW = 1024

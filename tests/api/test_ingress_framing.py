@@ -168,7 +168,7 @@ def _status(name: str, running: int, waiting: int, decode: float, requests: int)
                          counters=counters)  # fmt: skip
 
 
-def test_health_sums_replicas_in_the_manuals_order() -> None:
+def test_health_sums_replicas_in_their_documented_order() -> None:
     body = health_body(IngressSettings(served_name="m", model_ids=["m", "a"], version="1.2.3"),
                        [_status("r1", 2, 1, 10.04, 3), _status("r2", 1, 0, 5.0, 4)])  # fmt: skip
     assert list(body)[:9] == ["status", "model", "model_ids", "max_batch_size", "policy", "warming", "memory",

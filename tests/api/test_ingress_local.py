@@ -19,9 +19,9 @@ from deployments.config import EngineConfig
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import USER
 
 WINDOW = 160
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_context_refusals(client: TestClient) -> None:
     too_long = client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": WINDOW})
     error = too_long.json()["error"]
     assert too_long.status_code == 400 and error["code"] == "context_length_exceeded"
-    assert error["param"] == "messages"  # the manual's and OpenAI's field, whichever limit overflowed
+    assert error["param"] == "messages"  # docs/api.md's and OpenAI's field, whichever limit overflowed
     assert error["message"].startswith(f"This server's maximum context length is {WINDOW} tokens")
     named = client.post("/v1/chat/completions", json={"messages": USER, "max_completion_tokens": WINDOW})
     assert named.json()["error"]["param"] == "messages"
@@ -155,7 +155,7 @@ def test_an_omitted_limit_is_capped_to_the_remaining_context(client: TestClient)
     assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == WINDOW
 
 
-def test_health_fields_in_the_manuals_order(client: TestClient) -> None:
+def test_health_fields_in_their_documented_order(client: TestClient) -> None:
     body = client.get("/health").json()
     assert list(body)[:9] == ["status", "model", "model_ids", "max_batch_size", "policy", "warming", "memory",
                               "live", "version"]  # fmt: skip

@@ -13,8 +13,10 @@ from fastapi.testclient import TestClient
 
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.ingress.app import build_api
+from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import IngressSettings
-from deployments.ingress.openai.models import ChatCompletionRequest, CompletionRequest, unsupported_field
+from deployments.ingress.openai.models import CompletionRequest
+from deployments.ingress.request_fields import unsupported_field
 from deployments.ingress.tool_checks import CHAT, MESSAGES, RESPONSES, check_tools
 from deployments.messages.requests import Priority
 from serve_app.local_backend import LocalBackend

@@ -26,8 +26,8 @@ from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.transports.thread import EngineLoop
 from serve_app.args import AppArgs
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import USER
 
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 NO_THINKING = {"max_tokens": 24, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
 
 

@@ -11,8 +11,7 @@ from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.scheduler.memory_report import process_rss_bytes
 from serve_app.local_backend import LocalBackend
-
-LONG = [{"role": "user", "content": "Tell me about Tokyo. " * 6}]
+from tests.support.bodies import LONG
 
 
 @pytest.fixture(scope="module")
@@ -56,4 +55,4 @@ def test_health_reset_peak_answers_and_keeps_its_fields(client: TestClient) -> N
     reset = client.get("/health", params={"reset_peak": "1"})
     assert reset.status_code == 200
     assert list(reset.json()) == list(plain)
-    assert reset.json()["memory"] == {}  # CPU: the manual's Metal-like empty object, never zeros
+    assert reset.json()["memory"] == {}  # CPU: the Metal-like empty object docs/api.md shows, never zeros

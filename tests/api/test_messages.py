@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
+from tests.support.bodies import USER as CAPITAL
 from tests.support.local_app import local_backend
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a city",
@@ -22,7 +23,6 @@ ADD_TOOL = {"name": "add", "description": "Add two numbers", "input_schema": {
 TOOLS = [WEATHER_TOOL, ADD_TOOL]
 CHAT_TOOLS = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
                                                 "parameters": t["input_schema"]}} for t in TOOLS]  # fmt: skip
-CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 EVENTS = TypeAdapter(RawMessageStreamEvent)
 
 

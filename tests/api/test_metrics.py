@@ -14,9 +14,9 @@ from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.ops.metrics import exposition
 from serve_app.local_backend import LocalBackend
+from tests.support.bodies import LONG
 
 WINDOW = 192
-LONG = [{"role": "user", "content": "Tell me about Tokyo. " * 6}]
 QUESTIONS = ["What is the capital of France?", "Hello!", "Write a short answer."]
 ALIASES = {  # vLLM's name -> our name (same prefix, identical values)
     "num_requests_running": "requests_running",

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from tests.support.bodies import USER
 from tests.support.local_app import local_client
 
-USER = [{"role": "user", "content": "What is the capital of France?"}]
 NO_THINK = {"enable_thinking": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 

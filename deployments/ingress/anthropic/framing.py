@@ -64,6 +64,7 @@ class MessagesFramer:
         self.run = run
         self.model = model
         self.message_id = run.generation.request_id
+        self.reader = run.reader()
 
     def _message(self, content: list[dict[str, Any]], reason: str | None, sequence: str | None) -> dict[str, Any]:
         return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
@@ -76,8 +77,7 @@ class MessagesFramer:
         text, _ = await generation.collect()
         summary, finish = generation.summary, generation.finish_reason
         assert summary is not None and finish is not None
-        reply = self.run.reply
-        view = reply.parser.view(text, final=True, ended_by_end_token=reply.ended_by_end_token(finish, summary.token_ids))
+        view = self.reader.whole(text, finish, summary.token_ids)
         content: list[dict[str, Any]] = []
         if view.reasoning is not None:
             content.append({"type": "thinking", "thinking": view.reasoning, "signature": ""})
@@ -100,16 +100,13 @@ class MessagesFramer:
                               "output_tokens": 0}  # fmt: skip
             yield sse("message_start", {"type": "message_start", "message": start})
             yield sse("ping", {"type": "ping"})
-            stream = self.run.reply.stream
-            assert stream is not None
             async for chunk in generation.chunks():
-                for event in blocks.feed(stream.feed(chunk.text)):
+                for event in blocks.feed(self.reader.read(chunk.text)):
                     yield event
                 if chunk.finished:
                     summary, finish = generation.summary, generation.finish_reason
                     assert summary is not None and finish is not None
-                    ended = self.run.reply.ended_by_end_token(finish, summary.token_ids)
-                    for event in blocks.feed(stream.finish(ended)) + blocks.close():
+                    for event in blocks.feed(self.reader.read_end(finish, summary.token_ids)) + blocks.close():
                         yield event
                     reason, sequence = stop_reason(finish, blocks.has_calls, summary)
                     delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},

@@ -1,4 +1,4 @@
-"""An Anthropic Messages body as the equivalent OpenAI chat-completions body (the one chat path runs it).
+"""An Anthropic Messages body as the equivalent chat completion (the one chat path runs it).
 
 Blocks map onto chat messages: text joins into the message's content; `thinking` becomes the assistant's
 `reasoning_content` (plaintext, the signature is not checked); `tool_use` becomes a tool call whose
@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from deployments.ingress.anthropic.models import MessagesBody, MessagesRequest
+from deployments.ingress.chat_request import ChatCompletionRequest, chat_request
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.tool_checks import MESSAGES, check_tools
 
@@ -230,8 +231,13 @@ def prompt_fields(body: MessagesBody) -> dict[str, Any]:
     return chat
 
 
-def chat_body(body: MessagesRequest) -> dict[str, Any]:
-    """The whole chat-completions body the Messages request runs as."""
+def prompt_request(body: MessagesBody) -> ChatCompletionRequest:
+    """The chat completion whose prompt count_tokens counts."""
+    return chat_request(**prompt_fields(body))
+
+
+def messages_chat(body: MessagesRequest) -> ChatCompletionRequest:
+    """The whole chat completion the Messages request runs as."""
     chat = prompt_fields(body)
     chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
                 top_p=body.top_p, top_k=body.top_k, seed=body.seed, draft=body.draft)  # fmt: skip
@@ -241,4 +247,4 @@ def chat_body(body: MessagesRequest) -> dict[str, Any]:
     if output is not None and output.format is not None:
         schema = {"name": "output", "schema": output.format.schema_}
         chat["response_format"] = {"type": "json_schema", "json_schema": schema}
-    return {k: v for k, v in chat.items() if v is not None}
+    return chat_request(**chat)

@@ -1,6 +1,6 @@
 """The decision request body, validated to 400s whose `param` names the client's field.
 
-Shapes follow SGLang's decision API where the manual is silent: a question is {id, type, question} plus
+Shapes follow SGLang's decision API where docs/api.md is silent: a question is {id, type, question} plus
 `options` (choice: [{name, description?}]), `levels` (score: [text]) or `yes` / `no` (yes_no: optional
 descriptions). Unknown top-level fields are ignored as on the other routes; unknown question fields are
 refused, since a misspelt `options` or `levels` would silently change the question asked.

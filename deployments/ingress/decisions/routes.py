@@ -1,173 +1,32 @@
-"""POST /v1/decisions: each question rendered as one user message and scored at the answer position.
+"""POST /v1/decisions: SGLang's decision API, answered from next-token scores (deployments/ingress/decisions)."""
 
-Every question renders through the chat template with thinking off, so the answer position is the
-reply's first token, right after the generation prompt. A label's token is
-`tokenize(label, add_special_tokens=False)`: the label written on its own, as the reply's first token
-would spell it; a label that is not exactly one token there, or two labels sharing one, cannot be scored
-(400 naming the question). All of that, and the window, is checked for every question before any
-question runs; then the questions are scored concurrently, each as an engine request that reads the
-raw next-token log-probabilities of its labels and generates nothing.
-"""
-
-import asyncio
-from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from deployments.ingress.context import ServingContext
-from deployments.ingress.decisions.answer import answer_body
-from deployments.ingress.decisions.models import PROMPT_FORMAT_VERSION, DecisionRequest, Question, parse_decisions
-from deployments.ingress.decisions.prompt import QuestionPrompt, question_prompt
+from deployments.ingress.decisions.framing import decisions_body
+from deployments.ingress.decisions.models import DecisionRequest, parse_decisions
+from deployments.ingress.decisions.serving import decide
 from deployments.ingress.engine_request import new_request_id
-from deployments.ingress.generation import Generation, GenerationFailed
-from deployments.ingress.http.errors import APIError, bad_request, json_body, server_error
-from deployments.ingress.http.request_labels import current_key_label
-from deployments.ingress.http.route import arrive, refusal
-from deployments.messages.render import ChatRenderRequest, RenderRefusal, ReplyFormat
-from deployments.messages.replies import RequestStats
-from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.ingress.http.route import Arrival, json_route
 
-THINKING_OFF = {"enable_thinking": False}
+REQUEST_BODIES: dict[str, type[BaseModel]] = {"/v1/decisions": DecisionRequest}
 
 
-@dataclass
-class AskedQuestion:
-    """One question ready to score (built by `_ask`, every refusal already raised)."""
-
-    index: int
-    question: Question
-    prompt: QuestionPrompt
-    prompt_token_ids: list[int]
-    label_ids: list[int]  # one token per label, in the prompt's label order
-    reply: ReplyFormat
-
-
-@dataclass
-class Scored:
-    scores: list[float]  # each label's raw next-token log-probability
-    stats: RequestStats
-
-
-async def _label_ids(ctx: ServingContext, labels: list[str], cache: dict[str, list[int]], param: str) -> list[int]:
-    ids: list[int] = []
-    for label in labels:
-        if label not in cache:
-            cache[label] = await ctx.backend.tokenize(label, False)
-        tokens = cache[label]
-        if len(tokens) != 1:
-            raise bad_request(f"{param}: the answer label {label!r} is {len(tokens)} tokens in this model's "
-                              f"vocabulary, not one, so it cannot be scored as the next token", param)  # fmt: skip
-        ids.append(tokens[0])
-    if len(set(ids)) != len(ids):
-        raise bad_request(f"{param}: two answer labels are the same token in this model's vocabulary", param)
-    return ids
-
-
-async def _ask(ctx: ServingContext, fields: DecisionRequest, index: int, window: int,
-               cache: dict[str, list[int]]) -> AskedQuestion:  # fmt: skip
-    """Word, render and check one question (a 400 naming `questions[index]` when it cannot be scored)."""
-    param = f"questions[{index}]"
-    question = fields.questions[index]
-    prompt = question_prompt(fields.input, question)
-    render = ChatRenderRequest(messages=[{"role": "user", "content": prompt.text}],
-                               chat_template_kwargs=dict(THINKING_OFF))  # fmt: skip
-    rendered = await ctx.backend.render_chat(render)
-    if isinstance(rendered, RenderRefusal):
-        raise bad_request(f"{param}: {rendered.message}", param)
-    if rendered.reply.prompt_opens_thinking:  # the template ignored thinking off: the answer would be reasoning
-        raise bad_request(f"{param}: this model's chat template cannot turn thinking off", param)
-    ids = rendered.prompt_token_ids
-    if len(ids) >= window:
-        raise bad_request(f"{param}: this server's maximum context length is {window} tokens, and this question's "
-                          f"prompt has {len(ids)}, leaving no position for the answer", param,
-                          "context_length_exceeded")  # fmt: skip
-    label_ids = await _label_ids(ctx, prompt.labels, cache, param)
-    return AskedQuestion(index, question, prompt, ids, label_ids, rendered.reply)
-
-
-async def _score(ctx: ServingContext, asked: AskedQuestion, request_id: str, arrival: float, engine: str,
-                 key_label: str) -> Scored:  # fmt: skip
-    request = EngineRequest(
-        request_id=f"{request_id}-{asked.index}",
-        prompt_token_ids=asked.prompt_token_ids,
-        sampling=SamplingParams(temperature=0.0),  # the engine's draw is dropped; greedy is the cheapest
-        prompt_param=f"questions[{asked.index}]",
-        arrival_time=arrival,
-        key_label=key_label,
-        score_token_ids=list(asked.label_ids),
-    )
-    generation = Generation(ctx.backend, request, asked.reply, engine)
-    final = None
-    try:
-        await generation.start()
-        async for chunk in generation.chunks():
-            final = chunk
-    except GenerationFailed as exc:
-        raise server_error(str(exc)) from None
-    finally:
-        await generation.close()
-    if final is None or final.scores is None or final.stats is None:
-        raise server_error(f"questions[{asked.index}]: the engine returned no label scores")
-    return Scored(final.scores, final.stats)
-
-
-async def _score_all(ctx: ServingContext, asked: list[AskedQuestion], request_id: str, arrival: float) -> list[Scored]:
-    """Every question concurrently; all of them settle before the first failure is raised."""
-    engine = (await ctx.facts()).engine
-    key_label = current_key_label()
-    jobs = [_score(ctx, a, request_id, arrival, engine, key_label) for a in asked]
-    results = await asyncio.gather(*jobs, return_exceptions=True)
-    failure = next((r for r in results if isinstance(r, BaseException)), None)
-    if failure is not None:
-        raise failure
-    return [r for r in results if isinstance(r, Scored)]
-
-
-def _response(ctx: ServingContext, fields: DecisionRequest, request_id: str, asked: list[AskedQuestion],
-              scored: list[Scored]) -> dict[str, Any]:  # fmt: skip
-    answers: dict[str, Any] = {}
-    for item, result in zip(asked, scored):
-        answer = answer_body(item.question, item.prompt, result.scores, fields.softmax_temperature)
-        if fields.return_prompt_token_ids:
-            answer["prompt_token_ids"] = list(item.prompt_token_ids)
-        answers[item.question.id] = answer
-    prompt_tokens = sum(r.stats.prompt_tokens for r in scored)
-    return {
-        "id": request_id,
-        "object": "decisions",
-        "model": ctx.settings.served_name,
-        "prompt_format_version": PROMPT_FORMAT_VERSION,
-        "answers": answers,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": 0,
-            "total_tokens": prompt_tokens,
-            "prompt_tokens_details": {"cached_tokens": sum(r.stats.cached_tokens for r in scored)},
-        },
-    }
-
-
-async def _decide(ctx: ServingContext, http: Request, request_id: str, arrival: float) -> dict[str, Any]:
-    fields = parse_decisions(await json_body(http))
-    window = (await ctx.facts()).window
-    cache: dict[str, list[int]] = {}
-    asked = [await _ask(ctx, fields, index, window, cache) for index in range(len(fields.questions))]
-    scored = await _score_all(ctx, asked, request_id, arrival)
-    return _response(ctx, fields, request_id, asked, scored)
+def _decision_id(body: dict[str, Any] | None) -> str:
+    return new_request_id("decision")
 
 
 def decisions_router(ctx: ServingContext) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/decisions")
-    async def decisions(http: Request) -> Response:
-        arrival = arrive(http)
-        request_id = new_request_id("decision")
-        try:
-            return JSONResponse(await _decide(ctx, http, request_id, arrival))
-        except APIError as exc:
-            return refusal(request_id, exc)
+    @json_route(parse_decisions, _decision_id)
+    async def decisions(fields: DecisionRequest, arrival: Arrival) -> Response:
+        asked, scored = await decide(ctx, fields, arrival)
+        return JSONResponse(decisions_body(ctx.settings.served_name, fields, arrival.request_id, asked, scored))
 
     return router

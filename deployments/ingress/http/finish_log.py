@@ -1,4 +1,4 @@
-"""The manual's finish log: one line per completed, refused or ended request, naming the client reply id.
+"""The finish log (docs/api.md): one line per completed, refused or ended request, naming the client reply id.
 
 - completed: `finished <id> prompt=.. cached=.. thinking=.. effort=.. tokens=.. sha=.. finish=.. rounds=..
   drafts=accepted/drafted` (`-` when the reply was not drafted) (plus ttft and decode rate, which operators ask for first, and the replica that served it

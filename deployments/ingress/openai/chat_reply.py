@@ -5,11 +5,12 @@ arrives as a delta with its id, type and name, then one with its arguments; call
 """
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from deployments.chat_format.reply_parser import ReplyDelta, ReplyParser, ReplyStream, ReplyView
+from deployments.chat_format.reply_parser import ReplyDelta
 from deployments.chat_format.tool_calls import ParsedCall
+from deployments.ingress.reply_reader import ReplyReader
 
 
 def _call_id() -> str:
@@ -21,31 +22,20 @@ def _call_object(call: ParsedCall, call_id: str) -> dict[str, Any]:
 
 
 @dataclass
-class ChatReply:
-    """One chat reply's parsing state for its framer (streamed or whole)."""
+class ChatReply(ReplyReader):
+    """One chat reply's parsing state for its OpenAI framer (streamed or whole)."""
 
-    parser: ReplyParser
-    end_token_ids: set[int] = field(default_factory=set)  # the ids that end a reply (EOS and stop ids)
-    stream: ReplyStream | None = None
-    has_calls: bool = False
-
-    def __post_init__(self) -> None:
-        self.stream = ReplyStream(self.parser)
-
-    def ended_by_end_token(self, finish: str, token_ids: list[int]) -> bool:
-        return finish == "stop" and bool(token_ids) and token_ids[-1] in self.end_token_ids
+    has_calls: bool = False  # the reply made a tool call, so it finishes with "tool_calls"
 
     def finish_reason(self, finish: str) -> str:
         return "tool_calls" if self.has_calls and finish != "length" else finish  # a cut reply stays "length"
 
     # ---- streamed ---------------------------------------------------------------------------------------
     def feed(self, text: str) -> list[dict[str, Any]]:
-        assert self.stream is not None
-        return self._deltas(self.stream.feed(text))
+        return self._deltas(self.read(text))
 
     def flush(self, finish: str, token_ids: list[int]) -> list[dict[str, Any]]:
-        assert self.stream is not None
-        return self._deltas(self.stream.finish(self.ended_by_end_token(finish, token_ids)))
+        return self._deltas(self.read_end(finish, token_ids))
 
     def _deltas(self, delta: ReplyDelta) -> list[dict[str, Any]]:
         """The `delta` objects for one parser step, in reply order: reasoning, content, calls."""
@@ -64,8 +54,7 @@ class ChatReply:
 
     # ---- whole ------------------------------------------------------------------------------------------
     def message(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
-        view: ReplyView = self.parser.view(text, final=True,
-                                           ended_by_end_token=self.ended_by_end_token(finish, token_ids))  # fmt: skip
+        view = self.whole(text, finish, token_ids)
         self.has_calls = bool(view.calls)
         message: dict[str, Any] = {"role": "assistant", "content": view.content or (None if view.calls else "")}
         if view.reasoning is not None:

@@ -7,7 +7,8 @@ token, an end token included with empty text, so clients can index the rows by t
 loglikelihood does); text_offset counts from the prompt's first character. The prompt's rows are the engine's
 prompt rows (the machinery of `prompt_logprobs`), so such a request computes its whole prompt.
 `max_tokens: 0` asks for the prompt pass only: no reply token, finish_reason "length". A stream sends the
-prompt's text (and rows) as its first chunk, before the reply's. Chat routes refuse `echo`.
+prompt's text (and rows) as its first chunk, before the reply's. Chat routes refuse `echo`
+(deployments/ingress/openai/models.py).
 """
 
 from dataclasses import dataclass
@@ -19,14 +20,6 @@ from deployments.ingress.http.errors import bad_request
 from deployments.ingress.openai.logprobs import TokenTexts, joined_legacy, legacy_alternatives, legacy_body, token_bytes
 from deployments.ingress.openai.models import CompletionRequest
 from deployments.messages.replies import PromptLogprobRow
-
-PARAM = "echo"
-
-
-def refuse_echo_on_chat(body: dict[str, Any]) -> None:
-    """A chat reply has no prompt text to repeat (false and null ask for nothing)."""
-    if body.get(PARAM) not in (None, False):
-        raise bad_request(f"{PARAM} is only supported on /v1/completions with a prompt, not on chat", PARAM)
 
 
 def check_reply_limit(fields: CompletionRequest) -> None:

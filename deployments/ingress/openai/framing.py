@@ -1,6 +1,6 @@
 """OpenAI chat and text-completion bodies, JSON and streamed, from one Generation.
 
-Stream shape (the manual's): each event is a chunk object; the finish event carries `finish_reason`, and
+Stream shape (docs/api.md): each event is a chunk object; the finish event carries `finish_reason`, and
 usage with the `tensorfold` runtime block rides on it, unless `stream_options.include_usage` asks for
 usage in its own final event with `"choices": []` (then every earlier chunk has `"usage": null`, as
 OpenAI sends it). vLLM's `return_token_ids` adds `prompt_token_ids` and each choice's `token_ids`. A
@@ -42,12 +42,9 @@ class _Framer(abc.ABC):
     chunk_object = ""
     response_object = ""
 
-    def __init__(self, meta: ReplyMeta) -> None:
+    def __init__(self, meta: ReplyMeta, logprobs: LogprobFramer | None = None) -> None:
         self.meta = meta
-        self.logprobs: LogprobFramer | None = None  # set by the route when the request asked for logprobs
-        # Set by the completions route: when the request asked for prompt_logprobs, and for echo.
-        self.prompt_logprobs: PromptLogprobs | None = None
-        self.echo: EchoedPrompt | None = None
+        self.logprobs = logprobs  # when the request asked for logprobs
 
     # ---- per API ----------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -111,6 +108,11 @@ class _Framer(abc.ABC):
         body["tensorfold"] = summary.runtime_block()
         return body
 
+    async def complete(self, choice: dict[str, Any], chunks: list[EngineChunk]) -> None:
+        """A whole reply's choice completed with what the chunks carried besides text (logprob rows)."""
+        if self.logprobs is not None:
+            choice["logprobs"] = await whole_reply(self.logprobs, chunks)
+
     def response(self, text: str, finish: str, summary: ReplySummary) -> dict[str, Any]:
         meta = self.meta
         choice = self._final_choice(text, finish, summary.token_ids)
@@ -127,8 +129,8 @@ class ChatFramer(_Framer):
     chunk_object = "chat.completion.chunk"
     response_object = "chat.completion"
 
-    def __init__(self, meta: ReplyMeta, reply: ChatReply | None = None) -> None:
-        super().__init__(meta)
+    def __init__(self, meta: ReplyMeta, reply: ChatReply | None = None, logprobs: LogprobFramer | None = None) -> None:
+        super().__init__(meta, logprobs)
         # Splits reasoning, content and tool calls (deployments.ingress.openai.chat_reply); default: plain text.
         self.reply = reply if reply is not None else ChatReply(ReplyParser(ReplyFormat()))
 
@@ -190,8 +192,16 @@ class CompletionFramer(_Framer):
             choice["token_ids"] = list(token_ids)
         return choice
 
-    def __init__(self, meta: ReplyMeta) -> None:
-        super().__init__(meta)
+    def __init__(
+        self,
+        meta: ReplyMeta,
+        logprobs: LogprobFramer | None = None,
+        prompt_logprobs: PromptLogprobs | None = None,
+        echo: EchoedPrompt | None = None,
+    ) -> None:
+        super().__init__(meta, logprobs)
+        self.prompt_logprobs = prompt_logprobs  # when the request asked for prompt_logprobs
+        self.echo = echo  # when the request asked for echo
         self._sent_prompt_ids = False  # a stream carries the prompt ids once, on its first text chunk
         self._echoed = False
 
@@ -206,6 +216,13 @@ class CompletionFramer(_Framer):
 
     def _prompt_ids_at_top(self) -> bool:
         return False
+
+    async def complete(self, choice: dict[str, Any], chunks: list[EngineChunk]) -> None:
+        await super().complete(choice, chunks)
+        if self.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = await self.prompt_logprobs.framed(rows_of(chunks))
+        if self.echo is not None:
+            await self.echo.prepend(choice, rows_of(chunks))
 
     def delta(self, text: str, token_ids: list[int]) -> dict[str, Any]:
         body = super().delta(text, token_ids)
@@ -252,11 +269,5 @@ async def json_body_of(generation: Generation, framer: _Framer) -> dict[str, Any
     text, chunks = await generation.collect()
     assert generation.summary is not None and generation.finish_reason is not None
     body = framer.response(text, generation.finish_reason, generation.summary)
-    choice = body["choices"][0]
-    if framer.logprobs is not None:
-        choice["logprobs"] = await whole_reply(framer.logprobs, chunks)
-    if framer.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = await framer.prompt_logprobs.framed(rows_of(chunks))
-    if framer.echo is not None:
-        await framer.echo.prepend(choice, rows_of(chunks))
+    await framer.complete(body["choices"][0], chunks)
     return body

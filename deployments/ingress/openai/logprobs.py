@@ -1,12 +1,11 @@
-"""Log probabilities on the OpenAI routes: the request fields, and the rows each reply carries.
+"""Log probabilities on the OpenAI routes: the rows each reply carries, framed for chat or completions.
 
-Chat: `logprobs: true` with `top_logprobs` 0..20 fills `choices[0].logprobs.content` (token, logprob, bytes,
-top_logprobs). Completions: legacy `logprobs` 0..20 (tokens, token_logprobs, top_logprobs, text_offset); a
-token's legacy text is the characters its bytes complete, so the tokens join to the text and text_offset
-counts characters.
+Chat rows fill `choices[0].logprobs.content` (token, logprob, bytes, top_logprobs). Completions take the
+legacy object (tokens, token_logprobs, top_logprobs, text_offset); a token's legacy text is the characters
+its bytes complete, so the tokens join to the text and text_offset counts characters.
 A stream sends each row with the chunk whose text completes that token; with thinking on, rows cover the
-answer only (none for the think block, its closer or the blanks after it). Refused, as the manual lists:
-logprobs with a grammar, tools, stop strings or a thinking budget (rows would not line up with the text).
+answer only (none for the think block, its closer or the blanks after it). The request fields and the
+combinations they refuse: deployments/ingress/logprob_fields.py.
 """
 
 import codecs
@@ -15,47 +14,9 @@ from functools import lru_cache
 from typing import Any
 
 from deployments.ingress.backend import Backend
-from deployments.ingress.http.errors import bad_request
+from deployments.ingress.generation import Generation
 from deployments.messages.render import ReplyFormat
 from deployments.messages.replies import EngineChunk, LogprobRow
-
-MAX_TOP = 20
-
-
-def _top(value: Any, param: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP:
-        raise bad_request(f"{param} must be an integer from 0 through {MAX_TOP}", param)
-    return value
-
-
-def chat_logprobs(body: dict[str, Any]) -> int | None:
-    """Alternatives per row for a chat body (None: no logprobs)."""
-    wanted, top = body.get("logprobs"), body.get("top_logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        raise bad_request("logprobs must be a boolean", "logprobs")
-    if not wanted:
-        if top not in (None, 0):
-            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-        return None
-    return 0 if top is None else _top(top, "top_logprobs")
-
-
-def completion_logprobs(body: dict[str, Any]) -> int | None:
-    """Alternatives per row for a completions body (legacy integer `logprobs`)."""
-    value = body.get("logprobs")
-    return None if value is None else _top(value, "logprobs")
-
-
-def refuse_combinations(body: dict[str, Any], grammar: object | None) -> None:
-    """The manual's 400s for logprobs with a grammar, tools, stop strings or a thinking budget."""
-    for present, param, what in (
-        (grammar is not None, "logprobs", "structured output"),
-        (bool(body.get("tools")), "tools", "tools"),
-        (bool(body.get("stop")), "stop", "stop strings"),
-        (bool(body.get("thinking_budget")), "thinking_budget", "a thinking budget"),
-    ):
-        if present:
-            raise bad_request(f"logprobs cannot be combined with {what}", param)
 
 
 @lru_cache(maxsize=1)
@@ -218,3 +179,18 @@ async def whole_reply(framer: LogprobFramer, chunks: list[EngineChunk]) -> dict[
     for chunk in chunks:
         rows.extend(await framer.release(chunk))
     return framer.framed(rows, final=True)
+
+
+async def logprob_framer(
+    backend: Backend, generation: Generation, legacy: bool, echoed: str | None = None
+) -> LogprobFramer | None:
+    """The reply's logprob rows framer, when its request asked for logprobs; `echoed`: the prompt text an echo
+    puts before the reply (its rows come first, and every reply token keeps its row)."""
+    request = generation.request
+    if request.logprobs is None:
+        return None
+    card = await backend.card()
+    end_ids = set(card.eos_token_ids) | set(request.sampling.stop_token_ids)
+    offset = 0 if echoed is None else len(echoed)
+    reply = generation.reply or ReplyFormat()
+    return LogprobFramer(backend, reply, end_ids, legacy=legacy, text_offset=offset, keep_end_rows=echoed is not None)

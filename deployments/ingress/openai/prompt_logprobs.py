@@ -4,7 +4,7 @@
 then an object keyed by token id (a string) whose first key is the prompt token itself, followed by the
 requested best tokens; each value has logprob, rank and decoded_token. The prompt token's rank counts every
 token at or above it (vLLM's); best tokens are ranked by place, and one that is the prompt token is listed
-once, as the first key. Chat and streamed requests are refused with 400.
+once, as the first key. Chat (deployments/ingress/openai/models.py) and streamed requests are refused with 400.
 """
 
 from collections.abc import Sequence
@@ -13,28 +13,22 @@ from typing import Any
 
 from deployments.ingress.backend import Backend
 from deployments.ingress.http.errors import bad_request
-from deployments.ingress.openai.logprobs import MAX_TOP, token_bytes
+from deployments.ingress.logprob_fields import top_count
+from deployments.ingress.openai.logprobs import token_bytes
+from deployments.ingress.openai.models import CompletionRequest
 from deployments.messages.replies import EngineChunk, PromptLogprobRow
 
 PARAM = "prompt_logprobs"
 
 
-def refuse_on_chat(body: dict[str, Any]) -> None:
-    """Chat-shaped requests do not carry prompt rows (any value asks for them, 0 and false included)."""
-    if body.get(PARAM) is not None:
-        raise bad_request(f"{PARAM} is only supported on /v1/completions with a prompt, not on chat", PARAM)
-
-
-def completion_prompt_logprobs(body: dict[str, Any]) -> int | None:
+def completion_prompt_logprobs(fields: CompletionRequest) -> int | None:
     """Best tokens per prompt row for a completions body (None: no prompt rows)."""
-    value = body.get(PARAM)
-    if value is None:
+    if fields.prompt_logprobs is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP:
-        raise bad_request(f"{PARAM} must be an integer from 0 through {MAX_TOP}", PARAM)
-    if body.get("stream") is True:
+    top = top_count(fields.prompt_logprobs, PARAM)
+    if fields.stream is True:
         raise bad_request(f"{PARAM} is only supported on non-streamed requests (stream: false)", PARAM)
-    return value
+    return top
 
 
 def rows_of(chunks: Sequence[EngineChunk]) -> list[PromptLogprobRow]:

@@ -1,4 +1,4 @@
-"""`--dashboard`: GET /dashboard (a self-contained page) and GET /stats (the JSON snapshot it polls).
+"""`--dashboard`: the JSON snapshot GET /stats answers (GET /dashboard's page, dashboard_page.py, polls it).
 
 Both answer 404 in the route's error format when the flag is off. The page polls /stats once a second,
 so its access-log lines are dropped from Serve's replica log (a filter on the `ray.serve` logger) to
@@ -9,12 +9,6 @@ import logging
 import time
 from typing import Any
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-
-from deployments.ingress.context import ServingContext
-from deployments.ingress.http.errors import error_body
-from deployments.ingress.ops.dashboard_page import DASHBOARD_HTML
 from deployments.ingress.ops.health import draft_methods, store_summary
 from deployments.ingress.ops.metrics import merged_counters
 from deployments.messages.counters import EngineCounters, Histogram
@@ -104,31 +98,3 @@ def _drafts_json(replicas: list[ReplicaStatus], counters: EngineCounters) -> dic
     return {"method": ",".join(methods), "drafted_total": drafted, "accepted_total": accepted,
             "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}  # fmt: skip
 
-
-def _off() -> JSONResponse:
-    body = error_body("the dashboard is off: start the server with --dashboard", "not_found_error")
-    return JSONResponse(body, status_code=404)
-
-
-def dashboard_router(ctx: ServingContext) -> APIRouter:
-    router = APIRouter()
-    if ctx.settings.dashboard:
-        install_quiet_poll_filter()
-
-    @router.get("/dashboard", include_in_schema=False)
-    async def dashboard() -> Response:
-        if not ctx.settings.dashboard:
-            return _off()
-        return HTMLResponse(DASHBOARD_HTML, headers={"Cache-Control": "no-store"})
-
-    @router.get("/stats", include_in_schema=False)
-    async def stats() -> Response:
-        if not ctx.settings.dashboard:
-            return _off()
-        replicas = await ctx.backend.replicas()
-        if not replicas:
-            body = error_body("no Scheduler replica answered: the model is not serving", "server_error")
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(stats_snapshot(ctx.settings.served_name, replicas), headers={"Cache-Control": "no-store"})
-
-    return router

@@ -1,4 +1,4 @@
-"""The /health body: the manual's fields in its order, summed over every Scheduler replica.
+"""The /health body: the fields docs/api.md lists, in its order, summed over every Scheduler replica.
 
 After the native fields come the Python CUDA server's counters, which a poller differences into rates
 (requests_total, token and time totals, rounds), and `context_length`, the served window. While the

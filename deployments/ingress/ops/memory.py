@@ -1,4 +1,5 @@
-"""GET /memory and GET /v1/memory: a read-only memory snapshot of every Scheduler replica and its ranks.
+"""The body of GET /memory and GET /v1/memory: a read-only memory snapshot of every Scheduler replica and
+its ranks.
 
 Per replica: the KV pool (blocks total, in use, holding reusable prompt tokens; bytes per block) and the
 process's resident memory; per rank: its weights and KV bytes, and where this process holds the device,
@@ -7,11 +8,6 @@ CUDA's active/reserved/peak bytes (the same peak `/health?reset_peak=1` restarts
 
 from typing import Any
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
-
-from deployments.ingress.context import ServingContext
-from deployments.ingress.http.errors import error_body
 from deployments.messages.memory import ReplicaMemory
 
 
@@ -30,17 +26,3 @@ def memory_body(model: str, replicas: list[ReplicaMemory]) -> dict[str, Any]:
         "replicas": [r.as_json() for r in ordered],
     }
 
-
-def memory_router(ctx: ServingContext) -> APIRouter:
-    router = APIRouter()
-
-    async def memory() -> JSONResponse:
-        replicas = await ctx.backend.memory()
-        if not replicas:
-            body = error_body("no Scheduler replica answered: the model is not serving", "server_error")
-            return JSONResponse(body, status_code=503)
-        return JSONResponse(memory_body(ctx.settings.served_name, replicas))
-
-    router.add_api_route("/memory", memory, methods=["GET"])
-    router.add_api_route("/v1/memory", memory, methods=["GET"])
-    return router

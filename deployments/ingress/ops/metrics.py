@@ -1,4 +1,5 @@
-"""GET /metrics and GET /v1/metrics: Prometheus text over every Scheduler replica, read at scrape time.
+"""The text of GET /metrics and GET /v1/metrics: Prometheus families over every Scheduler replica, read at
+scrape time.
 
 Each scrape asks every Scheduler replica for its status and merges them: counters summed, histograms
 added bucket-wise (every replica uses the same bounds), running/waiting summed, KV use one `pool` per
@@ -11,15 +12,10 @@ unless the engine keeps prompt blocks across requests.
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from deployments.ingress.context import ServingContext
-from deployments.ingress.http.errors import error_body
 from deployments.ingress.ops.health import draft_methods, store_summary
 from deployments.messages.counters import EngineCounters, RequestHistograms
 from deployments.messages.status import ReplicaStatus
@@ -184,17 +180,3 @@ def exposition(model_name: str, replicas: list[ReplicaStatus]) -> bytes:
     registry.register(ReplicasCollector(model_name, replicas))
     return generate_latest(registry)
 
-
-def metrics_router(ctx: ServingContext) -> APIRouter:
-    router = APIRouter()
-
-    async def metrics() -> Response:
-        replicas = await ctx.backend.replicas()
-        if not replicas:
-            body = error_body("no Scheduler replica answered: the model is not serving", "server_error")
-            return JSONResponse(body, status_code=503)
-        return Response(exposition(ctx.settings.served_name, replicas), media_type=CONTENT_TYPE_LATEST)
-
-    router.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    router.add_api_route("/v1/metrics", metrics, methods=["GET"], include_in_schema=False)
-    return router

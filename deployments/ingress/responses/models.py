@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 
+from deployments.ingress.http.errors import bad_request, parse_body
 from deployments.ingress.sampling_fields import SEED_MAX, SEED_MIN, bool_field, float_field, int_field
 
 METADATA_PAIRS = 16
@@ -128,6 +129,12 @@ class ResponsesRequest(BaseModel):
     ignore_eos: Annotated[bool | None, BeforeValidator(bool_field("ignore_eos"))] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, BeforeValidator(_object("chat_template_kwargs"))] = None
     priority: Any = None
+    # Hosted features, accepted only where they ask for nothing (refused before parsing: refused_field).
+    background: Any = None
+    conversation: Any = None
+    prompt: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
 
     @field_validator("truncation")
     @classmethod
@@ -146,3 +153,11 @@ class ResponsesRequest(BaseModel):
     @property
     def stores(self) -> bool:
         return self.store is not False  # store defaults to true, as OpenAI's does
+
+
+def read_responses_body(body: dict[str, Any]) -> ResponsesRequest:
+    """A Responses body: a hosted feature is refused by name, in the body as sent, before anything is parsed."""
+    refused = refused_field(body)
+    if refused is not None:
+        raise bad_request(refused[1], refused[0])
+    return parse_body(ResponsesRequest, body)

@@ -1,157 +1,41 @@
-"""POST /v1/responses, GET and DELETE /v1/responses/{id}.
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}."""
 
-A request is refused (400, naming its Responses field) before any work; it then runs through the chat
-handler as the equivalent chat completion. With `store` (the default) the finished response and its
-conversation are saved before the body or the stream's last event is sent.
-"""
-
-from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
-from deployments.ingress.chat_run import ChatRun, start_chat
 from deployments.ingress.context import ServingContext
-from deployments.ingress.generation import GenerationFailed
-from deployments.ingress.http.errors import APIError, bad_request, json_body, parse_body, server_error
-from deployments.ingress.http.route import arrive, refusal
-from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
-from deployments.ingress.responses.framing import ResponseEvents, ResponseHead, new_id, typed_event, whole_output
-from deployments.ingress.responses.models import ResponsesRequest, refused_field
-from deployments.ingress.responses.translate import assistant_turn, chat_body, responses_error
-from deployments.messages.responses import StoredResponse
+from deployments.ingress.http.route import Arrival, json_route
+from deployments.ingress.responses.framing import new_id
+from deployments.ingress.responses.models import ResponsesRequest, read_responses_body
+from deployments.ingress.responses.serving import not_found, run_response
+
+REQUEST_BODIES: dict[str, type[BaseModel]] = {"/v1/responses": ResponsesRequest}
 
 
-def _echo(fields: ResponsesRequest, run: ChatRun) -> dict[str, Any]:
-    """The request's settings as a Response object repeats them (sampling as it ran)."""
-    sampling = run.generation.request.sampling
-    effort = (fields.reasoning or {}).get("effort")
-    return {
-        "instructions": fields.instructions,
-        "tools": fields.tools or [],
-        "tool_choice": fields.tool_choice if fields.tool_choice is not None else "auto",
-        "parallel_tool_calls": fields.parallel_tool_calls is not False,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "max_output_tokens": fields.max_output_tokens,
-        "previous_response_id": fields.previous_response_id,
-        "reasoning": {"effort": effort, "summary": None},
-        "text": {"format": (fields.text or {}).get("format") or {"type": "text"}},
-        "truncation": "disabled",
-        "store": fields.stores,
-        "metadata": fields.metadata or {},
-        "background": False,
-    }
-
-
-class _Exchange:
-    """One request after validation: its started chat run, its framing head and what storing needs."""
-
-    def __init__(self, ctx: ServingContext, fields: ResponsesRequest, run: ChatRun, head: ResponseHead,
-                 conversation: list[dict[str, Any]]) -> None:  # fmt: skip
-        self.ctx, self.fields, self.run, self.head = ctx, fields, run, head
-        self.conversation = conversation
-
-    def status(self) -> str:
-        return "incomplete" if self.run.generation.finish_reason == "length" else "completed"
-
-    async def keep(self, body: dict[str, Any]) -> None:
-        if self.fields.stores:
-            messages = self.conversation + [assistant_turn(body["output"])]
-            await self.ctx.backend.save_response(StoredResponse(body, messages))
-
-    async def whole(self) -> Response:
-        generation, reply = self.run.generation, self.run.reply
-        try:
-            text, _ = await generation.collect()
-        except GenerationFailed as exc:
-            return server_error(str(exc)).response()
-        assert generation.summary is not None and generation.finish_reason is not None
-        ended = reply.ended_by_end_token(generation.finish_reason, generation.summary.token_ids)
-        view = reply.parser.view(text, final=True, ended_by_end_token=ended)
-        body = self.head.body(self.status(), whole_output(view, self.status() == "incomplete"), generation.summary)
-        await self.keep(body)
-        return JSONResponse(body)
-
-    async def events(self) -> AsyncIterator[bytes]:
-        generation, reply = self.run.generation, self.run.reply
-        assert reply.stream is not None
-        frames = ResponseEvents(self.head)
-        try:
-            for event in frames.opening():
-                yield typed_event(event)
-            async for chunk in generation.chunks():
-                events = frames.feed(reply.stream.feed(chunk.text))
-                if chunk.finished:
-                    assert generation.summary is not None and generation.finish_reason is not None
-                    ended = reply.ended_by_end_token(generation.finish_reason, generation.summary.token_ids)
-                    events += frames.feed(reply.stream.finish(ended))
-                    events += frames.close_item("incomplete" if self.status() == "incomplete" else "completed")
-                    body = self.head.body(self.status(), frames.output, generation.summary)
-                    await self.keep(body)  # stored before the last event goes out
-                    events.append(frames.finished(body))
-                for event in events:
-                    yield typed_event(event)
-        except GenerationFailed as exc:
-            for event in frames.failed(str(exc)):
-                yield typed_event(event)
-        finally:
-            await generation.close()  # the client left before the reply settled: cancel it upstream
-
-
-async def _history(ctx: ServingContext, fields: ResponsesRequest) -> list[dict[str, Any]]:
-    if fields.previous_response_id is None:
-        return []
-    stored = await ctx.backend.load_response(fields.previous_response_id)
-    if stored is None:
-        raise APIError(400, f"previous_response_id: no stored response {fields.previous_response_id!r}",
-                       param="previous_response_id", code="previous_response_not_found")  # fmt: skip
-    return stored.messages
-
-
-async def _create(ctx: ServingContext, body: dict[str, Any], response_id: str, arrival: float) -> Response:
-    refused = refused_field(body)
-    if refused is not None:
-        raise bad_request(refused[1], refused[0])
-    fields = parse_body(ResponsesRequest, body)
-    chat, conversation = chat_body(fields, await _history(ctx, fields))
-    try:
-        run = await start_chat(ctx, chat, response_id, arrival)
-    except APIError as exc:
-        raise responses_error(exc) from None
-    head = ResponseHead(response_id, int(arrival), ctx.settings.served_name, _echo(fields, run))
-    exchange = _Exchange(ctx, fields, run, head, conversation)
-    if fields.stream:
-        return StreamingResponse(exchange.events(), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
-    return await exchange.whole()
-
-
-def _not_found(response_id: str) -> JSONResponse:
-    return APIError(404, f"no stored response {response_id!r}", "not_found_error", "response_id").response()
+def _response_id(body: dict[str, Any] | None) -> str:
+    return new_id("resp")
 
 
 def responses_router(ctx: ServingContext) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/responses")
-    async def create_response(http: Request) -> Response:
-        arrival = arrive(http)
-        response_id = new_id("resp")
-        try:
-            return await _create(ctx, await json_body(http), response_id, arrival)
-        except APIError as exc:
-            return refusal(response_id, exc)
+    @json_route(read_responses_body, _response_id)
+    async def create_response(fields: ResponsesRequest, arrival: Arrival) -> Response:
+        return await run_response(ctx, fields, arrival)
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> Response:
         stored = await ctx.backend.load_response(response_id)
-        return _not_found(response_id) if stored is None else JSONResponse(stored.response)
+        return not_found(response_id) if stored is None else JSONResponse(stored.response)
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:
         if not await ctx.backend.delete_response(response_id):
-            return _not_found(response_id)
+            return not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     return router

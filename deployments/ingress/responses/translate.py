@@ -1,4 +1,4 @@
-"""A Responses body as the chat completion body it runs as, and a finished reply as the turn it adds.
+"""A Responses body as the chat completion it runs as, and a finished reply as the turn it adds.
 
 Input items become chat messages the way a chat client would write them: `instructions` is a leading
 system message (never stored, so it is not carried to a later turn); a reasoning item's text becomes the
@@ -9,6 +9,7 @@ input, so its prompt repeats the earlier one and the prompt cache resumes the sh
 
 from typing import Any
 
+from deployments.ingress.chat_request import ChatCompletionRequest, chat_request
 from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.responses.models import ResponsesRequest
 from deployments.ingress.tool_checks import RESPONSES, check_tools
@@ -198,31 +199,25 @@ def _effort(reasoning: dict[str, Any] | None) -> Any:
     return (reasoning or {}).get("effort")
 
 
-def chat_body(fields: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The chat body to run, and the conversation without instructions (what a stored response keeps)."""
+def responses_chat(
+    fields: ResponsesRequest, history: list[dict[str, Any]]
+) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
+    """The chat completion to run, and the conversation without instructions (what a stored response keeps);
+    a refusal names chat's field (responses_error renames it)."""
     if fields.input is None:
         raise bad_request("input is required (a string or a list of items)", "input")
     conversation = history + input_messages(fields.input)
     system = [{"role": "system", "content": fields.instructions}] if fields.instructions else []
-    body: dict[str, Any] = {"messages": system + conversation}
-    for name in _PASSED:
-        value = getattr(fields, name)
-        if value is not None:
-            body[name] = value
-    if fields.max_output_tokens is not None:
-        body["max_completion_tokens"] = fields.max_output_tokens
-    if _effort(fields.reasoning) is not None:
-        body["reasoning_effort"] = _effort(fields.reasoning)
+    chat: dict[str, Any] = {name: getattr(fields, name) for name in _PASSED}
+    chat.update(
+        messages=system + conversation,
+        max_completion_tokens=fields.max_output_tokens,
+        reasoning_effort=_effort(fields.reasoning),
+    )
     tools = chat_tools(fields.tools)
-    choice, tools = chat_tool_choice(fields.tool_choice, tools)
-    if tools is not None:
-        body["tools"] = tools
-    if choice is not None:
-        body["tool_choice"] = choice
-    fmt = response_format(fields.text)
-    if fmt is not None:
-        body["response_format"] = fmt
-    return body, conversation
+    chat["tool_choice"], chat["tools"] = chat_tool_choice(fields.tool_choice, tools)
+    chat["response_format"] = response_format(fields.text)
+    return chat_request(**chat), conversation
 
 
 def responses_error(exc: APIError) -> APIError:

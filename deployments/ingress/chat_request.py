@@ -1,0 +1,127 @@
+"""The chat completion body, typed: what every chat-shaped family runs as.
+
+Chat completions parse it from the client's body; Messages and Responses build it from their own typed
+bodies (`chat_request`), so the one chat handler (deployments/ingress/chat_run.py) only ever sees this
+model. The prompt-shaping pieces (messages, template kwargs, effort, tool_choice) are also what /tokenize
+and the imprint routes take.
+"""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from deployments.chat_format.effort import check_effort
+from deployments.ingress.http.errors import parse_body
+from deployments.ingress.request_fields import GenerationFields
+from deployments.ingress.sampling_fields import bool_field, int_field
+
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}  # fmt: skip
+# What `_check_messages` accepts, as /openapi.json documents it (`list[dict]` leaves it unsaid).
+MESSAGES_SCHEMA = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": list(MESSAGE_ROLES)},
+            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART}]},
+        },
+    },
+}
+
+
+def _check_messages(value: Any) -> list[dict[str, Any]]:
+    """Messages: objects with a known role and text content (a string, null, or text parts)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("messages must be a nonempty list")
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{index}] must be an object")
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            raise ValueError(f"messages[{index}].role must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise ValueError(f"messages[{index}].content must be a string, null or a list of parts")
+        for part_index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"messages[{index}].content[{part_index}]: only text parts are supported "
+                    f"(image, audio and video input are not), got type {kind!r}"
+                )
+    return value
+
+
+def _check_template_kwargs(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("chat_template_kwargs must be an object or null")
+    return value
+
+
+def _effort(value: Any) -> str | None:
+    return check_effort(value, "reasoning_effort")
+
+
+def _tool_choice(value: Any) -> str | dict[str, Any] | None:
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        return value
+    raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", ...}')
+
+
+Messages = Annotated[list[dict[str, Any]], BeforeValidator(_check_messages), WithJsonSchema(MESSAGES_SCHEMA)]
+OptionalMessages = Annotated[Messages | None, WithJsonSchema(MESSAGES_SCHEMA)]
+TemplateKwargs = Annotated[dict[str, Any], BeforeValidator(_check_template_kwargs)]
+GenerationPrompt = Annotated[bool | None, BeforeValidator(bool_field("add_generation_prompt"))]
+Effort = Annotated[str | None, BeforeValidator(_effort)]
+ToolChoice = Annotated[str | dict[str, Any] | None, BeforeValidator(_tool_choice)]
+
+
+def offered_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[str, Any]] | None:
+    """The tools the template sees: none when tool_choice is "none" (it hides them)."""
+    if choice == "none" or not tools:
+        return None
+    if isinstance(choice, dict):  # a named function is the only tool the template offers
+        name = (choice.get("function") or {}).get("name")
+        return [t for t in tools if isinstance(t, dict) and (t.get("function") or {}).get("name") == name]
+    return tools
+
+
+class ChatFields(BaseModel):
+    """What shapes a chat prompt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: Messages
+    tools: list[dict[str, Any]] | None = None  # checked as chat checks them (tool_checks.CHAT) before parsing
+    chat_template_kwargs: TemplateKwargs = Field(default_factory=dict)
+    add_generation_prompt: GenerationPrompt = None
+
+
+class ChatCompletionRequest(GenerationFields, ChatFields):
+    """POST /v1/chat/completions."""
+
+    reasoning_effort: Effort = None
+    thinking_budget: Annotated[int | None, BeforeValidator(int_field("thinking_budget", low=0))] = None
+    tool_choice: ToolChoice = None
+    parallel_tool_calls: Annotated[bool | None, BeforeValidator(bool_field("parallel_tool_calls"))] = None
+    top_logprobs: Any = None  # alternatives per row with logprobs: true (logprob_fields.chat_logprobs)
+
+    @property
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        return offered_tools(self.tools, self.tool_choice)
+
+
+def chat_request(**fields: Any) -> ChatCompletionRequest:
+    """The chat completion another family's body runs as, checked as a client's would be (null fields are
+    left out, as a client leaves them out)."""
+    return parse_body(ChatCompletionRequest, {name: value for name, value in fields.items() if value is not None})

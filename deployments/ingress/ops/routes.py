@@ -1,0 +1,173 @@
+"""The operators' routes: GET /v1/models, /health and / (the same body), /memory, /metrics, /dashboard and
+/stats; POST /tokenize and /detokenize (and their /v1 aliases); the imprint routes.
+
+While the model loads (no Scheduler replica has answered yet), /health answers 503 with status "loading"
+and /v1/models lists no model, so a client that waits for either can send its first request once they say
+so. The bodies are built beside their topic: health.py, memory.py, metrics.py, dashboard.py, serving.py.
+"""
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+from deployments.ingress.context import ServingContext
+from deployments.ingress.http.errors import error_body, json_body, parse_body
+from deployments.ingress.http.route import json_query
+from deployments.ingress.ops.dashboard import install_quiet_poll_filter, stats_snapshot
+from deployments.ingress.ops.dashboard_page import DASHBOARD_HTML
+from deployments.ingress.ops.health import health_body, loading_body
+from deployments.ingress.ops.memory import memory_body
+from deployments.ingress.ops.metrics import exposition
+from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest, read_imprint_body, read_tokenize_body
+from deployments.ingress.ops.serving import detokenize_body, forget_body, imprint_body, require_store, tokenize_body
+
+REQUEST_BODIES: dict[str, type[BaseModel]] = {
+    "/tokenize": TokenizeRequest,
+    "/v1/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+    "/v1/detokenize": DetokenizeRequest,
+}
+
+
+def _at_both(router: APIRouter, path: str, endpoint: Callable[..., Any], **options: Any) -> None:
+    """A GET route at `path` and at its /v1 alias."""
+    for prefix in ("", "/v1"):
+        router.add_api_route(prefix + path, endpoint, methods=["GET"], **options)
+
+
+def _not_serving() -> JSONResponse:
+    body = error_body("no Scheduler replica answered: the model is not serving", "server_error")
+    return JSONResponse(body, status_code=503)
+
+
+def info_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+    started = int(time.time())
+    readiness = ctx.readiness
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        if not readiness.ready:
+            await readiness.probe()
+        ids = ctx.settings.model_ids if readiness.ready else []  # listed once a request can be answered
+        data = [{"id": model_id, "object": "model", "created": started, "owned_by": "tensorfold"} for model_id in ids]
+        return {"object": "list", "data": data}
+
+    async def health(request: Request) -> JSONResponse:
+        minimal = getattr(request.state, "health_minimal", False)  # keys configured: liveness only, no details
+        if minimal and readiness.ready:
+            return JSONResponse({"status": "ok"})
+        if request.query_params.get("reset_peak") in ("1", "true") and not minimal:
+            await ctx.backend.memory(reset_peak=True)  # a new CUDA peak at the current active, every replica
+        replicas = await readiness.probe()
+        if not replicas and not readiness.ready:
+            return JSONResponse(loading_body(ctx.settings, minimal), status_code=503)
+        if not replicas:
+            return _not_serving()
+        return JSONResponse({"status": "ok"} if minimal else health_body(ctx.settings, replicas))
+
+    router.add_api_route("/health", health, methods=["GET"])
+    router.add_api_route("/", health, methods=["GET"])
+    return router
+
+
+def tokenize_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @json_query(read_tokenize_body)
+    async def tokenize(fields: TokenizeRequest) -> Response:
+        return JSONResponse(await tokenize_body(ctx, fields))
+
+    @json_query(partial(parse_body, DetokenizeRequest))
+    async def detokenize(fields: DetokenizeRequest) -> Response:
+        return JSONResponse(await detokenize_body(ctx, fields))
+
+    for prefix in ("", "/v1"):  # documented as answering a JSON object
+        router.add_api_route(f"{prefix}/tokenize", tokenize, methods=["POST"], response_model=dict[str, Any])
+        router.add_api_route(f"{prefix}/detokenize", detokenize, methods=["POST"], response_model=dict[str, Any])
+    return router
+
+
+def imprint_router(ctx: ServingContext) -> APIRouter:
+    """Each answers 404 while saved conversations are off, before reading the body."""
+    router = APIRouter()
+
+    async def answer(http: Request, load: bool) -> dict[str, Any]:
+        require_store(ctx)
+        fields = read_imprint_body(await json_body(http))
+        return await imprint_body(ctx, fields, load)
+
+    async def resume(http: Request) -> dict[str, Any]:
+        return await answer(http, load=False)
+
+    async def load(http: Request) -> dict[str, Any]:
+        return await answer(http, load=True)
+
+    async def forget() -> dict[str, Any]:
+        return await forget_body(ctx)
+
+    router.add_api_route("/v1/imprint/resume", resume, methods=["POST"])
+    router.add_api_route("/v1/imprint/load", load, methods=["POST"])
+    router.add_api_route("/v1/imprint", forget, methods=["DELETE"])
+    return router
+
+
+def metrics_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    async def metrics() -> Response:
+        replicas = await ctx.backend.replicas()
+        if not replicas:
+            return _not_serving()
+        return Response(exposition(ctx.settings.served_name, replicas), media_type=CONTENT_TYPE_LATEST)
+
+    _at_both(router, "/metrics", metrics, include_in_schema=False)
+    return router
+
+
+def memory_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    async def memory() -> JSONResponse:
+        replicas = await ctx.backend.memory()
+        if not replicas:
+            return _not_serving()
+        return JSONResponse(memory_body(ctx.settings.served_name, replicas))
+
+    _at_both(router, "/memory", memory)
+    return router
+
+
+def _dashboard_off() -> JSONResponse:
+    body = error_body("the dashboard is off: start the server with --dashboard", "not_found_error")
+    return JSONResponse(body, status_code=404)
+
+
+def dashboard_router(ctx: ServingContext) -> APIRouter:
+    """`--dashboard`: the page and the snapshot it polls; both answer 404 when the flag is off."""
+    router = APIRouter()
+    if ctx.settings.dashboard:
+        install_quiet_poll_filter()
+
+    @router.get("/dashboard", include_in_schema=False)
+    async def dashboard() -> Response:
+        if not ctx.settings.dashboard:
+            return _dashboard_off()
+        return HTMLResponse(DASHBOARD_HTML, headers={"Cache-Control": "no-store"})
+
+    @router.get("/stats", include_in_schema=False)
+    async def stats() -> Response:
+        if not ctx.settings.dashboard:
+            return _dashboard_off()
+        replicas = await ctx.backend.replicas()
+        if not replicas:
+            return _not_serving()
+        return JSONResponse(stats_snapshot(ctx.settings.served_name, replicas), headers={"Cache-Control": "no-store"})
+
+    return router

@@ -1,0 +1,74 @@
+"""What the ops routes that take a body do: tokenize and detokenize, and the imprint queries.
+
+/tokenize takes a prompt string (add_special_tokens, default true) or messages with the chat fields
+(add_generation_prompt, default true) and returns the ids the chat route runs for the same messages.
+The imprint routes take a chat completion's body, render it as that request would be rendered, and ask
+the replica the request would be routed to, between its engine rounds:
+  POST /v1/imprint/resume   where the next request would resume from, and the estimated wait
+  POST /v1/imprint/load     read the conversation's disk state into RAM now, then answer as resume does
+  DELETE /v1/imprint        forget every conversation state this model and build keep on disk
+Without learn_conversations each answers 404 with OFF_MESSAGE.
+"""
+
+from dataclasses import asdict
+from typing import Any
+
+from deployments.ingress.chat_request import ChatCompletionRequest
+from deployments.ingress.chat_run import render_chat_body
+from deployments.ingress.context import ServingContext
+from deployments.ingress.engine_request import check_token_ids
+from deployments.ingress.http.errors import APIError, context_error
+from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest
+from deployments.messages.replies import ContextLengthError
+from deployments.messages.requests import ImprintQuery
+
+OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
+
+
+async def tokenize_body(ctx: ServingContext, fields: TokenizeRequest) -> dict[str, Any]:
+    if fields.prompt is not None:
+        ids = await ctx.backend.tokenize(fields.prompt, fields.add_special_tokens is not False)
+    else:
+        ids = (await render_chat_body(ctx, fields)).prompt_token_ids
+    facts = await ctx.facts()
+    body: dict[str, Any] = {"count": len(ids), "max_model_len": facts.window, "tokens": ids}
+    if fields.return_token_strs:
+        body["token_strs"] = await ctx.backend.token_strs(ids)
+    return body
+
+
+async def detokenize_body(ctx: ServingContext, fields: DetokenizeRequest) -> dict[str, Any]:
+    check_token_ids(fields.tokens, await ctx.backend.card(), "tokens")
+    return {"prompt": await ctx.backend.detokenize(fields.tokens)}
+
+
+def require_store(ctx: ServingContext) -> None:
+    if not ctx.settings.learn_conversations:
+        raise APIError(404, OFF_MESSAGE, "not_found_error")
+
+
+async def _rendered_ids(ctx: ServingContext, fields: ChatCompletionRequest) -> list[int]:
+    """The body's prompt, refused as its chat completion would be (the query is about that request)."""
+    ids = (await render_chat_body(ctx, fields)).prompt_token_ids
+    window = (await ctx.facts()).window  # a query sent while the model loads waits, as a chat request does
+    requested = fields.reply_limit
+    if len(ids) >= window or (requested is not None and len(ids) + requested > window):
+        raise context_error(ContextLengthError(window, len(ids), requested, "messages"))
+    return ids
+
+
+async def imprint_body(ctx: ServingContext, fields: ChatCompletionRequest, load: bool) -> dict[str, Any]:
+    """Where the body's request would resume from (and, with `load`, its disk state read into RAM first)."""
+    ids = await _rendered_ids(ctx, fields)
+    reply = await ctx.backend.imprint(ImprintQuery(ids, load=load))
+    body = asdict(reply)
+    if not load:
+        body.pop("loaded_tokens")
+        body.pop("load_seconds")
+    return body
+
+
+async def forget_body(ctx: ServingContext) -> dict[str, Any]:
+    require_store(ctx)
+    await ctx.facts()
+    return {"freed_bytes": await ctx.backend.forget_disk()}

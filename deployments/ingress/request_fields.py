@@ -1,0 +1,142 @@
+"""The generation fields chat completions and completions share, typed: sampling, limits, stops, streaming,
+vLLM's extras, structured output and logprobs.
+
+Unknown fields are allowed and ignored (clients send many harmless ones: `user`, `metadata`, `store`);
+fields this server cannot honour (suffix, penalties, logit_bias, best_of) are refused with 400 rather than
+silently dropped, because ignoring them would change what the client gets. Those refusals read the body as
+sent, before it is parsed (`refuse_unsupported`), so they answer ahead of any malformed field.
+
+Fields typed `Any` are kept as the client sent them and checked where the request is built, in the order
+refusals have always come (a template refusal before a malformed grammar): structured output in
+deployments/ingress/structured_fields.py, logprobs in deployments/ingress/logprob_fields.py.
+"""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from deployments.ingress.http.errors import bad_request
+from deployments.ingress.sampling_fields import (
+    SEED_MAX,
+    SEED_MIN,
+    bool_field,
+    float_field,
+    int_field,
+    stop_field,
+    token_ids_field,
+)
+from deployments.messages.requests import Priority
+
+_UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
+    # logprobs and top_logprobs: deployments.ingress.logprob_fields; structured output: structured_fields;
+    # prompt_logprobs and echo: completions only (deployments.ingress.openai.models refuses them on chat)
+    ("suffix", "suffix is not supported"),
+)
+_ZERO_ONLY = ("frequency_penalty", "presence_penalty")  # accepted at their neutral value only
+
+
+def _priority(value: Any) -> Priority:
+    """`background` / `foreground`, or vLLM's integer priority (larger = later, so > 0 is background)."""
+    if value is None:
+        return Priority.FOREGROUND
+    if isinstance(value, str) and value.strip().lower() in ("background", "foreground"):
+        return Priority(value.strip().lower())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Priority.BACKGROUND if value > 0 else Priority.FOREGROUND
+    raise ValueError("priority must be 'background', 'foreground' or an integer")
+
+
+def _requested(name: str, value: Any) -> bool:
+    """Whether an optional feature field actually asks for the feature (null, false, empty do not)."""
+    if value is None or value is False:
+        return False
+    return not (isinstance(value, (list, dict, str)) and not value)
+
+
+def unsupported_field(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The first field asking for something this server does not do yet, as (param, message)."""
+    for name, why in _UNSUPPORTED:
+        if _requested(name, body.get(name)):
+            return name, f"{name}: {why}"
+    for name in _ZERO_ONLY:
+        value = body.get(name)
+        if isinstance(value, bool) or value not in (None, 0, 0.0):
+            return name, f"{name}: only 0 is supported"
+    if body.get("logit_bias"):
+        return "logit_bias", "logit_bias: not supported"
+    if body.get("best_of") not in (None, 1):
+        return "best_of", "best_of: must be 1"
+    return None
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """A 400 naming the first field `unsupported_field` finds in the body as sent."""
+    refused = unsupported_field(body)
+    if refused is not None:
+        raise bad_request(refused[1], refused[0])
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: Annotated[bool | None, BeforeValidator(bool_field("stream_options.include_usage"))] = None
+
+
+class GenerationFields(BaseModel):
+    """The fields chat and completions share: sampling, limits, stops, streaming and vLLM's extras."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    temperature: Annotated[float | None, BeforeValidator(float_field("temperature", low=0.0))] = None
+    top_p: Annotated[float | None, BeforeValidator(float_field("top_p", low=0.0, high=1.0, low_open=True))] = None
+    top_k: Annotated[int | None, BeforeValidator(int_field("top_k"))] = None
+    min_p: Annotated[float | None, BeforeValidator(float_field("min_p", low=0.0, high=1.0))] = None
+    seed: Annotated[int | None, BeforeValidator(int_field("seed", SEED_MIN, SEED_MAX))] = None
+    max_tokens: Annotated[int | None, BeforeValidator(int_field("max_tokens", low=1))] = None
+    max_completion_tokens: Annotated[int | None, BeforeValidator(int_field("max_completion_tokens", low=1))] = None
+    stop: Annotated[list[str], BeforeValidator(stop_field)] = Field(default_factory=list)
+    stop_token_ids: Annotated[list[int], BeforeValidator(token_ids_field("stop_token_ids"))] = Field(
+        default_factory=list
+    )
+    ignore_eos: Annotated[bool | None, BeforeValidator(bool_field("ignore_eos"))] = None
+    priority: Annotated[Priority, BeforeValidator(_priority)] = Priority.FOREGROUND
+    n: Annotated[int | None, BeforeValidator(int_field("n"))] = None
+    stream: Annotated[bool | None, BeforeValidator(bool_field("stream"))] = None
+    stream_options: StreamOptions | None = None
+    return_token_ids: Annotated[bool | None, BeforeValidator(bool_field("return_token_ids"))] = None
+    draft: Annotated[bool | None, BeforeValidator(bool_field("draft"))] = None  # false: the serial reference
+    # Structured output: at most one of these (deployments.ingress.structured_fields.requested_grammar).
+    response_format: Any = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
+    structured_outputs: Any = None  # vLLM's: exactly one of json, json_object, regex, choice, grammar
+    guided_json: Any = None  # vLLM's older names: a schema, a regex, a choice list, an EBNF grammar
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    # Chat: a boolean (alternatives in top_logprobs); completions: the legacy integer (logprob_fields.py).
+    logprobs: Any = None
+    # Accepted at their neutral value only; anything else was refused before parsing (refuse_unsupported).
+    suffix: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    best_of: Any = None
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("n must be 1: this server returns one choice per request")
+        return value
+
+    @property
+    def reply_limit(self) -> int | None:
+        """The explicit reply limit (max_completion_tokens wins, as in OpenAI)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def wants_stream(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
