@@ -62,9 +62,6 @@ class BracketedMarkup(ToolMarkup):
     call_open = "[CALLS]"
     call_close = "[/CALLS]"
 
-    def shown_in(self, source: str) -> bool:
-        return self.call_open in source
-
     def parse_calls(self, body: str, schemas: dict[str, dict[str, Any]]) -> list[ParsedCall] | None:
         try:
             calls = json.loads(body)

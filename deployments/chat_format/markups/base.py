@@ -22,9 +22,12 @@ class ToolMarkup(ABC):
     call_open: ClassVar[str] = "<tool_call>"  # opens a call block in the reply
     call_close: ClassVar[str] = "</tool_call>"  # closes it
 
-    @abstractmethod
     def shown_in(self, source: str) -> bool:
-        """Whether a chat template's source teaches this markup (the registry asks families in its order)."""
+        """Whether a chat template's source teaches this markup (the registry asks families in its order).
+
+        The call opener shows it, unless other families share the opener: those override this with what
+        sets them apart, and the registry asks them first."""
+        return self.call_open in source
 
     @abstractmethod
     def parse_calls(self, body: str, schemas: dict[str, dict[str, Any]]) -> list[ParsedCall] | None:

@@ -14,25 +14,24 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 
+def _json_or_none(text: str) -> Any:
+    """The JSON value `text` holds; None when it holds none (a call's body or arguments then do not parse)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 class HermesMarkup(ToolMarkup):
     name = "hermes"
 
-    def shown_in(self, source: str) -> bool:
-        return self.call_open in source
-
     def parse_calls(self, body: str, schemas: dict[str, dict[str, Any]]) -> list[ParsedCall] | None:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None
+        data = _json_or_none(body)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not CALL_NAME.fullmatch(data["name"]):
             return None
         args = data.get("arguments", data.get("parameters", {}))
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
+            args = _json_or_none(args)
         if not isinstance(args, dict):
             return None
         return [ParsedCall(data["name"], json.dumps(args, ensure_ascii=False))]  # JSON is typed as written
