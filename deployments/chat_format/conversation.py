@@ -1,4 +1,4 @@
-"""Message normalisation before a chat template sees the conversation (the manual's system/developer rules).
+"""Message normalisation before a chat template sees the conversation (the system/developer rules below).
 
 - Developer messages have system-message semantics.
 - Only the leading run of system and developer messages merges, in order, into one leading system message.
@@ -70,7 +70,7 @@ def _normalised(message: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Apply the manual's rules; returns new message dicts."""
+    """Apply the rules above; returns new message dicts."""
     if not messages:
         raise MessageError("messages must be a nonempty list")
     normalised = [_normalised(m, i) for i, m in enumerate(messages)]

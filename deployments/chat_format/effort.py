@@ -1,4 +1,4 @@
-"""Thinking toggle and reasoning effort as a chat template hears them (the manual's mapping rules).
+"""Thinking toggle and reasoning effort as a chat template hears them (the mapping rules below).
 
 - `enable_thinking` set by the caller wins; else `thinking` (true/false or {"type": "enabled"|"disabled"}).
 - `reasoning_effort`: the top-level field wins over `chat_template_kwargs.reasoning_effort`; absent, the

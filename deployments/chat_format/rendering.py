@@ -10,9 +10,9 @@ from typing import Any
 
 from deployments.chat_format.conversation import demote_later_system, has_later_system, normalise_messages
 from deployments.chat_format.effort import template_kwargs, template_levels
+from deployments.chat_format.markups import markup_for_template
 from deployments.chat_format.template import ChatTemplate, TemplateRenderError
-from deployments.chat_format.think import THINK_CLOSER, THINK_OPENER
-from deployments.chat_format.tool_format import format_of_template
+from deployments.chat_format.think import THINK
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat, TokenizerCard
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 
@@ -38,11 +38,12 @@ class PromptRenderer:
         source = bundle.chat_template if self.options.chat_template is None else self.options.chat_template
         self.template = ChatTemplate(source, specials) if source else None
         self._levels = template_levels(source)
-        self._tool_format = format_of_template(source)
+        markup = markup_for_template(source)
+        self._tool_format = markup.name if markup else None
         self._clears_thinking = bool(source) and "clear_thinking" in source
-        self._opener_id = bundle.token_to_id(THINK_OPENER)
-        self._closer_id = bundle.token_to_id(THINK_CLOSER)
-        self._close_ids = bundle.encode("\n" + THINK_CLOSER + "\n\n", add_special_tokens=False)
+        self._opener_id = bundle.token_to_id(THINK.opener)
+        self._closer_id = bundle.token_to_id(THINK.closer)
+        self._close_ids = bundle.encode(THINK.forced_close, add_special_tokens=False)
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, options: RendererOptions | None = None) -> "PromptRenderer":
@@ -60,13 +61,12 @@ class PromptRenderer:
         text, kwargs = self.render_text(request)
         ids = self.bundle.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         enable = kwargs.get("enable_thinking")
-        tail = text.rstrip()
         reply = ReplyFormat(
             think_opener_id=self._opener_id,
             think_closer_id=self._closer_id,
-            prompt_opens_thinking=tail.endswith(THINK_OPENER),
+            prompt_opens_thinking=THINK.prompt_opens(text),
             enable_thinking=enable if isinstance(enable, bool) else None,
-            prompt_closes_thinking=tail.endswith(THINK_CLOSER),
+            prompt_closes_thinking=THINK.prompt_closes(text),
             tool_format=self._tool_format,
             think_close_ids=list(self._close_ids),
             reasoning_effort=kwargs.get("reasoning_effort"),

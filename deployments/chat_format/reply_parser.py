@@ -4,18 +4,19 @@
 still change (a partial marker, an open call block, trailing whitespace), so every non-final view is a
 prefix of the final one; `ReplyStream` sends the differences, and the joined deltas equal the whole reply.
 
-Rules (the manual's): a reply-written leading `<think>` is removed when the template supplies no opener;
-reasoning ends at `</think>`, or where a tool call starts when the reply ends inside the block; a call only
-mentioned while thinking (the block closed after it) stays reasoning; a block that does not parse stays
-content; an end token inside a call closes its markup when it then parses strictly.
+Rules: a reply-written leading think opener is removed when the template supplies no opener; reasoning
+ends at the closer, or where a tool call starts when the reply ends inside the block; a call only mentioned
+while thinking (the block closed after it) stays reasoning; a call block that does not parse stays content;
+an end token inside a call block closes its markup when it then parses strictly. The think markup is
+think.py's THINK; the call markup is the template's family (markups/), known only through ToolMarkup.
 """
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.chat_format.think import THINK_CLOSER, THINK_OPENER
-from deployments.chat_format.tool_calls import ParsedCall, close_cut_call, parse_call, tool_schemas
-from deployments.chat_format.tool_format import CALL_CLOSE, CALL_OPEN
+from deployments.chat_format.markups import ToolMarkup, markup_named
+from deployments.chat_format.think import THINK
+from deployments.chat_format.tool_calls import ParsedCall, tool_schemas
 from deployments.messages.render import ReplyFormat
 
 
@@ -45,7 +46,7 @@ class ReplyParser:
     def __init__(self, reply: ReplyFormat, tools: list[dict[str, Any]] | None = None,
                  parallel_tool_calls: bool = True) -> None:  # fmt: skip
         self.reply = reply
-        self.tool_format = reply.tool_format if tools else None  # calls are parsed only when tools are offered
+        self.markup = markup_named(reply.tool_format) if tools else None  # calls are parsed only when tools are offered
         self.schemas = tool_schemas(tools)
         self.parallel = parallel_tool_calls
 
@@ -68,64 +69,57 @@ class ReplyParser:
 
     def _think_start(self, text: str, final: bool) -> int | None:
         """Where reasoning starts (-1: no think section; None: cannot tell yet)."""
-        if self.reply.prompt_opens_thinking:
-            return 0
-        stripped = text.lstrip()
-        if stripped.startswith(THINK_OPENER):
-            return len(text) - len(stripped) + len(THINK_OPENER)
-        if not final and THINK_OPENER.startswith(stripped):
-            return None
-        return -1
+        return 0 if self.reply.prompt_opens_thinking else THINK.reply_opening(text, final)
 
     def _split_think(self, text: str, start: int, final: bool) -> tuple[str, str | None]:
-        close = text.find(THINK_CLOSER, start)
+        close = text.find(THINK.closer, start)
         if close >= 0:
-            return text[start:close].strip(), text[close + len(THINK_CLOSER) :]
-        call_at = text.find(CALL_OPEN, start) if self.tool_format else -1
+            return text[start:close].strip(), text[close + len(THINK.closer) :]
+        call_open = self.markup.call_open if self.markup else None
+        call_at = text.find(call_open, start) if call_open else -1
         if final:
             if call_at >= 0:  # the reply ended inside the block: a call written there is the reply's call
                 return text[start:call_at].strip(), text[call_at:]
             return text[start:].strip(), ""
-        markers = (THINK_CLOSER, CALL_OPEN) if self.tool_format else (THINK_CLOSER,)
+        markers = (THINK.closer, call_open) if call_open else (THINK.closer,)
         shown = text[start:call_at] if call_at >= 0 else _without_partial(text[start:], markers)
         return shown.strip(), None
 
     def _answer(self, answer: str, final: bool, ended_by_end_token: bool) -> tuple[str, list[ParsedCall]]:
-        fmt = self.tool_format
-        if fmt is None:
+        markup = self.markup
+        if markup is None:
             return answer, []
         content: list[str] = []
         calls: list[ParsedCall] = []
         pos = 0
         while True:
-            opened = answer.find(CALL_OPEN, pos)
+            opened = answer.find(markup.call_open, pos)
             if opened < 0:
                 tail = answer[pos:]
-                content.append(tail if final else _without_partial(tail, (CALL_OPEN,)))
+                content.append(tail if final else _without_partial(tail, (markup.call_open,)))
                 break
             content.append(answer[pos:opened])
-            body_at = opened + len(CALL_OPEN)
-            closed = answer.find(CALL_CLOSE, body_at)
+            body_at = opened + len(markup.call_open)
+            closed = answer.find(markup.call_close, body_at)
             if closed < 0:
                 if final:
-                    call = self._cut_call(answer[body_at:]) if ended_by_end_token else None
-                    if call is None:
+                    cut = self._cut_calls(markup, answer[body_at:]) if ended_by_end_token else None
+                    if cut is None:
                         content.append(answer[opened:])
                     else:
-                        calls.append(call)
+                        calls.extend(cut)
                 break  # not final: the open block is held until it closes or the reply ends
-            call = parse_call(answer[body_at:closed], fmt, self.schemas)
-            if call is None:
-                content.append(answer[opened : closed + len(CALL_CLOSE)])
+            parsed = markup.parse_calls(answer[body_at:closed], self.schemas)
+            if parsed is None:
+                content.append(answer[opened : closed + len(markup.call_close)])
             else:
-                calls.append(call)
-            pos = closed + len(CALL_CLOSE)
+                calls.extend(parsed)
+            pos = closed + len(markup.call_close)
         return "".join(content), calls
 
-    def _cut_call(self, body: str) -> ParsedCall | None:
-        assert self.tool_format is not None
-        closed = close_cut_call(body, self.tool_format)
-        return None if closed is None else parse_call(closed, self.tool_format, self.schemas)
+    def _cut_calls(self, markup: ToolMarkup, body: str) -> list[ParsedCall] | None:
+        closed = markup.close_cut(body)
+        return None if closed is None else markup.parse_calls(closed, self.schemas)
 
 
 class ReplyStream:

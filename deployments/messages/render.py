@@ -24,7 +24,7 @@ class ReplyFormat:
     prompt_opens_thinking: bool = False  # the rendered prompt ends inside an open think block
     enable_thinking: bool | None = None  # the toggle the template heard, if the request set one
     prompt_closes_thinking: bool = False  # the prompt ends with a closed (empty) think block: thinking off
-    tool_format: str | None = None  # the call markup the template teaches (reply_tools.GLM / QWEN_XML / HERMES)
+    tool_format: str | None = None  # the name of the call markup family the template teaches (chat_format.markups)
     think_close_ids: list[int] = field(default_factory=list)  # "\n</think>\n\n": a forced close of the block
     reasoning_effort: str | None = None  # the level the template heard
 

@@ -7,8 +7,8 @@ import pytest
 from deployments.chat_format.effort import check_effort, nearest_level, template_kwargs, template_levels
 from deployments.chat_format.template_file import MAX_TEMPLATE_BYTES, load_template_file
 
-GLM53 = ("low", "high", "max")  # the manual's GLM-5.3 levels
-QWEN38 = ("low", "medium", "xhigh")  # the manual's Qwen3.8 levels
+GLM53 = ("low", "high", "max")  # the levels GLM-5.3's template names
+QWEN38 = ("low", "medium", "xhigh")  # the levels Qwen3.8's template names
 
 
 @pytest.mark.parametrize(("effort", "named", "heard"), [
@@ -16,7 +16,7 @@ QWEN38 = ("low", "medium", "xhigh")  # the manual's Qwen3.8 levels
     ("high", QWEN38, "xhigh"), ("max", QWEN38, "xhigh"), ("xhigh", QWEN38, "xhigh"), ("minimal", QWEN38, "low"),
     ("max", (), "xhigh"), ("low", (), "low"),
 ])  # fmt: skip
-def test_manual_mapping_examples(effort: str, named: tuple[str, ...], heard: str) -> None:
+def test_mapping_examples(effort: str, named: tuple[str, ...], heard: str) -> None:
     assert nearest_level(effort, named) == heard
 
 

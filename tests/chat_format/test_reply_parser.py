@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from deployments.chat_format.markups import GLM, HERMES, QWEN_XML, markup_for_template
 from deployments.chat_format.reply_parser import ReplyParser, ReplyStream, ReplyView
 from deployments.chat_format.tool_calls import typed_value
-from deployments.chat_format.tool_format import GLM, HERMES, QWEN_XML, format_of_template
 from deployments.ingress.openai.chat_reply import ChatReply
 from deployments.messages.render import ReplyFormat
 
@@ -164,10 +164,10 @@ def test_hermes_json_calls_and_bare_json_stays_content() -> None:
 
 
 def test_formats_follow_the_template() -> None:
-    assert format_of_template("<tool_call>{{name}}<arg_key>") == GLM
-    assert format_of_template("<tool_call>\n<function=x>") == QWEN_XML
-    assert format_of_template("<tool_call>{json}</tool_call>") == HERMES
-    assert format_of_template("{{ messages }}") is None
+    assert markup_for_template("<tool_call>{{name}}<arg_key>").name == GLM
+    assert markup_for_template("<tool_call>\n<function=x>").name == QWEN_XML
+    assert markup_for_template("<tool_call>{json}</tool_call>").name == HERMES
+    assert markup_for_template("{{ messages }}") is None
 
 
 # ---- OpenAI shapes ------------------------------------------------------------------------------------------

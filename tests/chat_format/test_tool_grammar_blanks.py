@@ -15,7 +15,7 @@ import pytest
 import xgrammar as xgr
 
 from deployments.chat_format.forced_calls import MAX_BLANKS, forced_call_ebnf
-from deployments.chat_format.tool_format import GLM, HERMES, QWEN_XML
+from deployments.chat_format.markups import GLM, HERMES, QWEN_XML
 from deployments.messages.requests import GrammarSpec
 from deployments.model_rank.sampler import unpack_bitmask
 from deployments.scheduler.engine.grammar import MAX_BLANKS_AFTER_THINK, MAX_JSON_BLANKS, GrammarBackend

@@ -136,7 +136,8 @@ def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[l
     prompts = corpus_prompts[::3]
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}  # fmt: skip
-    from deployments.chat_format.forced_calls import GLM, forced_call_ebnf
+    from deployments.chat_format.forced_calls import forced_call_ebnf
+    from deployments.chat_format.markups import GLM
     from serve_app.fixtures.tiny_glm.corpus import TOOLS
 
     think_open, think_close = tokenizer.encode("<think>"), tokenizer.encode("</think>")
