@@ -12,14 +12,15 @@ from deployments.chat_format.reply_parser import ReplyParser
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import engine_request, thinking_controls
 from deployments.ingress.generation import Generation
-from deployments.ingress.http.errors import bad_request, parse_body
+from deployments.ingress.http.errors import bad_request, parse_body, refusal_error
 from deployments.ingress.http.limits import messages_over_window
 from deployments.ingress.openai.chat_reply import ChatReply
 from deployments.ingress.openai.echo import refuse_echo_on_chat
 from deployments.ingress.openai.models import ChatCompletionRequest, unsupported_field
 from deployments.ingress.openai.prompt_logprobs import refuse_on_chat
 from deployments.ingress.structured_fields import generation_extras
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt
+from deployments.messages.replies import Refusal
 
 
 @dataclass
@@ -51,8 +52,8 @@ async def render_chat_body(ctx: ServingContext, fields: ChatCompletionRequest) -
         reasoning_effort=fields.reasoning_effort,
     )
     rendered = await ctx.backend.render_chat(render)
-    if isinstance(rendered, RenderRefusal):
-        raise bad_request(rendered.message, "messages")
+    if isinstance(rendered, Refusal):
+        raise refusal_error(rendered)
     return rendered
 
 

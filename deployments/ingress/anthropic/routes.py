@@ -15,11 +15,11 @@ from deployments.ingress.anthropic.translate import chat_body, prompt_fields
 from deployments.ingress.chat_run import render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.generation import GenerationFailed
-from deployments.ingress.http.errors import APIError, anthropic_response, context_error, json_body, parse_body
+from deployments.ingress.http.errors import APIError, anthropic_response, json_body, parse_body, refusal_error
 from deployments.ingress.http.route import arrive, refusal
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.ingress.openai.models import ChatCompletionRequest
-from deployments.messages.replies import ContextLengthError
+from deployments.messages.replies import Refusal
 
 # Chat fields an error may name, as the Messages field the client sent.
 _FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "response_format": "output_config.format",
@@ -68,7 +68,7 @@ def messages_router(ctx: ServingContext) -> APIRouter:
             count = len(rendered.prompt_token_ids)
             window = (await ctx.facts()).window
             if fields.max_tokens is not None and count + fields.max_tokens > window:  # as /v1/messages would refuse
-                raise context_error(ContextLengthError(window, count, fields.max_tokens, "messages"))
+                raise refusal_error(Refusal.context_length(window, count, fields.max_tokens, "messages"))
         except APIError as exc:
             return anthropic_error(exc)
         return JSONResponse({"input_tokens": count})

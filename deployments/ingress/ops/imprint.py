@@ -15,10 +15,10 @@ from fastapi import APIRouter, Request
 
 from deployments.ingress.chat_run import checked_body, render_chat_body
 from deployments.ingress.context import ServingContext
-from deployments.ingress.http.errors import APIError, context_error, json_body, parse_body
+from deployments.ingress.http.errors import APIError, json_body, parse_body, refusal_error
 from deployments.ingress.openai.models import ChatCompletionRequest
 from deployments.ingress.tool_checks import CHAT, check_tools
-from deployments.messages.replies import ContextLengthError
+from deployments.messages.replies import Refusal
 from deployments.messages.requests import ImprintQuery
 
 OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
@@ -41,7 +41,7 @@ def imprint_router(ctx: ServingContext) -> APIRouter:
         window = (await ctx.facts()).window  # a query sent while the model loads waits, as a chat request does
         requested = fields.reply_limit
         if len(ids) >= window or (requested is not None and len(ids) + requested > window):
-            raise context_error(ContextLengthError(window, len(ids), requested, "messages"))
+            raise refusal_error(Refusal.context_length(window, len(ids), requested, "messages"))
         return ids
 
     async def answer(http: Request, load: bool) -> dict[str, Any]:

@@ -10,11 +10,12 @@ from fastapi import APIRouter, Request
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids
-from deployments.ingress.http.errors import bad_request, json_body, parse_body
+from deployments.ingress.http.errors import bad_request, json_body, parse_body, refusal_error
 from deployments.ingress.http.limits import messages_over_window
 from deployments.ingress.openai.models import DetokenizeRequest, TokenizeRequest, offered_tools
 from deployments.ingress.tool_checks import CHAT, check_tools
-from deployments.messages.render import ChatRenderRequest, RenderRefusal
+from deployments.messages.render import ChatRenderRequest
+from deployments.messages.replies import Refusal
 
 
 async def _token_ids(ctx: ServingContext, fields: TokenizeRequest) -> list[int]:
@@ -32,8 +33,8 @@ async def _token_ids(ctx: ServingContext, fields: TokenizeRequest) -> list[int]:
         reasoning_effort=fields.reasoning_effort,
     )
     rendered = await ctx.backend.render_chat(render)
-    if isinstance(rendered, RenderRefusal):
-        raise bad_request(rendered.message, "messages")
+    if isinstance(rendered, Refusal):
+        raise refusal_error(rendered)
     return rendered.prompt_token_ids
 
 
