@@ -13,8 +13,8 @@ from deployments.chat_format.conversation import MessageError
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.chat_format.template import TemplateRenderError
 from deployments.messages.memory import ReplicaMemory
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, TokenizerCard
-from deployments.messages.replies import ImprintAnswer
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
+from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
@@ -53,11 +53,11 @@ class LocalBackend:
     async def card(self) -> TokenizerCard:
         return self._renderer.card()
 
-    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
         try:
             return self._renderer.render_chat(request)
         except (TemplateRenderError, MessageError) as exc:
-            return RenderRefusal(str(exc))
+            return Refusal(str(exc), param="messages")
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._renderer.tokenize(text, add_special_tokens)

@@ -12,8 +12,8 @@ from typing import Protocol
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.messages.memory import ReplicaMemory
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, TokenizerCard
-from deployments.messages.replies import ImprintAnswer
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
+from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
@@ -33,7 +33,7 @@ class Upstream(Protocol):
 class Backend(Protocol):
     async def card(self) -> TokenizerCard: ...
 
-    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal: ...
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal: ...
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]: ...
 
@@ -92,7 +92,7 @@ class GraphBackend:
             self._card = await self._renderer.card.remote()
         return self._card
 
-    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
         return await self._renderer.render_chat.remote(request)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:

@@ -13,7 +13,7 @@ from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import engine_request, thinking_controls
 from deployments.ingress.generation import Generation
-from deployments.ingress.http.errors import bad_request
+from deployments.ingress.http.errors import bad_request, refusal_error
 from deployments.ingress.http.limits import messages_over_window
 from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations
 from deployments.ingress.reply_reader import ReplyReader
@@ -23,7 +23,8 @@ from deployments.ingress.structured_fields import (
     gate_after_thinking,
     requested_grammar,
 )
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, ReplyFormat
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat
+from deployments.messages.replies import Refusal
 from deployments.messages.requests import GrammarSpec
 
 
@@ -74,8 +75,8 @@ async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedP
         reasoning_effort=fields.reasoning_effort,
     )
     rendered = await ctx.backend.render_chat(render)
-    if isinstance(rendered, RenderRefusal):
-        raise bad_request(rendered.message, "messages")
+    if isinstance(rendered, Refusal):
+        raise refusal_error(rendered)
     return rendered
 
 

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from typing import NoReturn
 
 from deployments.ingress.backend import Backend, Upstream
-from deployments.ingress.http.errors import bad_request, context_error, server_error
+from deployments.ingress.http.errors import refusal_error, server_error
 from deployments.ingress.http.finish_log import log_ended, log_finished
 from deployments.ingress.usage import ReplySummary, summarise
 from deployments.messages.render import ReplyFormat
-from deployments.messages.replies import EngineChunk, FinishReason
+from deployments.messages.replies import EngineChunk, FinishReason, Refusal
 from deployments.messages.requests import EngineRequest
-from deployments.messages.status import ContextRefusal, InvalidPrompt, UpstreamItem
+from deployments.messages.status import UpstreamItem
 
 log = logging.getLogger("tensorfold.ingress")
 END_READ_TIMEOUT_S = 5.0
@@ -62,12 +62,10 @@ class Generation:
         except Exception as exc:  # a replica that died, a Ray failure: nothing was sent yet
             log.exception("request %s failed before its first token", self.request_id)
             self._fail_before_reply(f"generation failed: {exc}")
-        if isinstance(first, (ContextRefusal, InvalidPrompt)):
+        if isinstance(first, Refusal):
             self._settled = True  # the stream ended with its refusal; the route logs `refused`
             self._read_end()
-            if isinstance(first, ContextRefusal):
-                raise context_error(first.to_error())
-            raise bad_request(first.message, first.param)
+            raise refusal_error(first)
         if first.finished and first.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
             # Failed before any token: no stream has opened yet, so this is still an HTTP 500.
             self._fail_before_reply(first.error or f"the request ended with {first.finish_reason}")

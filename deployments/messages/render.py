@@ -44,10 +44,3 @@ class TokenizerCard:
     vocab_size: int
     eos_token_ids: list[int]
     has_chat_template: bool
-
-
-@dataclass
-class RenderRefusal:
-    """Why a chat request cannot be rendered (HTTP 400, param `messages`)."""
-
-    message: str

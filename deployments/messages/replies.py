@@ -1,6 +1,7 @@
 """What the engine sends back for each request: coalesced chunks, their logprob rows, the final figures.
 
-Nothing here is HTTP-specific; Ingress frames the `EngineChunk`s for each API family. Fields say who sets them.
+Nothing here is HTTP-specific; Ingress frames the `EngineChunk`s for each API family and turns a `Refusal`
+into the route's error. Fields say who sets them.
 """
 
 import enum
@@ -35,7 +36,7 @@ class PromptLogprobRow:
 
 @dataclass
 class ImprintAnswer:
-    """The manual's imprint fields (set by the engine, between rounds)."""
+    """What the imprint routes answer (docs/store.md); set by the engine, between rounds."""
 
     tokens: int  # the rendered prompt
     ram_tokens: int  # the longest kept state in RAM
@@ -124,14 +125,21 @@ class EngineChunk:
             self.stats = later.stats
 
 
-class ContextLengthError(ValueError):
-    """A request that cannot fit the window; carries what the `context_length_exceeded` error needs."""
+@dataclass
+class Refusal:
+    """A request the server will not run, answered before any work: the engine's checks (the window, the
+    prompt's ids, a grammar that does not compile, scoring), the Renderer's template and message errors and
+    Ingress's own limits. It travels as a value; Ingress turns it into the route's error once."""
 
-    def __init__(self, window: int, prompt_tokens: int, requested: int | None, param: str) -> None:
-        self.window = window
-        self.prompt_tokens = prompt_tokens
-        self.requested = requested
-        self.param = param
+    message: str  # what the client reads
+    param: str | None = None  # the request field it is about ("messages", "prompt", "response_format", ...)
+    code: str | None = None  # e.g. "context_length_exceeded"; None for a plain invalid request
+    status: int = 400  # the HTTP status
+    type: str = "invalid_request_error"  # OpenAI's error type
+
+    @classmethod
+    def context_length(cls, window: int, prompt_tokens: int, requested: int | None, param: str) -> "Refusal":
+        """A request that cannot fit the window (`requested`: the reply limit asked for, None when omitted)."""
         if requested is None:
             detail = f"your prompt has {prompt_tokens} tokens, which leaves no room for a reply"
         else:
@@ -139,7 +147,8 @@ class ContextLengthError(ValueError):
                 f"you requested {prompt_tokens + requested} tokens "
                 f"({prompt_tokens} in the prompt, {requested} for the reply)"
             )
-        super().__init__(
+        message = (
             f"This server's maximum context length is {window} tokens. However, {detail}. "
             f"Please shorten the prompt or reduce the reply limit."
         )
+        return cls(message, param, "context_length_exceeded")

@@ -1,43 +1,17 @@
 """What crosses the Ray boundary between Ingress and a Scheduler replica, besides EngineRequest/EngineChunk.
 
 Kept free of torch and the engine's modules so Ingress can unpickle these without importing the model
-code. Refusals travel as values: ContextLengthError does not survive pickling (its constructor takes
-four arguments), and Ingress must answer a refusal before it opens any stream.
+code. A stream's items are its chunks, or a `Refusal` as its only item: Ingress answers a refusal
+before it opens any stream.
 """
 
 from dataclasses import dataclass, field
 
 from deployments.messages.counters import EngineCounters
-from deployments.messages.replies import ContextLengthError, EngineChunk
+from deployments.messages.replies import EngineChunk, Refusal
 from deployments.messages.store import StoreStats
 
-
-@dataclass
-class ContextRefusal:
-    """A request that cannot fit the window: what the `context_length_exceeded` error needs."""
-
-    window: int
-    prompt_tokens: int
-    requested: int | None
-    param: str
-
-    @classmethod
-    def from_error(cls, exc: ContextLengthError) -> "ContextRefusal":
-        return cls(window=exc.window, prompt_tokens=exc.prompt_tokens, requested=exc.requested, param=exc.param)
-
-    def to_error(self) -> ContextLengthError:
-        return ContextLengthError(self.window, self.prompt_tokens, self.requested, self.param)
-
-
-@dataclass
-class InvalidPrompt:
-    """A prompt the engine cannot run (empty, or an id outside the vocabulary): HTTP 400."""
-
-    message: str
-    param: str
-
-
-UpstreamItem = EngineChunk | ContextRefusal | InvalidPrompt
+UpstreamItem = EngineChunk | Refusal
 
 
 @dataclass

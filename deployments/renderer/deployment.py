@@ -1,7 +1,7 @@
 """The Renderer deployment: a thin Serve wrapper over PromptRenderer (chat template + tokenizer).
 
-Errors a client caused (a template refusal, a malformed message) come back as `RenderRefusal` values
-rather than exceptions, so Ingress can answer 400 without unwrapping Ray's exception types.
+Errors a client caused (a template refusal, a malformed message) come back as `Refusal` values naming
+`messages`, rather than exceptions, so Ingress can answer 400 without unwrapping Ray's exception types.
 """
 
 from ray import serve
@@ -9,7 +9,8 @@ from ray import serve
 from deployments.chat_format.conversation import MessageError
 from deployments.chat_format.rendering import PromptRenderer, RendererOptions
 from deployments.chat_format.template import TemplateRenderError
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, RenderRefusal, TokenizerCard
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
+from deployments.messages.replies import Refusal
 
 
 @serve.deployment(name="Renderer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
@@ -20,11 +21,11 @@ class Renderer:
     def card(self) -> TokenizerCard:
         return self._renderer.card()
 
-    def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | RenderRefusal:
+    def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
         try:
             return self._renderer.render_chat(request)
         except (TemplateRenderError, MessageError) as exc:
-            return RenderRefusal(str(exc))
+            return Refusal(str(exc), param="messages")
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._renderer.tokenize(text, add_special_tokens)

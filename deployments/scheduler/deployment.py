@@ -19,9 +19,9 @@ from ray import serve
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
 from deployments.messages.memory import ReplicaMemory
-from deployments.messages.replies import ContextLengthError, ImprintAnswer
+from deployments.messages.replies import EngineChunk, ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
-from deployments.messages.status import ContextRefusal, EngineInfo, InvalidPrompt, ReplicaStatus, UpstreamItem
+from deployments.messages.status import EngineInfo, ReplicaStatus, UpstreamItem
 from deployments.prompt_store.links import ActorStoreLink
 from deployments.routing.request_router import routing_stats
 from deployments.scheduler.engine.core import Engine
@@ -32,22 +32,14 @@ from deployments.scheduler.transports.thread import EngineLoop
 
 
 async def engine_stream(loop: StreamHub, request: EngineRequest, replica: str = "") -> AsyncIterator[UpstreamItem]:
-    """The loop's chunks for one request, with refusals (raised before the first chunk) as values; the
-    last one names `replica`, the replica that served it."""
+    """The loop's items for one request (its chunks, or its refusal alone); the last chunk names `replica`,
+    the replica that served it."""
     stream = loop.generate(request)
-    started = False
     try:
-        async for chunk in stream:
-            started = True
-            if chunk.stats is not None:
-                chunk.stats.replica = replica
-            yield chunk
-    except ContextLengthError as exc:
-        yield ContextRefusal.from_error(exc)
-    except ValueError as exc:
-        if started:
-            raise
-        yield InvalidPrompt(str(exc), getattr(exc, "param", request.prompt_param))
+        async for item in stream:
+            if isinstance(item, EngineChunk) and item.stats is not None:
+                item.stats.replica = replica
+            yield item
     finally:
         # A cancelled stream (the client left) closes this generator: closing the engine's iterator aborts
         # the request there, which frees its KV blocks at the next step.

@@ -9,7 +9,6 @@ Only decode steps are timed (prefill is the same work either way); every pair of
 """
 
 import argparse
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from deployments.config import EngineConfig
 from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.scheduler.engine.core import Engine
 from serve_app.args import resolve_model_dir
+from serve_app.bench.workload import StepTally
 
 
 @dataclass
@@ -33,26 +33,14 @@ class Decode:
 
 
 def _run(engine: Engine, requests: list[EngineRequest], together: bool) -> tuple[Decode, dict[str, list[int]]]:
-    figures, replies = Decode(), {r.request_id: [] for r in requests}
+    replies, tally, drafted, accepted = {}, StepTally(), 0, 0
     batches = [requests] if together else [[r] for r in requests]
     for batch in batches:
-        for request in batch:
-            engine.add_request(request)
-        while engine.has_work():
-            started = time.perf_counter()
-            chunks = engine.step()
-            elapsed = time.perf_counter() - started
-            decoding = engine.last_step_kind == "decode"
-            if decoding:
-                figures.seconds += elapsed
-                figures.rounds += 1
-            for chunk in chunks:
-                replies[chunk.request_id] += chunk.token_ids
-                if decoding:
-                    figures.tokens += len(chunk.token_ids)
-                if chunk.stats is not None:
-                    figures.drafted += chunk.stats.drafted
-                    figures.accepted += chunk.stats.accepted
+        for request_id, reply in engine.generate(batch, on_step=tally).items():
+            assert reply.stats is not None, reply.error
+            replies[request_id] = reply.token_ids
+            drafted, accepted = drafted + reply.stats.drafted, accepted + reply.stats.accepted
+    figures = Decode(tally.tokens["decode"], tally.seconds["decode"], drafted, accepted, tally.steps["decode"])
     return figures, replies
 
 

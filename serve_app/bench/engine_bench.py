@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 
 from deployments.config import EngineConfig
-from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.model_rank.runner import RunnerInfo
 from deployments.scheduler.engine.core import Engine
+from serve_app.bench.engine_profile import print_profile, profile_steps
+from serve_app.bench.workload import StepTally, bench_checkpoint, bench_requests, random_prompts
 
 PREFILL_SAMPLES = 3  # prefills of distinct prompts (no cache hits); the fastest is reported, as one step is noisy
 
@@ -41,41 +42,12 @@ def measure_read_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / best
 
 
-def _prompts(count: int, length: int, vocab: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(0)
-    return [torch.randint(10, vocab - 10, (length,), generator=generator).tolist() for _ in range(count)]
-
-
-def add_requests(engine: Engine, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0) -> None:
-    """One request per prompt that writes exactly `max_tokens` tokens: greedy, or sampled at `temperature`
-    over the whole vocabulary (no top-k or top-p)."""
-    for i, prompt in enumerate(prompts):
-        engine.add_request(
-            EngineRequest(
-                request_id=f"bench-{time.monotonic_ns()}-{i}",
-                prompt_token_ids=prompt,
-                sampling=SamplingParams(temperature=temperature, seed=i, ignore_eos=True),
-                max_tokens=max_tokens,
-            )
-        )
-
-
 def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int,
                     temperature: float) -> Figures:  # fmt: skip
     def run(batch: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
-        add_requests(engine, batch, max_tokens, temperature)
-        prefill = decode = 0.0
-        decoded = 0
-        while engine.has_work():
-            start = time.perf_counter()
-            chunks = engine.step()
-            elapsed = time.perf_counter() - start
-            if engine.last_step_kind == "decode":
-                decode += elapsed
-                decoded += sum(len(c.token_ids) for c in chunks)
-            else:
-                prefill += elapsed
-        return prefill, decode, decoded
+        tally = StepTally()
+        engine.generate(bench_requests(batch, max_tokens, temperature), on_step=tally)
+        return tally.seconds["prefill"], tally.seconds["decode"], tally.tokens["decode"]
 
     run([prompts[0][:16]], decode_tokens)  # warm-up
     prefill = min(run([p], 1)[0] for p in prompts[1 : 1 + PREFILL_SAMPLES])
@@ -123,7 +95,7 @@ def _engine_run(checkpoint: Path, backend: str, args: argparse.Namespace) -> tup
                                  engine_threads=threads, backend=backend, draft=args.draft))
     try:
         vocab = engine.runner_info.vocab_size
-        prompts = _prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, vocab)
+        prompts = random_prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, vocab)
         figures = _engine_figures(engine, prompts, args.decode_tokens, args.concurrency, args.temperature)
         if args.profile and backend == "torch":
             _print_profile(engine, vocab, args.concurrency)
@@ -142,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         for backend in backends:
             ours[backend], info = _engine_run(checkpoint, backend, args)
         weight_bytes, model_dtype = info.weight_bytes, getattr(torch, info.dtype)
-        prompts = _prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, info.vocab_size)
+        prompts = random_prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, info.vocab_size)
         theirs = None if args.skip_transformers else _transformers_figures(
             checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency, args.temperature
         )
@@ -178,10 +150,8 @@ def _print_table(args: argparse.Namespace, ours: dict[str, Figures], theirs: Fig
 
 
 def _print_profile(engine: Engine, vocab: int, concurrency: int) -> None:
-    from serve_app.bench.engine_profile import print_profile, profile_steps
-
-    long_prompt = _prompts(1, 512, vocab)
-    short = _prompts(concurrency, 32, vocab)
+    long_prompt = random_prompts(1, 512, vocab)
+    short = random_prompts(concurrency, 32, vocab)
     rows = [
         ("decode, 1 seq", profile_steps(engine, short, "decode", 1, rounds=32)),
         (f"decode, {concurrency} seqs", profile_steps(engine, short, "decode", concurrency, rounds=16)),
@@ -189,19 +159,3 @@ def _print_profile(engine: Engine, vocab: int, concurrency: int) -> None:
     ]
     print_profile(rows)
 
-
-def bench_checkpoint(scratch: Path, size: str = "bench") -> Path:
-    """A random bf16 Qwen3 checkpoint: "qwen3-190m" with the real Qwen3 tokenizer, or "bench" with a 32k
-    model vocabulary over a ~512-id trained Qwen tokenizer."""
-    from serve_app.fixtures.checkpoints import QWEN3_VOCAB, build_random_checkpoint
-    from serve_app.fixtures.tokenizer_builder import build_tokenizer, copy_qwen3_tokenizer, use_tokenizer_end_token
-
-    out = scratch / f"{size}-qwen3"
-    if size == "qwen3-190m":
-        copy_qwen3_tokenizer(out)
-        build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=QWEN3_VOCAB)
-        return use_tokenizer_end_token(out)
-    build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=32768)
-    build_tokenizer(out, family="qwen")
-    # The random config's end id 1 is the `"` byte of this tokenizer: JSON could never write a string.
-    return use_tokenizer_end_token(out)

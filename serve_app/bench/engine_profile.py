@@ -2,7 +2,8 @@
 
 The parts the layers call (matmuls, attention, norms and rotary, the keyed draw, the embedding) are
 wrapped with wall-clock timers for the profile's run only; what is left of the runner's `execute` is the
-Python around them (per layer and per step), and what is left of `Engine.step` is the scheduler's share.
+Python around them (per layer and per step), and what is left of the step (planning, the forward pass and
+writing replies: `Stepped.step_seconds`) is the scheduler's share.
 Three steps are profiled: a batch-1 decode round, a 16-sequence decode round and a 512-token prefill chunk.
 """
 
@@ -13,8 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.messages.engine_process import Stepped
 from deployments.scheduler.engine.core import Engine
-from serve_app.bench.engine_bench import add_requests
+from serve_app.bench.workload import bench_requests
 
 # (category, module path, attribute): every call of module.attribute is charged to category.
 TIMED: list[tuple[str, str, str]] = [
@@ -40,7 +42,7 @@ class StepTimes:
 
     parts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     execute: float = 0.0  # ModelRunner.execute: tensors in, forward, logits, draw
-    step: float = 0.0  # Engine.step: planning, execute, outputs
+    step: float = 0.0  # the whole step: planning, execute, outputs
     steps: int = 0
 
 
@@ -103,20 +105,21 @@ def instrumented(engine: Engine, current: StepTimes) -> Iterator[None]:
 
 def profile_steps(engine: Engine, prompts: list[list[int]], kind: str, count: int, rounds: int) -> StepTimes:
     """Time up to `rounds` steps of `kind` ("decode" or "prefill") with `count` sequences in flight."""
-    times, current = StepTimes(), StepTimes()
+    times, current = StepTimes(), StepTimes()  # `current`: what the latest step charged
+
+    def on_step(stepped: Stepped) -> None:
+        if stepped.step_kind == kind and times.steps < rounds:
+            times.step += stepped.step_seconds
+            times.execute += current.execute
+            for category, seconds in current.parts.items():
+                times.parts[category] += seconds
+            times.steps += 1
+        current.parts.clear()
+        current.execute = 0.0
+
     with instrumented(engine, current):
-        add_requests(engine, prompts[:count], max_tokens=rounds + 2 if kind == "decode" else 1)
-        while engine.has_work():
-            current.parts.clear()
-            current.execute = 0.0
-            start = time.perf_counter()
-            engine.step()
-            if engine.last_step_kind == kind and times.steps < rounds:
-                times.step += time.perf_counter() - start
-                times.execute += current.execute
-                for category, seconds in current.parts.items():
-                    times.parts[category] += seconds
-                times.steps += 1
+        requests = bench_requests(prompts[:count], max_tokens=rounds + 2 if kind == "decode" else 1)
+        engine.generate(requests, on_step=on_step)
     return times
 
 

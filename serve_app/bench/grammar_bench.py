@@ -8,7 +8,6 @@ logit mask cost. The schema is an open-ended array of objects, so most rows stay
 import argparse
 import json
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import torch
 
 from deployments.config import EngineConfig
 from deployments.messages.replies import FinishReason
-from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
+from deployments.messages.requests import GrammarSpec
 from deployments.scheduler.engine.core import Engine
-from serve_app.bench.engine_bench import _prompts, bench_checkpoint
+from serve_app.bench.workload import StepTally, bench_checkpoint, bench_requests, random_prompts
 
 SCHEMA = {
     "type": "array",
@@ -45,28 +44,11 @@ class DecodeFigures:
 
 def _decode(engine: Engine, prompts: list[list[int]], decode_tokens: int, spec: GrammarSpec | None,
             label: str) -> DecodeFigures:  # fmt: skip
-    for i, prompt in enumerate(prompts):
-        engine.add_request(EngineRequest(
-            request_id=f"bench-{label}-{time.monotonic_ns()}-{i}", prompt_token_ids=prompt, max_tokens=decode_tokens,
-            sampling=SamplingParams(temperature=0.0, ignore_eos=True), grammar=spec,
-        ))  # fmt: skip
-    seconds = 0.0
-    tokens = 0
-    texts: dict[str, str] = {}
-    early = 0  # rows that ended before their limit (a grammar the model could not follow)
-    while engine.has_work():
-        start = time.perf_counter()
-        chunks = engine.step()
-        elapsed = time.perf_counter() - start
-        if engine.last_step_kind == "decode":
-            seconds += elapsed
-            tokens += sum(len(c.token_ids) for c in chunks)
-        for chunk in chunks:
-            texts[chunk.request_id] = texts.get(chunk.request_id, "") + chunk.text
-            if chunk.finished and chunk.finish_reason != FinishReason.LENGTH:
-                early += 1
-    open_rows = 0 if spec is None else sum(not _completes(t) for t in texts.values())
-    return DecodeFigures(label, tokens, seconds, open_rows, early)
+    tally = StepTally()
+    replies = engine.generate(bench_requests(prompts, decode_tokens, grammar=spec), on_step=tally).values()
+    early = sum(reply.finish_reason != FinishReason.LENGTH for reply in replies)  # a grammar the model could not follow
+    open_rows = 0 if spec is None else sum(not _completes(reply.text) for reply in replies)
+    return DecodeFigures(label, tally.tokens["decode"], tally.seconds["decode"], open_rows, early)
 
 
 def _completes(text: str) -> bool:
@@ -84,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch))
         engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0,
                                      parallel=args.concurrency))  # fmt: skip
-        prompts = [p[: args.prompt_tokens] for p in _prompts(args.concurrency, args.prompt_tokens,
-                                                            engine.runner_info.vocab_size)]  # fmt: skip
+        prompts = random_prompts(args.concurrency, args.prompt_tokens, engine.runner_info.vocab_size)
         spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
         engine.grammars.compile(spec)  # compiled once, outside the timed runs
         for warm_spec in (None, spec):  # both paths at full width once, untimed

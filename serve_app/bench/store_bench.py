@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 from deployments.config import EngineConfig
+from deployments.messages.engine_process import Stepped
 from deployments.messages.replies import RequestStats
 from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.prompt_store.links import LocalStoreLink
 from deployments.scheduler.engine.core import Engine
-from serve_app.bench.engine_bench import _prompts, bench_checkpoint
+from serve_app.bench.workload import bench_checkpoint, random_prompts
 
 
 def _first_token(engine: Engine, prompt: list[int], tokens: int = 4) -> tuple[float, list[int], RequestStats]:
@@ -30,15 +31,15 @@ def _first_token(engine: Engine, prompt: list[int], tokens: int = 4) -> tuple[fl
     request = EngineRequest(f"store-bench-{time.monotonic_ns()}", prompt, SamplingParams(temperature=0.0),
                             max_tokens=tokens)  # fmt: skip
     started = time.perf_counter()
-    engine.add_request(request)
-    first, reply = None, []
-    while True:
-        for chunk in engine.step():
-            if chunk.token_ids and first is None:
-                first = time.perf_counter() - started
-            reply += chunk.token_ids
-            if chunk.finished:
-                return first or 0.0, reply, chunk.stats
+    first: list[float] = []
+
+    def on_step(stepped: Stepped) -> None:
+        if not first and any(chunk.token_ids for chunk in stepped.chunks):
+            first.append(time.perf_counter() - started)
+
+    reply = engine.generate([request], on_step=on_step)[request.request_id]
+    assert reply.stats is not None, reply.error
+    return first[0] if first else 0.0, reply.token_ids, reply.stats
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,13 +50,13 @@ def run(args: argparse.Namespace) -> int:
                             engine_threads=torch.get_num_threads(), learn_dir=str(Path(scratch) / "learned"))  # fmt: skip
         learned = base.model_copy(update={"learn_conversations": True})
         writer = Engine(learned, LocalStoreLink(learned))
-        prompt = _prompts(1, args.prompt_tokens, writer.runner_info.vocab_size)[0]
+        prompt = random_prompts(1, args.prompt_tokens, writer.runner_info.vocab_size)[0]
         first_ttft, reply, _ = _first_token(writer, prompt)
+        assert writer.disk is not None
         started = time.perf_counter()
-        while writer.has_idle_work():
-            writer.idle_work()
+        writer.disk.write_waiting()
         write_seconds = time.perf_counter() - started
-        state_bytes = writer.disk.latest.bytes_held if writer.disk and writer.disk.latest else 0
+        state_bytes = writer.disk.latest.bytes_held if writer.disk.latest else 0
         writer.shutdown()
         del writer
         next_turn = prompt + reply + [11, 12, 13]

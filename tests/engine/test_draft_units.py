@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from deployments.config import EngineConfig
+from deployments.messages.engine_process import Inbox
 from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.models import load_model
@@ -98,7 +99,7 @@ def test_grammar_cuts_drafts_and_stands_where_it_was(tiny_glm_engine: Engine) ->
     tokenizer = engine.tokenizer
     spec = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
     engine.add_request(EngineRequest("g", tokenizer.encode("x"), grammar=spec, max_tokens=20, draft=True))
-    seq = engine._by_id["g"]
+    seq = engine.in_flight["g"]
     good = tokenizer.encode('{"a": 1')
     before = seq.grammar.checkpoint()
     mask_before = seq.next_draw().allowed
@@ -107,8 +108,7 @@ def test_grammar_cuts_drafts_and_stands_where_it_was(tiny_glm_engine: Engine) ->
     assert [d.reply_position for d in draws] == list(range(1, len(good) + 1))
     assert seq.grammar.checkpoint() == before and torch.equal(seq.next_draw().allowed, mask_before)
     assert torch.equal(first.allowed, mask_before)
-    engine.abort_request("g")
-    engine.step()
+    engine.run_once(Inbox(aborts=["g"]))
 
 
 def test_rejected_drafts_leave_no_kv_or_cached_block_behind(tiny_glm_engine: Engine) -> None:
@@ -119,10 +119,10 @@ def test_rejected_drafts_leave_no_kv_or_cached_block_behind(tiny_glm_engine: Eng
     request = EngineRequest("kv", prompt, sampling=SamplingParams(temperature=1.5, seed=3, ignore_eos=True),
                             max_tokens=60)  # fmt: skip
     engine.add_request(request)
-    seq = engine._by_id["kv"]
+    seq = engine.in_flight["kv"]
     drafted = 0
     while seq.finish_reason is None:
-        engine.step()
+        engine.run_once(Inbox())
         if seq.finish_reason is None and seq.num_reply_tokens:
             assert seq.num_computed == len(seq.token_ids) - 1
             full = seq.num_computed // engine.config.block_size

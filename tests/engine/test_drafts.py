@@ -15,9 +15,9 @@ import pytest
 
 from deployments.config import EngineConfig
 from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams, ThinkingControls
+from deployments.scheduler.engine.completion import Completion
 from deployments.scheduler.engine.core import Engine
 from serve_app.args import resolve_model_dir
-from tests.support.engine_harness import Reply, run_to_end
 
 SAMPLINGS = [
     SamplingParams(temperature=0.0),
@@ -56,14 +56,14 @@ def _engine(model: str, dtype: str, draft: str, backend: str = "torch", **overri
     return Engine(EngineConfig(**settings))
 
 
-def _both(engine: Engine, requests: list[EngineRequest]) -> tuple[dict[str, Reply], dict[str, Reply]]:
+def _both(engine: Engine, requests: list[EngineRequest]) -> tuple[dict[str, Completion], dict[str, Completion]]:
     """The requests drafted, then as the serial reference (both batches concurrent)."""
-    drafted = run_to_end(engine, [replace(r, request_id=f"d-{r.request_id}", draft=True) for r in requests])
-    serial = run_to_end(engine, [replace(r, request_id=f"s-{r.request_id}", draft=False) for r in requests])
+    drafted = engine.generate([replace(r, request_id=f"d-{r.request_id}", draft=True) for r in requests])
+    serial = engine.generate([replace(r, request_id=f"s-{r.request_id}", draft=False) for r in requests])
     return drafted, serial
 
 
-def _assert_equal(drafted: dict[str, Reply], serial: dict[str, Reply]) -> tuple[int, int]:
+def _assert_equal(drafted: dict[str, Completion], serial: dict[str, Completion]) -> tuple[int, int]:
     """Reply by reply equality; returns (drafted, accepted) over the drafted replies."""
     totals = [0, 0]
     for key, reply in serial.items():
@@ -100,9 +100,9 @@ def test_ngram_drafts_equal_serial_replies(tiny_glm: str, corpus_prompts: list[l
     engine = _engine(tiny_glm, dtype, "ngram")
     assert engine.draft_method == "ngram"
     # A reply that repeats text of its prompt: the scripted prompt, its reply, and the prompt again.
-    greedy = run_to_end(engine, [EngineRequest(f"g{i}", p, max_tokens=40, draft=False,
-                                               sampling=SamplingParams(temperature=0.0))
-                                 for i, p in enumerate(corpus_prompts[:8])])  # fmt: skip
+    greedy = engine.generate([EngineRequest(f"g{i}", p, max_tokens=40, draft=False,
+                                            sampling=SamplingParams(temperature=0.0))
+                              for i, p in enumerate(corpus_prompts[:8])])  # fmt: skip
     copying = [p + greedy[f"g{i}"].token_ids + p for i, p in enumerate(corpus_prompts[:8])]
     requests = _requests(copying, "n", max_tokens=40)
     drafted, kept = _assert_equal(*_both(engine, requests))
@@ -184,7 +184,7 @@ def test_preempted_drafted_replies_equal_serial(tiny_glm: str, corpus_prompts: l
     drafted, serial = _both(engine, requests)
     _assert_equal(drafted, serial)
     assert sum(r.stats.preemptions for r in drafted.values()) > 0
-    solo = run_to_end(engine, [replace(requests[0], request_id="solo")])["solo"]
+    solo = engine.generate([replace(requests[0], request_id="solo")])["solo"]
     assert solo.token_ids == serial["s-p0"].token_ids
 
 

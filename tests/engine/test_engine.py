@@ -8,10 +8,10 @@ import importlib.util
 import pytest
 
 from deployments.config import EngineConfig
-from deployments.messages.replies import ContextLengthError, FinishReason
+from deployments.messages.replies import FinishReason
 from deployments.messages.requests import EngineRequest, Priority, SamplingParams
 from deployments.scheduler.engine.core import Engine
-from tests.support.engine_harness import run_to_end
+from tests.support.requests import greedy
 
 NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
 CASES = [("bfloat16", "torch"), ("float32", "torch"),
@@ -58,8 +58,8 @@ def _tokens(replies: dict, tag: str, count: int) -> list[list[int]]:
 def test_concurrent_equals_solo(checkpoint) -> None:
     engine = _engine(checkpoint)
     prompts = _prompts(16)
-    together = _tokens(run_to_end(engine, _requests(prompts, "c")), "c", 16)
-    solo = [run_to_end(engine, [r])[r.request_id].token_ids for r in _requests(prompts, "s")]
+    together = _tokens(engine.generate(_requests(prompts, "c")), "c", 16)
+    solo = [engine.generate([r])[r.request_id].token_ids for r in _requests(prompts, "s")]
     assert together == solo
     assert all(len(t) == 24 for t in together)
 
@@ -67,10 +67,10 @@ def test_concurrent_equals_solo(checkpoint) -> None:
 def test_cached_prefix_equals_fresh(checkpoint) -> None:
     prompt = _prompts(8)[7]  # 45 tokens: two full 16-token blocks to reuse
     fresh_engine = _engine(checkpoint, prompt_cache_gib=0)
-    fresh = run_to_end(fresh_engine, _requests([prompt], "f"))["f-0"]
+    fresh = fresh_engine.generate(_requests([prompt], "f"))["f-0"]
     engine = _engine(checkpoint)
-    first = run_to_end(engine, _requests([prompt], "a"))["a-0"]
-    again = run_to_end(engine, _requests([prompt], "b"))["b-0"]
+    first = engine.generate(_requests([prompt], "a"))["a-0"]
+    again = engine.generate(_requests([prompt], "b"))["b-0"]
     assert fresh.stats.cached_tokens == 0 and first.stats.cached_tokens == 0
     assert again.stats.cached_tokens == 32
     assert fresh.token_ids == first.token_ids == again.token_ids
@@ -79,8 +79,8 @@ def test_cached_prefix_equals_fresh(checkpoint) -> None:
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_chunked_prefill_equals_whole(checkpoint, chunk: int) -> None:
     prompts = _prompts(8)[5:8]
-    whole = run_to_end(_engine(checkpoint, prefill_chunk_size=512), _requests(prompts, "w"))
-    chunked = run_to_end(_engine(checkpoint, prefill_chunk_size=chunk), _requests(prompts, "w"))
+    whole = _engine(checkpoint, prefill_chunk_size=512).generate(_requests(prompts, "w"))
+    chunked = _engine(checkpoint, prefill_chunk_size=chunk).generate(_requests(prompts, "w"))
     assert _tokens(whole, "w", 3) == _tokens(chunked, "w", 3)
     assert max(chunked["w-2"].stats.prefill_widths) <= chunk
 
@@ -88,12 +88,12 @@ def test_chunked_prefill_equals_whole(checkpoint, chunk: int) -> None:
 def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
     prompts = _prompts(6)
     roomy_engine = _engine(checkpoint)
-    roomy = run_to_end(roomy_engine, _requests(prompts, "p", max_tokens=40))
+    roomy = roomy_engine.generate(_requests(prompts, "p", max_tokens=40))
     # 12 blocks of 16 tokens cannot hold six replies growing to ~75 tokens: later ones get preempted.
     block_bytes = roomy_engine.runner_info.kv_bytes_per_token * 16
     tight_engine = _engine(checkpoint, kv_cache_gib=12.5 * block_bytes / 2**30, parallel=6)
     assert tight_engine.blocks.num_blocks == 12
-    tight = run_to_end(tight_engine, _requests(prompts, "p", max_tokens=40))
+    tight = tight_engine.generate(_requests(prompts, "p", max_tokens=40))
     assert tight_engine.counters.preemptions_total > 0
     assert _tokens(roomy, "p", 6) == _tokens(tight, "p", 6)
 
@@ -101,13 +101,13 @@ def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
 def test_stop_string_cuts_text_and_ends_at_completing_token(checkpoint) -> None:
     engine = _engine(checkpoint)
     prompt = _prompts(3)[2]
-    base = run_to_end(engine, [EngineRequest("base", prompt, SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=30)])["base"]
+    base = engine.generate([greedy("base", prompt, 30, to_limit=True)])["base"]
     text = base.text
     assert len(text) > 12
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     cut = text.find(stop)
-    stopped = run_to_end(
-        engine, [EngineRequest("stop", prompt, SamplingParams(temperature=0.0, ignore_eos=True, stop=[stop]), max_tokens=30)]
+    stopped = engine.generate(
+        [EngineRequest("stop", prompt, SamplingParams(temperature=0.0, ignore_eos=True, stop=[stop]), max_tokens=30)]
     )["stop"]
     assert stopped.finish_reason == FinishReason.STOP
     assert stopped.text == text[:cut]
@@ -119,37 +119,44 @@ def test_stop_string_cuts_text_and_ends_at_completing_token(checkpoint) -> None:
 def test_limits_stop_ids_and_eos(checkpoint) -> None:
     engine = _engine(checkpoint)
     prompt = _prompts(2)[1]
-    base = run_to_end(engine, [EngineRequest("n", prompt, SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=7)])["n"]
+    base = engine.generate([greedy("n", prompt, 7, to_limit=True)])["n"]
     assert base.finish_reason == FinishReason.LENGTH and len(base.token_ids) == 7
     stop_id = base.token_ids[3]
     first = base.token_ids.index(stop_id)
-    stopped = run_to_end(
-        engine, [EngineRequest("i", prompt, SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]), max_tokens=7)]
+    stopped = engine.generate(
+        [EngineRequest("i", prompt, SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]), max_tokens=7)]
     )["i"]
     assert stopped.finish_reason == FinishReason.STOP and stopped.token_ids == base.token_ids[: first + 1]
 
 
 def test_context_refusals_carry_the_numbers(checkpoint) -> None:
     engine = _engine(checkpoint, context=64)
-    with pytest.raises(ContextLengthError) as refused:
-        engine.validate(EngineRequest("x", list(range(20, 60)), max_tokens=30, prompt_param="prompt"))
-    assert refused.value.window == 64 and refused.value.prompt_tokens == 40 and refused.value.requested == 30
-    assert refused.value.param == "prompt"  # every context refusal names the prompt's field, as OpenAI does
-    assert str(refused.value).startswith("This server's maximum context length is 64 tokens")
-    with pytest.raises(ContextLengthError) as whole:
-        engine.validate(EngineRequest("y", list(range(20, 84)), prompt_param="prompt"))
-    assert whole.value.param == "prompt"
+    refused = engine.check(EngineRequest("x", list(range(20, 60)), max_tokens=30, prompt_param="prompt"))
+    assert refused is not None and refused.code == "context_length_exceeded" and refused.status == 400
+    assert refused.param == "prompt"  # every context refusal names the prompt's field, as OpenAI does
+    expected = (
+        "This server's maximum context length is 64 tokens. However, you requested 70 tokens "
+        "(40 in the prompt, 30 for the reply). Please shorten the prompt or reduce the reply limit."
+    )
+    assert refused.message == expected
+    whole = engine.check(EngineRequest("y", list(range(20, 84)), prompt_param="prompt"))
+    assert whole is not None and whole.code == "context_length_exceeded" and whole.param == "prompt"
+    assert whole.message.startswith("This server's maximum context length is 64 tokens. However, your prompt has 64")
+    # The engine's own admission gives the same refusal, as a value (nothing is admitted).
+    over = EngineRequest("x", list(range(20, 60)), max_tokens=30, prompt_param="prompt")
+    completion = engine.generate([over])["x"]
+    assert completion.refusal == refused and completion.token_ids == [] and not engine.has_work()
     # An omitted limit is capped to what the prompt leaves.
-    reply = run_to_end(engine, [EngineRequest("z", list(range(20, 60)), SamplingParams(temperature=0.0, ignore_eos=True))])["z"]
+    reply = engine.generate([greedy("z", list(range(20, 60)), to_limit=True)])["z"]
     assert len(reply.token_ids) == 24 and reply.finish_reason == FinishReason.LENGTH
 
 
 def test_background_prompt_yields_to_foreground(checkpoint) -> None:
     engine = _engine(checkpoint, prefill_chunk_size=8)
     prompts = _prompts(8)
-    background = EngineRequest("bg", prompts[7], SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=4, priority=Priority.BACKGROUND)
-    foreground = EngineRequest("fg", prompts[6], SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=4)
-    replies = run_to_end(engine, [background, foreground])
+    background = greedy("bg", prompts[7], 4, to_limit=True, priority=Priority.BACKGROUND)
+    foreground = greedy("fg", prompts[6], 4, to_limit=True)
+    replies = engine.generate([background, foreground])
     assert replies["fg"].stats.first_token_time <= replies["bg"].stats.first_token_time
-    solo = run_to_end(engine, [EngineRequest("bg2", prompts[7], SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=4)])
+    solo = engine.generate([greedy("bg2", prompts[7], 4, to_limit=True)])
     assert replies["bg"].token_ids == solo["bg2"].token_ids

@@ -8,13 +8,14 @@ from collections.abc import Iterator
 import pytest
 
 from deployments.config import EngineConfig
-from deployments.messages.replies import ContextLengthError, EngineChunk, FinishReason
-from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.messages.replies import EngineChunk, FinishReason, Refusal
+from deployments.messages.requests import EngineRequest
 from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.transports.hub import StreamHub
 from deployments.scheduler.transports.process import EngineProcess
 from deployments.scheduler.transports.thread import EngineLoop
 from serve_app.args import AppArgs
+from tests.support.requests import greedy, sampled
 
 PROMPTS = [[11, 12, 13, 14], [200, 201, 202], [5] * 40, [300, 301, 302, 303, 304, 305]]
 
@@ -41,12 +42,11 @@ def thread(served_model: str) -> Iterator[EngineLoop]:
 
 
 def _request(tag: str, prompt: list[int], seed: int | None = None, max_tokens: int = 24) -> EngineRequest:
-    sampling = SamplingParams(temperature=0.0) if seed is None else SamplingParams(temperature=0.9, seed=seed)
-    return EngineRequest(tag, prompt, sampling, max_tokens=max_tokens)
+    return greedy(tag, prompt, max_tokens) if seed is None else sampled(tag, prompt, seed, max_tokens=max_tokens)
 
 
-async def _reply(driver: StreamHub, request: EngineRequest) -> list[EngineChunk]:
-    return [chunk async for chunk in driver.generate(request)]
+async def _reply(driver: StreamHub, request: EngineRequest) -> list[EngineChunk | Refusal]:
+    return [item async for item in driver.generate(request)]
 
 
 def _replies(driver: StreamHub, tag: str) -> list[tuple[list[int], str, FinishReason | None]]:
@@ -65,20 +65,21 @@ def test_replies_equal_the_engine_on_a_thread(process: EngineProcess, thread: En
     assert all(tokens and finish in (FinishReason.STOP, FinishReason.LENGTH) for tokens, _, finish in from_process)
 
 
-def _refusal(driver: StreamHub, request: EngineRequest) -> Exception:
-    with pytest.raises(ValueError) as caught:
-        asyncio.run(_reply(driver, request))
-    return caught.value
+def _refusal(driver: StreamHub, request: EngineRequest) -> Refusal:
+    (only,) = asyncio.run(_reply(driver, request))  # a refusal is the stream's only item
+    assert isinstance(only, Refusal)
+    return only
 
 
 @pytest.mark.parametrize("prompt, max_tokens", [([7] * 300, 4), ([7] * 200, 100), ([10**6], 4), ([], 4)])
-def test_refusals_are_the_ones_the_engine_on_a_thread_raises(process: EngineProcess, thread: EngineLoop,
-                                                             prompt: list[int], max_tokens: int) -> None:  # fmt: skip
+def test_refusals_are_the_ones_the_engine_on_a_thread_gives(process: EngineProcess, thread: EngineLoop,
+                                                            prompt: list[int], max_tokens: int) -> None:  # fmt: skip
     from_process = _refusal(process, _request("refused", prompt, max_tokens=max_tokens))
     from_thread = _refusal(thread, _request("refused", prompt, max_tokens=max_tokens))
-    assert str(from_process) == str(from_thread)
-    assert isinstance(from_process, ContextLengthError) == isinstance(from_thread, ContextLengthError)
-    assert getattr(from_process, "param", None) == getattr(from_thread, "param", "messages")
+    assert from_process == from_thread  # message, param, code, status and type
+    assert from_process.param == "messages" and from_process.status == 400
+    context = prompt == [7] * 300 or max_tokens == 100
+    assert (from_process.code == "context_length_exceeded") == context
     assert process.alive()
 
 

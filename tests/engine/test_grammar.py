@@ -15,17 +15,16 @@ import pytest
 import torch
 
 from deployments.config import EngineConfig
-from deployments.messages.replies import FinishReason
+from deployments.messages.replies import FinishReason, Refusal
 from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
 from deployments.messages.step import SeqDraw
 from deployments.model_rank.sampler import sample_rows, unpack_bitmask
 from deployments.scheduler.engine.core import Engine
-from deployments.scheduler.engine.grammar import GrammarBackend, GrammarCompileError, GrammarFailure, text_end_ids
+from deployments.scheduler.engine.grammar import GrammarBackend, GrammarFailure, text_end_ids
 from deployments.tokenizer import load_tokenizer
 from serve_app.bench.engine_bench import bench_checkpoint
 from serve_app.bench.grammar_bench import SCHEMA as BENCH_SCHEMA
 from tests.conftest import end_token_checkpoint
-from tests.support.engine_harness import run_to_end
 
 SCHEMA = {  # small on purpose: a random model fills every gap with up to 32 blanks
     "type": "object",
@@ -50,11 +49,11 @@ def test_json_schema_replies_validate_and_batched_equals_solo(engine: Engine) ->
     spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
     constrained = [_request(f"j{i}", spec, seed=i, max_tokens=45) for i in (0, 1)]  # one greedy, one sampled
     others = [_request(f"o{i}", None, seed=10 + i, max_tokens=3) for i in range(7)]
-    batched = run_to_end(engine, constrained + others)
+    batched = engine.generate(constrained + others)
     for rid in ("j0", "j1"):
         assert batched[rid].finish_reason == FinishReason.STOP, batched[rid].text
         jsonschema.validate(json.loads(batched[rid].text), SCHEMA)
-    solo = run_to_end(engine, [_request("solo", spec, seed=1, max_tokens=45)])["solo"]
+    solo = engine.generate([_request("solo", spec, seed=1, max_tokens=45)])["solo"]
     assert solo.token_ids == batched["j1"].token_ids
 
 
@@ -79,7 +78,7 @@ def test_fifty_batched_schema_replies_all_validate(engine: Engine) -> None:
     """5 schemas x 10 seeds (greedy every third seed, sampled otherwise), all in the engine together."""
     requests = [_request(f"s{k}-{seed}", GrammarSpec("json_schema", json.dumps(schema)), seed=seed, max_tokens=400)
                 for k, schema in enumerate(PROOF_SCHEMAS) for seed in range(10)]  # fmt: skip
-    replies = run_to_end(engine, requests)
+    replies = engine.generate(requests)
     assert len(replies) == 50
     for k, schema in enumerate(PROOF_SCHEMAS):
         for seed in range(10):
@@ -95,26 +94,28 @@ def test_regex_choice_and_ebnf_replies_match(engine: Engine) -> None:
         "ebnf": (GrammarSpec("ebnf", 'root ::= "(" [0-9] ("+" [0-9])? ")"'), r"\(\d(\+\d)?\)"),
     }
     requests = [_request(name, spec, seed=4 + i, max_tokens=12) for i, (name, (spec, _)) in enumerate(specs.items())]
-    replies = run_to_end(engine, requests)
+    replies = engine.generate(requests)
     for name, (_, pattern) in specs.items():
         assert replies[name].finish_reason == FinishReason.STOP
         assert re.fullmatch(pattern, replies[name].text), (name, replies[name].text)
 
 
 def test_a_reply_cut_at_its_limit_is_length(engine: Engine) -> None:
-    reply = run_to_end(engine, [_request("cut", GrammarSpec("json_schema", json.dumps(SCHEMA)), seed=2, max_tokens=3)])
+    reply = engine.generate([_request("cut", GrammarSpec("json_schema", json.dumps(SCHEMA)), seed=2, max_tokens=3)])
     assert reply["cut"].finish_reason == FinishReason.LENGTH
 
 
 def test_grammars_compile_once_and_bad_ones_are_refused(engine: Engine) -> None:
     spec = GrammarSpec("regex", r"x+y")
     before = engine.grammars.compiles
-    engine.validate(_request("a", spec, 1))
-    engine.validate(_request("b", GrammarSpec("regex", r"x+y"), 2))
+    assert engine.check(_request("a", spec, 1)) is None
+    assert engine.check(_request("b", GrammarSpec("regex", r"x+y"), 2)) is None
     assert engine.grammars.compiles == before + 1
-    with pytest.raises(GrammarCompileError) as refused:
-        engine.validate(_request("c", GrammarSpec("ebnf", "root ::= (", param="guided_grammar"), 1))
-    assert refused.value.param == "guided_grammar"
+    refused = engine.check(_request("c", GrammarSpec("ebnf", "root ::= (", param="guided_grammar"), 1))
+    assert refused is not None and refused.param == "guided_grammar" and refused.status == 400
+    assert refused.message.startswith("guided_grammar: the grammar does not compile: ")
+    unknown = engine.check(_request("d", GrammarSpec("yaml", "a: 1"), 1))
+    assert unknown == Refusal("unknown grammar kind 'yaml'", "response_format")
 
 
 def test_the_grammar_starts_after_the_think_block(engine: Engine) -> None:
@@ -144,7 +145,7 @@ def test_a_row_mask_leaves_only_allowed_tokens() -> None:
 
 
 def test_a_refused_token_ends_only_that_request(engine: Engine) -> None:
-    from deployments.scheduler.engine.grammar import follow_written
+    from deployments.scheduler.engine.reply_writer import follow_written
     from deployments.scheduler.engine.sequence import Sequence
     from deployments.scheduler.engine.text_output import IncrementalText
 
@@ -185,7 +186,7 @@ def test_rows_of_a_wide_vocabulary_stay_in_their_grammar(wide_vocab_dir: Path) -
     sampling = SamplingParams(temperature=0.0, ignore_eos=True)
     requests = [EngineRequest(f"w{i}", p.tolist(), sampling=sampling, max_tokens=64, grammar=spec)
                 for i, p in enumerate(prompts)]  # fmt: skip
-    replies = run_to_end(engine, requests)
+    replies = engine.generate(requests)
     assert {rid: r.finish_reason for rid, r in replies.items()} == {r.request_id: FinishReason.LENGTH for r in requests}
     assert text_end_ids(engine.tokenizer, sorted(engine.eos_ids)) == []  # `"` is no end token
     engine.shutdown()

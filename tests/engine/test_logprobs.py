@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from deployments.config import EngineConfig
-from deployments.messages.replies import EngineChunk, LogprobRow
+from deployments.messages.replies import LogprobRow
 from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.scheduler.engine.core import Engine
 from tests.conftest import end_token_checkpoint
@@ -30,16 +30,7 @@ def engine(model_dir: Path) -> Engine:
 
 
 def _rows(engine: Engine, requests: list[EngineRequest]) -> dict[str, tuple[list[int], list[LogprobRow]]]:
-    out: dict[str, tuple[list[int], list[LogprobRow]]] = {r.request_id: ([], []) for r in requests}
-    for request in requests:
-        engine.add_request(request)
-    while engine.has_work():
-        chunk: EngineChunk
-        for chunk in engine.step():
-            ids, rows = out[chunk.request_id]
-            ids.extend(chunk.token_ids)
-            rows.extend(chunk.logprobs or [])
-    return out
+    return {rid: (reply.token_ids, reply.logprobs) for rid, reply in engine.generate(requests).items()}
 
 
 def _request(rid: str, prompt: list[int], temperature: float, top: int = 3) -> EngineRequest:

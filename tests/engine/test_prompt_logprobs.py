@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from deployments.config import EngineConfig
 from deployments.messages.replies import EngineChunk, FinishReason, PromptLogprobRow
 from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.scheduler.engine.completion import Completion
 from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.engine.sequence import Sequence
 from deployments.scheduler.engine.text_output import IncrementalText
@@ -54,22 +55,13 @@ def _request(rid: str, prompt: list[int], top: int | None = TOP) -> EngineReques
 def _chunks(engine: Engine, requests: list[EngineRequest]) -> dict[str, list[EngineChunk]]:
     """Each request's chunks, in order."""
     chunks: dict[str, list[EngineChunk]] = {r.request_id: [] for r in requests}
-    for request in requests:
-        engine.add_request(request)
-    while engine.has_work():
-        for chunk in engine.step():
-            chunks[chunk.request_id].append(chunk)
+    engine.generate(requests, on_step=lambda stepped: [chunks[c.request_id].append(c) for c in stepped.chunks])
     return chunks
 
 
-def _run(engine: Engine, requests: list[EngineRequest]) -> dict[str, EngineChunk]:
+def _run(engine: Engine, requests: list[EngineRequest]) -> dict[str, Completion]:
     """Each request's chunks folded into one, as a reply's consumer sees them."""
-    folded: dict[str, EngineChunk] = {}
-    for request_id, chunks in _chunks(engine, requests).items():
-        folded[request_id] = chunks[0]
-        for later in chunks[1:]:
-            folded[request_id].merge(later)
-    return folded
+    return engine.generate(requests)
 
 
 def _rows(engine: Engine, request: EngineRequest) -> list[PromptLogprobRow]:
@@ -173,13 +165,13 @@ def test_a_zero_reply_limit_is_the_prompt_pass_alone(whole: Engine) -> None:
     plain = EngineRequest("plain", PROMPT, max_tokens=0)  # without rows: a prompt pass that only fills the cache
     (done,) = _chunks(whole, [plain])["plain"]
     assert done.finish_reason == FinishReason.LENGTH and done.token_ids == [] and done.prompt_logprobs is None
-    with pytest.raises(ValueError, match="max_tokens"):
-        whole.validate(EngineRequest("bad", PROMPT, max_tokens=-1))
+    refused = whole.check(EngineRequest("bad", PROMPT, max_tokens=-1))
+    assert refused is not None and "max_tokens" in refused.message and refused.status == 400
 
 
 def test_negative_prompt_logprobs_is_refused(whole: Engine) -> None:
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        whole.validate(_request("bad", PROMPT, top=-1))
+    refused = whole.check(_request("bad", PROMPT, top=-1))
+    assert refused is not None and "prompt_logprobs" in refused.message and refused.status == 400
 
 
 # ---- the route ------------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ import pytest
 
 from deployments.config import EngineConfig
 from deployments.messages.prefix import PromptHashes
-from deployments.messages.requests import EngineRequest, SamplingParams
 from deployments.messages.store import PieceWrite, StoreCaps
 from deployments.prompt_store.links import LocalStoreLink
 from deployments.prompt_store.store import PromptStoreFiles
 from serve_app.args import AppArgs
+from tests.support.requests import greedy
 
 BIG = StoreCaps(max_bytes=1 << 40, min_free_bytes=0, daily_bytes=1 << 40)
 
@@ -106,13 +106,9 @@ def _config(served_model: str, learn_dir: Path, **extra: object) -> EngineConfig
 
 
 def _run(engine: object, prompt: list[int], request_id: str) -> tuple[list[int], object]:
-    engine.add_request(EngineRequest(request_id, prompt, SamplingParams(temperature=0.0), max_tokens=12))
-    tokens: list[int] = []
-    while True:
-        for chunk in engine.step():
-            tokens += chunk.token_ids
-            if chunk.finished:
-                return tokens, chunk.stats
+    reply = engine.generate([greedy(request_id, prompt, 12)])[request_id]
+    assert reply.finish_reason is not None and reply.stats is not None
+    return reply.token_ids, reply.stats
 
 
 def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp_path: Path) -> None:
@@ -122,8 +118,7 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
     config = _config(served_model, tmp_path)
     first = Engine(config, LocalStoreLink(config))
     reply, _ = _run(first, prompt, "a")
-    while first.has_idle_work():
-        first.idle_work()
+    first.disk.write_waiting()
     first.shutdown()
     next_turn = prompt + reply + [40, 41, 42]
     restarted = Engine(config, LocalStoreLink(config))  # a fresh RAM cache over the same folder
@@ -141,12 +136,10 @@ def test_learn_alone_keeps_only_shared_prefixes_in_a_store_of_their_own(served_m
     config = _config(served_model, tmp_path).model_copy(update={"learn_conversations": False, "learn": True})
     engine = Engine(config, LocalStoreLink(config))
     _run(engine, shared + [1, 2, 3], "a")
-    while engine.has_idle_work():
-        engine.idle_work()
+    engine.disk.write_waiting()
     assert engine.disk.latest.pieces_written == 0  # nothing was shared yet
     _, stats = _run(engine, shared + [4, 5, 6], "b")  # finds the first prompt's blocks cached: shared
-    while engine.has_idle_work():
-        engine.idle_work()
+    engine.disk.write_waiting()
     held = engine.disk.latest
     assert held.pieces_written == 1 and held.bytes_held < 1.2 * stats.cached_tokens * engine.disk.block_bytes / 16
     engine.shutdown()

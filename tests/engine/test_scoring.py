@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from deployments.config import EngineConfig
+from deployments.messages.engine_process import Inbox
 from deployments.messages.replies import FinishReason
-from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
+from deployments.messages.requests import EngineRequest, GrammarSpec
 from deployments.model_rank.models import load_model
 from deployments.scheduler.engine.core import Engine
-from tests.support.engine_harness import run_to_end
 from tests.support.model_harness import PagedHarness
+from tests.support.requests import greedy, sampled
 
 LABELS = [32, 33, 34, 15, 16, 725]  # "A", "B", "C", "0", "1" and an end token in tiny-glm's vocabulary
 
@@ -36,23 +37,20 @@ def _prompt(length: int, offset: int = 0) -> list[int]:
 
 
 def _scoring(request_id: str, prompt: list[int], labels: list[int] = LABELS) -> EngineRequest:
-    return EngineRequest(request_id, prompt, sampling=SamplingParams(temperature=0.0), score_token_ids=list(labels))
+    return greedy(request_id, prompt, score_token_ids=list(labels))
 
 
 def _reply(request_id: str, prompt: list[int]) -> EngineRequest:
-    sampling = SamplingParams(temperature=0.7, seed=5, ignore_eos=True)
-    return EngineRequest(request_id, prompt, sampling=sampling, max_tokens=20)
+    return sampled(request_id, prompt, seed=5, temperature=0.7, max_tokens=20, to_limit=True)
 
 
 def _scores(engine: Engine, request: EngineRequest) -> list[float]:
-    """Drive the engine and return the final chunk's scores (checking nothing was generated)."""
-    engine.add_request(request)
-    final = None
-    while engine.has_work():
-        for chunk in engine.step():
-            assert chunk.request_id == request.request_id and not chunk.token_ids and not chunk.text
-            final = chunk
-    assert final is not None and final.finish_reason == FinishReason.STOP and final.scores is not None
+    """Run the request alone and return its scores (checking nothing was generated)."""
+    replies = engine.generate([request])
+    assert list(replies) == [request.request_id]  # no chunk for anything else
+    final = replies[request.request_id]
+    assert not final.token_ids and not final.text
+    assert final.finish_reason == FinishReason.STOP and final.scores is not None
     assert final.stats.completion_tokens == 0 and final.stats.prompt_tokens == len(request.prompt_token_ids)
     return final.scores
 
@@ -69,40 +67,36 @@ def test_scores_are_the_models_next_token_log_softmax(engine: Engine, model_dir:
 def test_scoring_beside_running_replies_equals_solo(engine: Engine) -> None:
     prompts = [_prompt(30 + 7 * i, offset=i) for i in range(4)]
     solo_scores = [_scores(engine, _scoring(f"alone-{i}", p)) for i, p in enumerate(prompts)]
-    solo_reply = run_to_end(engine, [_reply("reply-solo", _prompt(40, offset=9))])["reply-solo"]
-    finals: dict[str, list[float] | None] = {}
+    solo_reply = engine.generate([_reply("reply-solo", _prompt(40, offset=9))])["reply-solo"]
     tokens: list[int] = []
-    engine.add_request(_reply("reply-mixed", _prompt(40, offset=9)))
+    inbox = Inbox(adds=[_reply("reply-mixed", _prompt(40, offset=9))])
     while len(tokens) < 3:  # the reply is decoding when the scoring prompts arrive
-        tokens.extend(t for chunk in engine.step() for t in chunk.token_ids)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(_scoring(f"mixed-{i}", prompt))
-    while engine.has_work():
-        for chunk in engine.step():
-            if chunk.request_id == "reply-mixed":
-                tokens.extend(chunk.token_ids)
-            else:
-                assert not chunk.token_ids
-            if chunk.finished:
-                finals[chunk.request_id] = chunk.scores
-                scored = chunk.request_id.startswith("mixed")
-                assert chunk.finish_reason == (FinishReason.STOP if scored else FinishReason.LENGTH)
-    assert [finals[f"mixed-{i}"] for i in range(4)] == solo_scores
-    assert finals["reply-mixed"] is None
+        tokens.extend(t for chunk in engine.run_once(inbox).chunks for t in chunk.token_ids)
+        inbox = Inbox()
+    finals = engine.generate([_scoring(f"mixed-{i}", prompt) for i, prompt in enumerate(prompts)])
+    for request_id, final in finals.items():
+        scored = request_id.startswith("mixed")
+        assert final.finish_reason == (FinishReason.STOP if scored else FinishReason.LENGTH)
+        assert not final.token_ids or not scored
+    assert [finals[f"mixed-{i}"].scores for i in range(4)] == solo_scores
+    assert finals["reply-mixed"].scores is None
+    tokens.extend(finals["reply-mixed"].token_ids)  # what the reply wrote while the scoring requests ran
     assert tokens == solo_reply.token_ids and len(tokens) == 20
+
+
+def _refusal_message(engine: Engine, request: EngineRequest) -> str:
+    refusal = engine.check(request)
+    assert refusal is not None and refusal.status == 400 and refusal.param == "messages"
+    return refusal.message
 
 
 def test_scoring_refusals(engine: Engine) -> None:
     vocab = engine.runner_info.vocab_size
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.validate(_scoring("bad-id", _prompt(5), [1, vocab]))
-    with pytest.raises(ValueError, match="empty"):
-        engine.validate(_scoring("no-ids", _prompt(5), []))
+    assert "outside the vocabulary" in _refusal_message(engine, _scoring("bad-id", _prompt(5), [1, vocab]))
+    assert "empty" in _refusal_message(engine, _scoring("no-ids", _prompt(5), []))
     with_logprobs = _scoring("logprobs", _prompt(5))
     with_logprobs.logprobs = 2
-    with pytest.raises(ValueError, match="grammar or ask for logprobs"):
-        engine.validate(with_logprobs)
+    assert "grammar or ask for logprobs" in _refusal_message(engine, with_logprobs)
     with_grammar = _scoring("grammar", _prompt(5))
     with_grammar.grammar = GrammarSpec(kind="regex", source="a+")
-    with pytest.raises(ValueError, match="grammar or ask for logprobs"):
-        engine.validate(with_grammar)
+    assert "grammar or ask for logprobs" in _refusal_message(engine, with_grammar)

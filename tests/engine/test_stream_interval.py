@@ -8,6 +8,7 @@ import pytest
 
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.config import EngineConfig
+from deployments.messages.engine_process import Inbox
 from deployments.messages.render import ChatRenderRequest
 from deployments.messages.replies import EngineChunk, FinishReason
 from deployments.messages.requests import EngineRequest, SamplingParams
@@ -86,10 +87,7 @@ def test_the_events_cap_stretches_each_streams_interval_with_the_number_of_strea
 class _HandFedHub(StreamHub):
     """A hub whose engine is the test: it delivers each chunk itself."""
 
-    def _submit(self, request: EngineRequest) -> None:
-        pass
-
-    def _cancel(self, request_id: str) -> None:
+    def _send(self, inbox: Inbox) -> None:
         pass
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from deployments.messages.render import ReplyFormat
 from deployments.messages.requests import ThinkingControls
+from deployments.scheduler.engine.completion import Completion
 from deployments.scheduler.engine.thinking import LOOP_MATCHES, LOOP_START, MAX_PERIOD, force_tokens, loop_period
-from tests.support.engine_harness import Reply
 
 OPEN, CLOSE, CLOSE_IDS = 5, 6, [1, 6, 2]
 
@@ -91,7 +91,6 @@ def test_engine_forces_the_close_identically_solo_and_batched(glm) -> None:
     from deployments.ingress.engine_request import thinking_controls
     from deployments.messages.render import ChatRenderRequest
     from deployments.messages.requests import EngineRequest, SamplingParams
-    from tests.support.engine_harness import run_to_end
 
     engine, renderer = glm
     rendered = renderer.render_chat(ChatRenderRequest([{"role": "user", "content": "What is 17 * 3?"}]))
@@ -102,9 +101,9 @@ def test_engine_forces_the_close_identically_solo_and_batched(glm) -> None:
     def request(tag: str, prompt: list[int], thinking: ThinkingControls | None) -> EngineRequest:
         return EngineRequest(tag, prompt, SamplingParams(temperature=0.0), max_tokens=12, thinking=thinking)
 
-    solo = run_to_end(engine, [request("solo", rendered.prompt_token_ids, watch)])["solo"]
-    batch = run_to_end(engine, [request("story", other.prompt_token_ids, None),
-                                request("batched", rendered.prompt_token_ids, watch)])  # fmt: skip
+    solo = engine.generate([request("solo", rendered.prompt_token_ids, watch)])["solo"]
+    batch = engine.generate([request("story", other.prompt_token_ids, None),
+                             request("batched", rendered.prompt_token_ids, watch)])  # fmt: skip
     assert solo.token_ids == batch["batched"].token_ids and solo.text == batch["batched"].text
     close = rendered.reply.think_close_ids
     assert solo.token_ids[0] == rendered.reply.think_opener_id and solo.token_ids[4:4 + len(close)] == close
@@ -144,9 +143,9 @@ class LoopRuns:
 
     prompt_token_ids: list[int]
     reply: ReplyFormat
-    free: Reply  # unguarded, batched beside `batched`
-    batched: Reply
-    solo: Reply
+    free: Completion  # unguarded, batched beside `batched`
+    batched: Completion
+    solo: Completion
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +156,6 @@ def loop_runs(looping_dir: Path) -> LoopRuns:
     from deployments.messages.render import ChatRenderRequest
     from deployments.messages.requests import EngineRequest, SamplingParams
     from deployments.scheduler.engine.core import Engine
-    from tests.support.engine_harness import run_to_end
 
     rendered = PromptRenderer.from_checkpoint(looping_dir).render_chat(
         ChatRenderRequest([{"role": "user", "content": LOOP_PROMPT}]))  # fmt: skip
@@ -170,8 +168,8 @@ def loop_runs(looping_dir: Path) -> LoopRuns:
         sampling = SamplingParams(temperature=0.0)
         return EngineRequest(tag, rendered.prompt_token_ids, sampling, max_tokens=LOOP_MAX_TOKENS, thinking=thinking)
 
-    batch = run_to_end(engine, [request("free", None), request("batched", guard)])
-    solo = run_to_end(engine, [request("solo", guard)])["solo"]
+    batch = engine.generate([request("free", None), request("batched", guard)])
+    solo = engine.generate([request("solo", guard)])["solo"]
     return LoopRuns(rendered.prompt_token_ids, rendered.reply, batch["free"], batch["batched"], solo)
 
 

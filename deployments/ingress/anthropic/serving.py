@@ -13,10 +13,10 @@ from deployments.ingress.anthropic.translate import messages_chat, prompt_reques
 from deployments.ingress.chat_run import render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.generation import GenerationFailed
-from deployments.ingress.http.errors import APIError, anthropic_response, context_error
+from deployments.ingress.http.errors import APIError, anthropic_response, refusal_error
 from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
-from deployments.messages.replies import ContextLengthError
+from deployments.messages.replies import Refusal
 
 # Chat fields an error may name, as the Messages field the client sent.
 _FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "response_format": "output_config.format",
@@ -48,5 +48,5 @@ async def count_prompt(ctx: ServingContext, fields: CountTokensRequest) -> Respo
     count = len(rendered.prompt_token_ids)
     window = (await ctx.facts()).window
     if fields.max_tokens is not None and count + fields.max_tokens > window:  # as /v1/messages would refuse
-        raise context_error(ContextLengthError(window, count, fields.max_tokens, "messages"))
+        raise refusal_error(Refusal.context_length(window, count, fields.max_tokens, "messages"))
     return JSONResponse({"input_tokens": count})

@@ -19,8 +19,8 @@ from deployments.ingress.generation import Generation, GenerationFailed
 from deployments.ingress.http.errors import bad_request, server_error
 from deployments.ingress.http.request_labels import current_key_label
 from deployments.ingress.http.route import Arrival
-from deployments.messages.render import ChatRenderRequest, RenderRefusal, ReplyFormat
-from deployments.messages.replies import RequestStats
+from deployments.messages.render import ChatRenderRequest, ReplyFormat
+from deployments.messages.replies import Refusal, RequestStats
 from deployments.messages.requests import EngineRequest, SamplingParams
 
 THINKING_OFF = {"enable_thinking": False}
@@ -68,7 +68,7 @@ async def _ask(ctx: ServingContext, fields: DecisionRequest, index: int, window:
     render = ChatRenderRequest(messages=[{"role": "user", "content": prompt.text}],
                                chat_template_kwargs=dict(THINKING_OFF))  # fmt: skip
     rendered = await ctx.backend.render_chat(render)
-    if isinstance(rendered, RenderRefusal):
+    if isinstance(rendered, Refusal):
         raise bad_request(f"{param}: {rendered.message}", param)
     if rendered.reply.prompt_opens_thinking:  # the template ignored thinking off: the answer would be reasoning
         raise bad_request(f"{param}: this model's chat template cannot turn thinking off", param)

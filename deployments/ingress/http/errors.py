@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.ingress.http.limits import MAX_JSON_DEPTH, is_anthropic, json_depth, lone_surrogate_path, route_path
-from deployments.messages.replies import ContextLengthError
+from deployments.messages.replies import Refusal
 
 log = logging.getLogger("tensorfold.ingress")
 M = TypeVar("M", bound=BaseModel)
@@ -51,9 +51,10 @@ def server_error(message: str) -> APIError:
     return APIError(500, message, "server_error")
 
 
-def context_error(exc: ContextLengthError) -> APIError:
-    """Every context refusal: 400, code context_length_exceeded, param = the field it is about."""
-    return APIError(400, str(exc), "invalid_request_error", exc.param, "context_length_exceeded")
+def refusal_error(refusal: Refusal) -> APIError:
+    """A refusal (the engine's, the Renderer's or Ingress's own) as the route's error: its status, type,
+    field and code as they are."""
+    return APIError(refusal.status, refusal.message, refusal.type, refusal.param, refusal.code)
 
 
 def from_validation_error(exc: ValidationError) -> APIError:

@@ -17,9 +17,9 @@ from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.chat_run import render_chat_body
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids
-from deployments.ingress.http.errors import APIError, context_error
+from deployments.ingress.http.errors import APIError, refusal_error
 from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest
-from deployments.messages.replies import ContextLengthError
+from deployments.messages.replies import Refusal
 from deployments.messages.requests import ImprintQuery
 
 OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
@@ -53,7 +53,7 @@ async def _rendered_ids(ctx: ServingContext, fields: ChatCompletionRequest) -> l
     window = (await ctx.facts()).window  # a query sent while the model loads waits, as a chat request does
     requested = fields.reply_limit
     if len(ids) >= window or (requested is not None and len(ids) + requested > window):
-        raise context_error(ContextLengthError(window, len(ids), requested, "messages"))
+        raise refusal_error(Refusal.context_length(window, len(ids), requested, "messages"))
     return ids
 
 

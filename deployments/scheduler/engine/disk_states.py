@@ -5,23 +5,32 @@ its reply's full blocks, shared prefixes) is queued for disk and written while t
 piece (at most 16 MiB) per idle turn. A request whose prompt continues past what RAM holds, along blocks
 the store holds, reads them back into the paged KV before its prompt pass, when reading is estimated to
 take less time than prefilling those tokens (both rates measured on this machine). The store itself (the
-PromptStore actor) does the disk I/O; `StoreLink` is how the engine reaches it from where it runs.
+PromptStore actor) does the disk I/O; `StoreLink` is how the engine reaches it from where it runs. The
+engine holds one `DiskStates` (None when the store is off) and makes its calls: a restore on admission,
+the imprint routes' queries, a piece per idle turn, the remaining writes on a planned stop.
 """
 
 import logging
+import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from deployments.config import EngineConfig
 from deployments.messages.prefix import KEY_BYTES, PromptHashes
 from deployments.messages.replies import ImprintAnswer
+from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.store import BlockRows, PieceWrite, StoreStats
+from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
+from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.prompt_store.store import PIECE_BYTES
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
 
 log = logging.getLogger("tensorfold.store")
+STOP_WRITES_S = 15.0  # of a planned stop's 20 s (docs/store.md): the store's flush comes after
 FIRST_READ_BYTES_PER_S = 200e6  # until a read is measured: a cautious local disk
 FIRST_PREFILL_TOKENS_PER_S = 1000.0  # until a prompt pass is measured
 RATE_WEIGHT = 0.3  # of each new measurement in the running estimates
@@ -47,6 +56,8 @@ class BlockRowsIO(Protocol):
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...
 
     def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
+
+    def kv_bytes_per_token(self) -> int: ...  # every rank's shard
 
 
 @dataclass
@@ -78,12 +89,73 @@ class DiskStates:
         self.stats_stale = True
         self.version = 0  # counts changes to `on_disk`, for the router's digest
 
+    @classmethod
+    def open(
+        cls, config: EngineConfig, link: StoreLink | None, blocks: BlockManager, rows: BlockRowsIO, dtype: str
+    ) -> "DiskStates":
+        """The engine's states in its model's set: one per checkpoint, dtype, KV layout and kind of state."""
+        if link is None:
+            raise ValueError("learn needs the node's prompt store")
+        token_bytes = rows.kv_bytes_per_token()
+        layout = f"{token_bytes}B-per-token/b{config.block_size}"
+        kind = CONVERSATIONS if config.learn_conversations else PREFIXES
+        store_set = set_id(config.model, dtype, layout, config.tensor_parallel_size, kind)
+        return cls(link, store_set, blocks, rows, token_bytes * config.block_size)
+
     @property
     def on_disk(self) -> set[bytes]:
         if self._on_disk is None:
             self._on_disk = set(self.link.open_set(self.set_id))
             self.version += 1
         return self._on_disk
+
+    # ---- the engine's calls ---------------------------------------------------------------------------
+    def restore_prompt(self, request: EngineRequest) -> int:
+        """Tokens of a new request's prompt read back from disk (0 when RAM holds as much, a read does not
+        pay, or it fails)."""
+        hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.blocks.block_size)
+        try:
+            return self.restore(request.prompt_token_ids, hashes)
+        except Exception:  # the store failing costs a prompt pass, never the request
+            log.exception("prompt store: restoring failed; prefilling instead")
+            return 0
+
+    def imprint(self, query: ImprintQuery) -> ImprintAnswer:
+        """The imprint routes' answer for a rendered conversation (loading its disk state first if asked)."""
+        prompt = query.prompt_token_ids
+        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.blocks.block_size)
+        if not query.load:
+            return self.answer(prompt, hashes)
+        started = time.perf_counter()
+        loaded = self.restore(prompt, hashes)
+        answer = self.answer(prompt, hashes)
+        answer.loaded_tokens, answer.load_seconds = loaded, round(time.perf_counter() - started if loaded else 0.0, 6)
+        return answer
+
+    def has_idle_work(self) -> bool:
+        """States waiting for disk: written one piece per idle turn, so a new request waits for one piece."""
+        return self.has_writes() or self.stats_stale
+
+    def idle_work(self) -> None:
+        try:
+            if self.has_writes():
+                self.write_one()
+            else:  # after the writes: the store's figures for /metrics and /health
+                self.refresh_stats()
+        except Exception:  # the store failing costs its states, never the engine: they stay in RAM only
+            log.exception("prompt store: writing failed; states stay in RAM only")
+            self.stats_stale = False
+
+    def write_waiting(self, deadline: float = math.inf) -> None:
+        """Write every waiting piece, then refresh the figures, while time.monotonic() is before `deadline`."""
+        while self.has_idle_work() and time.monotonic() < deadline:
+            self.idle_work()
+
+    def finish_writes(self) -> None:
+        """A planned stop writes what is waiting, within STOP_WRITES_S, then waits for the store to have it
+        (writes are sent without waiting: the process must not exit before the store has read them)."""
+        self.write_waiting(time.monotonic() + STOP_WRITES_S)
+        self.link.flush(STORE_FLUSH_S)
 
     # ---- writes ---------------------------------------------------------------------------------------
     def remember(self, chain: list[tuple[bytes, int, tuple[int, ...]]]) -> None:

@@ -4,7 +4,9 @@ The engine's one drafter (`mtp` or `ngram`) proposes; `choose_lengths` cuts each
 measured acceptance and step cost make worth it; the reply limit and the grammar cut it further.
 """
 
+from deployments.config import StartupError
 from deployments.messages.step import MtpWork
+from deployments.model_rank.runner import RunnerInfo
 from deployments.scheduler.engine.drafts import (
     DEFAULT_DRAFTS,
     DraftState,
@@ -19,6 +21,20 @@ from deployments.scheduler.engine.sequence import Sequence
 
 REFIT_ROUNDS = 8  # decode rounds between two fits of the cost model
 MTP_FIT_ROWS = 128  # MTP passes wider than this (long prompt chunks) stay out of its cost model
+
+
+def draft_method(wanted: str, runner: RunnerInfo) -> str:
+    """The engine's drafter for the `draft` setting: the MTP layer where the ranks loaded one (auto, mtp),
+    else n-gram lookup; "off" drafts nothing."""
+    if wanted == "mtp" and not runner.mtp:
+        raise StartupError(
+            f"draft: mtp needs a checkpoint with an MTP layer (a glm4_moe model with num_nextn_predict_layers "
+            f">= 1 and its model.layers.N weights); this {runner.model_type} checkpoint has none: "
+            f"use --draft ngram, auto or off"
+        )
+    if wanted == "off":
+        return "off"
+    return "mtp" if runner.mtp else "ngram"
 
 
 class DraftRounds:

@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from deployments.messages.replies import LogprobRow
+from deployments.messages.replies import Refusal
 from deployments.messages.requests import GrammarSpec
 from deployments.tokenizer import TokenizerBundle
 
 if TYPE_CHECKING:
     import xgrammar as xgr
-
-    from deployments.scheduler.engine.sequence import Sequence
 
 log = logging.getLogger("tensorfold.engine")
 
@@ -29,14 +27,7 @@ MAX_JSON_BLANKS = 32  # blank characters allowed between two JSON tokens (pretty
 MAX_BLANKS_AFTER_THINK = 4  # blank tokens allowed between the think closer and the answer ("\n\n"),
 # holding at most MAX_JSON_BLANKS characters together (one tokenizer token may be a long run of spaces)
 CACHE_ENTRIES = 256  # compiled grammars kept per engine
-
-
-class GrammarCompileError(ValueError):
-    """A grammar xgrammar cannot compile; `param` names the request field it came from."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+KINDS = ("json_object", "json_schema", "regex", "ebnf")
 
 
 class GrammarFailure(RuntimeError):
@@ -171,7 +162,7 @@ class GrammarBackend:
         self._compiler: "xgr.GrammarCompiler | None" = None
         self._blank_widths: dict[int, int] | None = None
         self._cache: OrderedDict[tuple[str, str], "xgr.CompiledGrammar"] = OrderedDict()
-        self._lock = threading.Lock()  # validate() compiles on the caller's thread, add_request on the loop's
+        self._lock = threading.Lock()  # check() may compile on a caller's thread, admission on the engine's
         self.compiles = 0  # grammars compiled so far (a cache hit does not count)
         textual = text_end_ids(tokenizer, self.stop_ids)
         if textual:  # a misconfigured checkpoint: grammars cannot write these, and a reply ends on them
@@ -198,22 +189,29 @@ class GrammarBackend:
             return compiler.compile_regex(spec.source)
         if spec.kind == "ebnf":
             return compiler.compile_grammar(spec.source)
-        raise GrammarCompileError(f"unknown grammar kind {spec.kind!r}", spec.param)
+        raise ValueError(f"unknown grammar kind {spec.kind!r}")
+
+    def check(self, spec: GrammarSpec) -> Refusal | None:
+        """Compile the spec ahead of its request (cached); a grammar that does not compile is refused, naming
+        the request field it came from."""
+        if spec.kind not in KINDS:
+            return Refusal(f"unknown grammar kind {spec.kind!r}", spec.param)
+        try:
+            self.compile(spec)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses with its reason
+            return Refusal(f"{spec.param}: the grammar does not compile: {exc}", spec.param)
+        return None
 
     def compile(self, spec: GrammarSpec) -> "xgr.CompiledGrammar":
-        """The compiled grammar for a spec; the same (kind, source) is compiled once."""
+        """The compiled grammar for a spec; the same (kind, source) is compiled once (raises what xgrammar
+        raises for a grammar it cannot compile)."""
         key = (spec.kind, spec.source)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-            try:
-                compiled = self._compile_uncached(spec)
-            except GrammarCompileError:
-                raise
-            except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses with its reason
-                raise GrammarCompileError(f"{spec.param}: the grammar does not compile: {exc}", spec.param) from exc
+            compiled = self._compile_uncached(spec)
             self.compiles += 1
             self._cache[key] = compiled
             if len(self._cache) > CACHE_ENTRIES:
@@ -241,23 +239,3 @@ def text_end_ids(tokenizer: TokenizerBundle, end_ids: list[int]) -> list[int]:
     size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=False)
     return [i for i in end_ids if i < size and i not in added]
 
-
-def follow_written(seq: "Sequence", before: int) -> str | None:
-    """After a draw was written (or replaced by forced tokens): keep one logprob row per reply token and
-    advance the grammar over every token written since `before`; returns an error message or None."""
-    if seq.finish_reason is not None:
-        return None
-    written = seq.reply_token_ids[before:]
-    rows = seq.logprob_rows
-    if rows is not None and len(rows) != seq.num_reply_tokens:
-        # A forced think close replaced the drawn token: placeholder rows, inside the think block (never shown).
-        del rows[before:]
-        rows.extend(LogprobRow(token_id=t, logprob=0.0) for t in written)
-    if seq.grammar is None:
-        return None
-    try:
-        for token in written:
-            seq.grammar.accept(token)
-    except GrammarFailure as exc:
-        return str(exc)
-    return None

@@ -1,11 +1,13 @@
-"""Sizing the KV pool from free memory less a reserve, as the manual sets the defaults."""
+"""Sizing the KV pool from free memory less a reserve (the defaults: docs/config.md)."""
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from deployments.config import StartupError
+from deployments.config import EngineConfig, StartupError
+from deployments.model_rank.runner import RunnerInfo, resolve_device
 
 GIB = 1 << 30
 
@@ -134,3 +136,26 @@ def check_weights_fit(weight_bytes: int, device: torch.device, tp_size: int = 1)
             f"too little memory for the model: its weights need {need / GIB:.2f} GiB, "
             f"only {reading.available_bytes / GIB:.2f} GiB is available on {device.type}"
         )
+
+
+def check_checkpoint_fits(config: EngineConfig) -> None:
+    """Refuse to start when the checkpoint's weights would not fit the device (before any is loaded)."""
+    files = sum(p.stat().st_size for p in Path(config.model).glob("*.safetensors"))
+    check_weights_fit(files, resolve_device(config.device), config.tensor_parallel_size)
+
+
+def kv_budget(config: EngineConfig, runner: RunnerInfo) -> int:
+    """What one rank's KV pool may come out of, read after the weights are loaded: `kv_cache_gib` split over
+    the ranks, else the device's available memory less the reserve."""
+    if config.kv_cache_gib is not None:
+        return int(config.kv_cache_gib * GIB / config.tensor_parallel_size)
+    reading = read_mlx_memory() if runner.backend == "mlx" else read_memory(torch.device(runner.device))
+    budget = reading.available_bytes - reserve_bytes(reading)
+    if budget <= 0:
+        raise StartupError(
+            f"too little memory for the KV cache: {reading.available_bytes / GIB:.1f} GiB available after "
+            f"loading the model, {reserve_bytes(reading) / GIB:.1f} GiB reserved (TENSORFOLD_MEMORY_RESERVE_GIB)"
+        )
+    # Ranks on one host share its memory.
+    shares = config.tensor_parallel_size if reading.unified else 1
+    return budget // shares

@@ -9,27 +9,12 @@ replica -> child: StoreReply
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from deployments.messages.engine_process import NO_REPLY, StoreCall, StoreReply
 from deployments.messages.store import BlockRows, PieceWrite, StoreStats
 
 log = logging.getLogger("tensorfold.store")
-NO_REPLY = -1
-
-
-@dataclass
-class StoreCall:
-    call_id: int  # NO_REPLY for writes
-    method: str  # a StoreLink method
-    args: tuple
-
-
-@dataclass
-class StoreReply:
-    call_id: int
-    value: object
-    error: str | None = None
 
 
 class RelayStoreLink:

@@ -1,0 +1,69 @@
+"""What the in-process engine benchmarks share: a random checkpoint, random prompts, requests that write an
+exact number of tokens, and the tally of step times an offline `Engine.generate` run reports."""
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from deployments.messages.engine_process import Stepped
+from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
+
+
+def random_prompts(count: int, length: int, vocab: int) -> list[list[int]]:
+    """`count` prompts of `length` ids drawn from the vocabulary (seeded: every run reads the same)."""
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(10, vocab - 10, (length,), generator=generator).tolist() for _ in range(count)]
+
+
+def bench_requests(
+    prompts: list[list[int]], max_tokens: int, temperature: float = 0.0, grammar: GrammarSpec | None = None
+) -> list[EngineRequest]:
+    """One request per prompt that writes exactly `max_tokens` tokens: greedy, or sampled at `temperature`
+    over the whole vocabulary (no top-k or top-p); under `grammar` if given."""
+    return [
+        EngineRequest(
+            request_id=f"bench-{time.monotonic_ns()}-{i}",
+            prompt_token_ids=prompt,
+            sampling=SamplingParams(temperature=temperature, seed=i, ignore_eos=True),
+            max_tokens=max_tokens,
+            grammar=grammar,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+
+
+@dataclass
+class StepTally:
+    """Steps, their seconds and the reply tokens they wrote, by kind ("prefill", "decode"): pass it as
+    `Engine.generate`'s `on_step`."""
+
+    steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
+    tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+
+    def __call__(self, stepped: Stepped) -> None:
+        kind = stepped.step_kind
+        if kind is None:
+            return
+        self.steps[kind] += 1
+        self.seconds[kind] += stepped.step_seconds
+        self.tokens[kind] += sum(len(chunk.token_ids) for chunk in stepped.chunks)
+
+
+def bench_checkpoint(scratch: Path, size: str = "bench") -> Path:
+    """A random bf16 Qwen3 checkpoint: "qwen3-190m" with the real Qwen3 tokenizer, or "bench" with a 32k
+    model vocabulary over a ~512-id trained Qwen tokenizer."""
+    from serve_app.fixtures.checkpoints import QWEN3_VOCAB, build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer, copy_qwen3_tokenizer, use_tokenizer_end_token
+
+    out = scratch / f"{size}-qwen3"
+    if size == "qwen3-190m":
+        copy_qwen3_tokenizer(out)
+        build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=QWEN3_VOCAB)
+        return use_tokenizer_end_token(out)
+    build_random_checkpoint("qwen3", out, size=size, dtype="bfloat16", vocab_size=32768)
+    build_tokenizer(out, family="qwen")
+    # The random config's end id 1 is the `"` byte of this tokenizer: JSON could never write a string.
+    return use_tokenizer_end_token(out)
