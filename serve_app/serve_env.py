@@ -11,7 +11,7 @@ A variable already set in the environment wins over these defaults.
 `tensorfold serve` also asks for Serve's direct ingress (`direct_ingress_env`): the Ingress replica runs
 the HTTP server on the user's port itself, so a request skips the proxy actor's hop and the call the
 replica otherwise makes back to the proxy for the request body. At 16 concurrent streams on a 2-core
-machine that took the TTFT p50 the graph adds from 61-74 ms to 13-20 ms (README, Benchmarks).
+machine that took the TTFT p50 the graph adds from 61-74 ms to 13-20 ms (docs/benchmarks.md).
 """
 
 import os

@@ -18,7 +18,7 @@ class DeviceMemory:
 
 @dataclass
 class MlxMemory:
-    """An MLX rank's memory (the manual's MLX figures), read in the rank's process."""
+    """An MLX rank's memory (the figures docs/mlx.md lists), read in the rank's process."""
 
     active_bytes: int  # MLX's arrays now
     cache_bytes: int  # freed buffers MLX keeps for reuse

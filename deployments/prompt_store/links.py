@@ -6,7 +6,7 @@ from deployments.messages.store import BlockRows, PieceWrite, StoreCaps, StoreSt
 from deployments.prompt_store.actor import PromptStoreActor
 
 GIB = 1 << 30
-STORE_FLUSH_S = 5.0  # after the engine's own 15 s of writes: a planned stop ends within 20 s (docs/store.md)
+STORE_FLUSH_S = 5.0  # after the engine's own 15 s of writes: a planned stop ends within Serve's 20 s
 
 
 def store_caps(config: EngineConfig) -> StoreCaps:

@@ -1,6 +1,6 @@
 """The ResponseStore deployment: one replica holding stored responses for every Ingress replica.
 
-Kept in memory only (the manual: a restart forgets every response). One replica, so a response stored
+Kept in memory only (docs/api.md: a restart forgets every response). One replica, so a response stored
 through one Ingress replica is read, continued or deleted through any other.
 """
 
