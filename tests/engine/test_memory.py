@@ -1,4 +1,4 @@
-"""KV pool sizing: the manual's reserves, explicit caps, lanes for `parallel: auto`, startup refusals."""
+"""KV pool sizing: the reserves (docs/engine.md), explicit caps, lanes for `parallel: auto`, startup refusals."""
 
 import pytest
 import torch

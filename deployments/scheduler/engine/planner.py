@@ -1,6 +1,6 @@
 """The scheduling policy: which prompt chunk or decode round runs next, admission and preemption.
 
-Policy (the manual's `--parallel auto` paragraph): every admitted prompt prefills a chunk at a time beside
+Policy (docs/engine.md, Scheduling): every admitted prompt prefills a chunk at a time beside
 the others; each chunk goes first to a prompt passed over for 8 chunks, then foreground before background,
 then the prompt with the fewest tokens left. Running replies take decode rounds between chunks for
 `decode_share` of the last chunk's time; `decode_share = 0` prefills every prompt whole first, in arrival
