@@ -45,7 +45,9 @@ def row_layout(
         row_seq.extend([s] * n)
         row_pos.extend(range(length - n, length))
     as_long = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-    layout = RowLayout(as_long(tables), as_long(starts), as_long(row_seq), as_long(row_pos), max(context_lens, default=0))
+    layout = RowLayout(
+        as_long(tables), as_long(starts), as_long(row_seq), as_long(row_pos), max(context_lens, default=0)
+    )
     if owner is not None:
         _LAYOUT[:] = [(weakref.ref(owner), layout)]
     return layout
@@ -79,8 +81,23 @@ def paged_attention(
     if rows == 0:
         return out
     lib.tf_paged_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), layout.tables.data_ptr(),
-        layout.table_starts.data_ptr(), layout.row_seq.data_ptr(), layout.row_pos.data_ptr(), rows, heads,
-        kv_heads, dim, v_dim, block_size, layout.max_keys, scale, DTYPE_CODES[q.dtype], cpu_native.threads(),
-    )  # fmt: skip
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        out.data_ptr(),
+        layout.tables.data_ptr(),
+        layout.table_starts.data_ptr(),
+        layout.row_seq.data_ptr(),
+        layout.row_pos.data_ptr(),
+        rows,
+        heads,
+        kv_heads,
+        dim,
+        v_dim,
+        block_size,
+        layout.max_keys,
+        scale,
+        DTYPE_CODES[q.dtype],
+        cpu_native.threads(),
+    )
     return out

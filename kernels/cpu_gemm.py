@@ -72,8 +72,9 @@ def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if m == 0:
         return out
     panels = torch.empty(-(-m // 16) * 16 * k, dtype=torch.bfloat16)  # x copied into zero-padded 16-row panels
-    lib.tf_amx_gemm(x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, panels.data_ptr(),
-                    cpu_native.threads())  # fmt: skip
+    lib.tf_amx_gemm(
+        x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, panels.data_ptr(), cpu_native.threads()
+    )
     return out
 
 

@@ -32,8 +32,9 @@ def supports(*tensors: torch.Tensor) -> bool:
     return tensors[0].device.type == "cpu" and cpu_native.available()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x [+ residual]), x [+ residual]) over the last dim, in x's dtype."""
     lib = cpu_native.library()
     assert lib is not None
@@ -41,14 +42,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     rows = x.numel() // hidden if hidden else 0
     out = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else x
-    lib.tf_rms_norm(x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
-                    out.data_ptr(), summed.data_ptr(), rows, hidden, eps, DTYPE_CODES[x.dtype],
-                    cpu_native.threads())  # fmt: skip
+    lib.tf_rms_norm(
+        x.data_ptr(),
+        residual.data_ptr() if residual is not None else None,
+        weight.data_ptr(),
+        out.data_ptr(),
+        summed.data_ptr(),
+        rows,
+        hidden,
+        eps,
+        DTYPE_CODES[x.dtype],
+        cpu_native.threads(),
+    )
     return out, summed
 
 
-def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, scaling: float
-           ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate-half RoPE of q [T, Hq, D] and k [T, Hk, D] over the first 2 * len(inv_freq) features."""
     lib = cpu_native.library()
     assert lib is not None
@@ -58,8 +69,18 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: 
     for x in (q, k):
         out = torch.empty_like(x)
         tokens, heads, dim = x.shape
-        lib.tf_rotary(x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, rot,
-                      DTYPE_CODES[x.dtype], cpu_native.threads())  # fmt: skip
+        lib.tf_rotary(
+            x.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            tokens,
+            heads,
+            dim,
+            rot,
+            DTYPE_CODES[x.dtype],
+            cpu_native.threads(),
+        )
         rotated.append(out)
     return rotated[0], rotated[1]
 
@@ -83,8 +104,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, stride: int) -> torch.Tensor:
     cols = gate.shape[-1]
     rows = gate.numel() // cols if cols else 0
     out = torch.empty(gate.shape, dtype=gate.dtype)
-    lib.tf_silu_mul(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, stride, DTYPE_CODES[gate.dtype],
-                    cpu_native.threads())  # fmt: skip
+    lib.tf_silu_mul(
+        gate.data_ptr(),
+        up.data_ptr(),
+        out.data_ptr(),
+        rows,
+        cols,
+        stride,
+        DTYPE_CODES[gate.dtype],
+        cpu_native.threads(),
+    )
     return out
 
 
@@ -98,8 +127,9 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return out.tolist()
 
 
-def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
-             ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """torch's cos/sin table [T, rot] for these positions, computed once per step for all the layers."""
     if _COS_SIN:
         owner, freqs, scale, kind, table = _COS_SIN[0]

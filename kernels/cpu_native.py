@@ -22,16 +22,46 @@ SOURCES = [Path(__file__).parent / "cpu" / name for name in ("amx_gemm.c", "page
 HEADERS = [Path(__file__).parent / "cpu" / "simd.h"]
 CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512bw", "avx512vl", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
-COMPILE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                 "-mavx512bf16", "-mf16c", "-mamx-tile", "-mamx-bf16"]  # fmt: skip
+COMPILE_FLAGS = [
+    "-O3",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-ffp-contract=off",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512bf16",
+    "-mf16c",
+    "-mamx-tile",
+    "-mamx-bf16",
+]
 
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
     "tf_amx_pack": [_ptr, _i64, _i64, _i64, _ptr],
     "tf_amx_unpack_rows": [_ptr, _i64, _i64, _ptr, _i64, _ptr],
     "tf_amx_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int],
-    "tf_paged_attention": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64,
-                           _i64, _f32, _int, _int],
+    "tf_paged_attention": [
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _i64,
+        _f32,
+        _int,
+        _int,
+    ],
     "tf_rms_norm": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
     "tf_rotary": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],

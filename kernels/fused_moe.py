@@ -39,17 +39,22 @@ def _gate_up_kernel(
     inter_ptr,  # [T * k, I]: one row per pair
     pairs_ptr,  # [capacity] int32: pair ids sorted by expert, padded with num_pairs
     block_expert_ptr,  # [capacity / BLOCK_M] int32
-    num_pairs, num_experts, hidden, inter_size,
+    num_pairs,
+    num_experts,
+    hidden,
+    inter_size,
     stride_xt,
-    stride_ge, stride_gi,
-    stride_ue, stride_ui,
+    stride_ge,
+    stride_gi,
+    stride_ue,
+    stride_ui,
     stride_ip,
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert >= num_experts:  # capacity is sized for the worst case; the tail is empty
@@ -85,15 +90,19 @@ def _down_kernel(
     pair_out_ptr,  # [T * k, H]
     pairs_ptr,
     block_expert_ptr,
-    num_pairs, num_experts, hidden, inter_size,
+    num_pairs,
+    num_experts,
+    hidden,
+    inter_size,
     stride_ip,
-    stride_de, stride_dh,
+    stride_de,
+    stride_dh,
     stride_op,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert >= num_experts:
@@ -238,16 +247,48 @@ def fused_moe(
     pair_out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)  # [P, H]
     precision = dot_precision(x.dtype)
     _gate_up_kernel[(block_expert.numel(), cdiv(inter, BLOCK_N))](
-        x, gate_proj, up_proj, inter_rows, pairs, block_expert, num_pairs, num_experts, hidden, inter,
-        x.stride(0), gate_proj.stride(0), gate_proj.stride(1), up_proj.stride(0), up_proj.stride(1),
+        x,
+        gate_proj,
+        up_proj,
+        inter_rows,
+        pairs,
+        block_expert,
+        num_pairs,
+        num_experts,
+        hidden,
+        inter,
+        x.stride(0),
+        gate_proj.stride(0),
+        gate_proj.stride(1),
+        up_proj.stride(0),
+        up_proj.stride(1),
         inter_rows.stride(0),
-        TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, DOT_PRECISION=precision,
-    )  # fmt: skip
+        TOP_K=top_k,
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        DOT_PRECISION=precision,
+    )
     _down_kernel[(block_expert.numel(), cdiv(hidden, BLOCK_N))](
-        inter_rows, down_proj, route_w, pair_out, pairs, block_expert, num_pairs, num_experts, hidden, inter,
-        inter_rows.stride(0), down_proj.stride(0), down_proj.stride(1), pair_out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, DOT_PRECISION=precision,
-    )  # fmt: skip
+        inter_rows,
+        down_proj,
+        route_w,
+        pair_out,
+        pairs,
+        block_expert,
+        num_pairs,
+        num_experts,
+        hidden,
+        inter,
+        inter_rows.stride(0),
+        down_proj.stride(0),
+        down_proj.stride(1),
+        pair_out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        DOT_PRECISION=precision,
+    )
     block_h = min(1024, next_pow2(hidden))
     _sum_slots_kernel[(tokens, cdiv(hidden, block_h))](
         pair_out, out, hidden, pair_out.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block_h

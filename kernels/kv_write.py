@@ -16,13 +16,16 @@ def _kv_write_kernel(
     cache_ptr,  # [blocks, block_size, H, D]
     slots_ptr,  # [T] int64
     num_heads,
-    stride_vt, stride_vh,
-    stride_cb, stride_cs, stride_ch,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
     DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):  # fmt: skip
+):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + token).to(tl.int64)
     if slot < 0:
@@ -74,8 +77,17 @@ def write_cache(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.T
     if values3.shape[0] == 0:
         return
     _kv_write_kernel[(values3.shape[0],)](
-        values3, cache4, slot_mapping, values3.shape[1],
-        values3.stride(0), values3.stride(1), cache4.stride(0), cache4.stride(1), cache4.stride(2),
-        DIM=values3.shape[2], BLOCK_SIZE=cache4.shape[1], BLOCK_H=next_pow2(values3.shape[1]),
+        values3,
+        cache4,
+        slot_mapping,
+        values3.shape[1],
+        values3.stride(0),
+        values3.stride(1),
+        cache4.stride(0),
+        cache4.stride(1),
+        cache4.stride(2),
+        DIM=values3.shape[2],
+        BLOCK_SIZE=cache4.shape[1],
+        BLOCK_H=next_pow2(values3.shape[1]),
         BLOCK_D=next_pow2(values3.shape[2]),
-    )  # fmt: skip
+    )

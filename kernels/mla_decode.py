@@ -45,12 +45,19 @@ def _mla_decode_kernel(
     part_ml_ptr,  # [R, H, splits, 2] float32
     scale_log2,
     num_heads,
-    stride_qt, stride_qh,
-    stride_rt, stride_rh,
-    stride_cb, stride_cs,
+    stride_qt,
+    stride_qh,
+    stride_rt,
+    stride_rh,
+    stride_cb,
+    stride_cs,
     stride_bt,
-    stride_ar, stride_ah, stride_as,
-    stride_mr, stride_mh, stride_ms,
+    stride_ar,
+    stride_ah,
+    stride_as,
+    stride_mr,
+    stride_mh,
+    stride_ms,
     LATENT: tl.constexpr,
     ROPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -60,7 +67,7 @@ def _mla_decode_kernel(
     BLOCK_N: tl.constexpr,
     KV_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -177,15 +184,36 @@ def mla_decode_attention(
     splits = cdiv(meta.max_row_len, kv_split)
     part_acc, part_ml = split_buffers(meta.num_rows, heads, splits, latent_dim, q_lat.device)
     _mla_decode_kernel[(meta.num_rows, cdiv(heads, BLOCK_H), splits)](
-        q_lat, q_rope, latent_cache, meta.block_tables, meta.row_token, meta.row_seq, meta.row_len,
-        part_acc, part_ml, scale * 1.4426950408889634, heads,
-        q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
-        latent_cache.stride(0), latent_cache.stride(1), meta.block_tables.stride(0),
-        *part_acc.stride()[:3], *part_ml.stride()[:3],
-        LATENT=latent_dim, ROPE=q_rope.shape[2], BLOCK_SIZE=latent_cache.shape[1], BLOCK_H=BLOCK_H,
-        BLOCK_C=max(16, next_pow2(latent_dim)), BLOCK_R=max(16, next_pow2(q_rope.shape[2])),
-        BLOCK_N=block_n, KV_SPLIT=kv_split, DOT_PRECISION=dot_precision(q_lat.dtype),
-    )  # fmt: skip
+        q_lat,
+        q_rope,
+        latent_cache,
+        meta.block_tables,
+        meta.row_token,
+        meta.row_seq,
+        meta.row_len,
+        part_acc,
+        part_ml,
+        scale * 1.4426950408889634,
+        heads,
+        q_lat.stride(0),
+        q_lat.stride(1),
+        q_rope.stride(0),
+        q_rope.stride(1),
+        latent_cache.stride(0),
+        latent_cache.stride(1),
+        meta.block_tables.stride(0),
+        *part_acc.stride()[:3],
+        *part_ml.stride()[:3],
+        LATENT=latent_dim,
+        ROPE=q_rope.shape[2],
+        BLOCK_SIZE=latent_cache.shape[1],
+        BLOCK_H=BLOCK_H,
+        BLOCK_C=max(16, next_pow2(latent_dim)),
+        BLOCK_R=max(16, next_pow2(q_rope.shape[2])),
+        BLOCK_N=block_n,
+        KV_SPLIT=kv_split,
+        DOT_PRECISION=dot_precision(q_lat.dtype),
+    )
     merge_splits(part_acc, part_ml, meta.row_token, meta.row_len, out, kv_split)
 
 

@@ -38,7 +38,9 @@ def _grouped_topk_kernel(
     weights_ptr,  # [T, K] float32
     ids_ptr,  # [T, K] int64
     num_experts,
-    stride_lt, stride_wt, stride_it,
+    stride_lt,
+    stride_wt,
+    stride_it,
     routed_scaling_factor,
     N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
@@ -47,7 +49,7 @@ def _grouped_topk_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_EG: tl.constexpr,
     BLOCK_K: tl.constexpr,
-):  # fmt: skip
+):
     token = tl.program_id(0).to(tl.int64)
     per_group = num_experts // N_GROUP
     g = tl.arange(0, BLOCK_G)[:, None]
@@ -134,9 +136,21 @@ def grouped_topk(
     ids = output_buffer(ids, "ids", (num_tokens, top_k), torch.int64, logits.device)
     if num_tokens:
         _grouped_topk_kernel[(num_tokens,)](
-            logits, correction_bias.to(torch.float32).contiguous(), weights, ids, num_experts,
-            logits.stride(0), weights.stride(0), ids.stride(0), float(routed_scaling_factor),
-            N_GROUP=n_group, TOPK_GROUP=topk_group, TOP_K=top_k, NORMALIZE=bool(norm_topk_prob),
-            BLOCK_G=next_pow2(n_group), BLOCK_EG=next_pow2(num_experts // n_group), BLOCK_K=next_pow2(top_k),
-        )  # fmt: skip
+            logits,
+            correction_bias.to(torch.float32).contiguous(),
+            weights,
+            ids,
+            num_experts,
+            logits.stride(0),
+            weights.stride(0),
+            ids.stride(0),
+            float(routed_scaling_factor),
+            N_GROUP=n_group,
+            TOPK_GROUP=topk_group,
+            TOP_K=top_k,
+            NORMALIZE=bool(norm_topk_prob),
+            BLOCK_G=next_pow2(n_group),
+            BLOCK_EG=next_pow2(num_experts // n_group),
+            BLOCK_K=next_pow2(top_k),
+        )
     return weights, ids

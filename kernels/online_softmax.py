@@ -110,7 +110,18 @@ def merge_splits(
     block_h = max(1, min(next_pow2(heads), 4096 // block_dv))
     grid = (rows, cdiv(heads, block_h))
     _merge_splits_kernel[grid](
-        part_acc, part_ml, row_token, row_len, out, heads,
-        *part_acc.stride()[:3], *part_ml.stride()[:3], out.stride(0), out.stride(1),
-        V_DIM=v_dim, KV_SPLIT=kv_split, BLOCK_H=block_h, BLOCK_DV=block_dv,
-    )  # fmt: skip
+        part_acc,
+        part_ml,
+        row_token,
+        row_len,
+        out,
+        heads,
+        *part_acc.stride()[:3],
+        *part_ml.stride()[:3],
+        out.stride(0),
+        out.stride(1),
+        V_DIM=v_dim,
+        KV_SPLIT=kv_split,
+        BLOCK_H=block_h,
+        BLOCK_DV=block_dv,
+    )

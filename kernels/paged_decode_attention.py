@@ -54,12 +54,21 @@ def _paged_decode_kernel(
     part_acc_ptr,  # [R, Hq, splits, Dv] float32
     part_ml_ptr,  # [R, Hq, splits, 2] float32
     scale_log2,
-    stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
     stride_bt,
-    stride_ar, stride_ah, stride_as,
-    stride_mr, stride_mh, stride_ms,
+    stride_ar,
+    stride_ah,
+    stride_as,
+    stride_mr,
+    stride_mh,
+    stride_ms,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     V_DIM: tl.constexpr,
@@ -70,7 +79,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     KV_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     row = tl.program_id(0).to(tl.int64)  # row * stride reaches 2**31 on long contexts
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -168,16 +177,36 @@ def paged_decode_attention(
     splits = cdiv(meta.max_row_len, kv_split)
     part_acc, part_ml = split_buffers(meta.num_rows, q.shape[1], splits, v_dim, q.device)
     _paged_decode_kernel[(meta.num_rows, kv_heads, splits)](
-        q, k_cache, v_cache, meta.block_tables, meta.row_token, meta.row_seq, meta.row_len,
-        part_acc, part_ml, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.row_token,
+        meta.row_seq,
+        meta.row_len,
+        part_acc,
+        part_ml,
+        scale * 1.4426950408889634,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         meta.block_tables.stride(0),
-        *part_acc.stride()[:3], *part_ml.stride()[:3],
-        GROUP=group, HEAD_DIM=q.shape[2], V_DIM=v_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(q.shape[2])),
-        BLOCK_DV=max(16, next_pow2(v_dim)), BLOCK_N=block_n, KV_SPLIT=kv_split,
+        *part_acc.stride()[:3],
+        *part_ml.stride()[:3],
+        GROUP=group,
+        HEAD_DIM=q.shape[2],
+        V_DIM=v_dim,
+        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=max(16, next_pow2(q.shape[2])),
+        BLOCK_DV=max(16, next_pow2(v_dim)),
+        BLOCK_N=block_n,
+        KV_SPLIT=kv_split,
         DOT_PRECISION=dot_precision(q.dtype),
-    )  # fmt: skip
+    )
     merge_splits(part_acc, part_ml, meta.row_token, meta.row_len, out, kv_split)

@@ -32,11 +32,17 @@ def _paged_prefill_kernel(
     query_lens_ptr,  # [S] int32
     context_lens_ptr,  # [S] int32
     scale_log2,
-    stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
     stride_bt,
-    stride_ot, stride_oh,
+    stride_ot,
+    stride_oh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     V_DIM: tl.constexpr,
@@ -47,7 +53,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     KV_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     seq = tl.load(prefill_seqs_ptr + tl.program_id(0)).to(tl.int64)
     first = tl.program_id(1) * BLOCK_M
     head = tl.program_id(2)
@@ -124,13 +130,35 @@ def paged_prefill_attention(
     v_dim = v_cache.shape[3]
     grid = (meta.num_prefill, cdiv(meta.max_prefill_query, block_m), q.shape[1])
     _paged_prefill_kernel[grid](
-        q, k_cache, v_cache, out, meta.block_tables, meta.prefill_seqs, meta.query_starts, meta.query_lens,
-        meta.context_lens, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        meta.block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=q.shape[1] // k_cache.shape[2], HEAD_DIM=q.shape[2], V_DIM=v_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_D=max(16, next_pow2(q.shape[2])), BLOCK_DV=max(16, next_pow2(v_dim)),
-        BLOCK_N=block_n, KV_SPLIT=kv_split, DOT_PRECISION=dot_precision(q.dtype),
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        out,
+        meta.block_tables,
+        meta.prefill_seqs,
+        meta.query_starts,
+        meta.query_lens,
+        meta.context_lens,
+        scale * 1.4426950408889634,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        meta.block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=q.shape[1] // k_cache.shape[2],
+        HEAD_DIM=q.shape[2],
+        V_DIM=v_dim,
+        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_M=block_m,
+        BLOCK_D=max(16, next_pow2(q.shape[2])),
+        BLOCK_DV=max(16, next_pow2(v_dim)),
+        BLOCK_N=block_n,
+        KV_SPLIT=kv_split,
+        DOT_PRECISION=dot_precision(q.dtype),
+    )

@@ -28,10 +28,13 @@ def _rmsnorm_kernel(
     sum_ptr,  # [N, H]: x + residual (written only when HAS_RESIDUAL)
     hidden,
     eps,
-    stride_x, stride_r, stride_o, stride_s,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
-):  # fmt: skip
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < hidden
@@ -106,10 +109,20 @@ def _launch(
     )
     if x2.shape[0]:
         _rmsnorm_kernel[(x2.shape[0],)](
-            x2, res2, weight, out2, sum2, x2.shape[1], eps,
-            x2.stride(0), res2.stride(0), out2.stride(0), sum2.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(x2.shape[1]),
-        )  # fmt: skip
+            x2,
+            res2,
+            weight,
+            out2,
+            sum2,
+            x2.shape[1],
+            eps,
+            x2.stride(0),
+            res2.stride(0),
+            out2.stride(0),
+            sum2.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=next_pow2(x2.shape[1]),
+        )
     return out2.view(x.shape), sum2.view(x.shape)
 
 

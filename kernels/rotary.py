@@ -24,10 +24,23 @@ from kernels.checks import (
 
 @jit
 def _rotate_heads(
-    x_ptr, out_ptr, token, num_heads, stride_xt, stride_xh, stride_ot, stride_oh, cos, sin,
-    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    out_ptr,
+    token,
+    num_heads,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    cos,
+    sin,
+    HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+):
     """Rotate every head of one token: x [heads, HEAD_DIM] -> out, cos/sin [BLOCK_HALF] float32."""
     h = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
@@ -55,23 +68,71 @@ def _rotate_heads(
 def _rotary_kernel(
     positions_ptr,  # [T] int64
     inv_freq_ptr,  # [HALF] float32
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr,  # [T, Hq, D], [T, Hk, D]
-    q_heads, k_heads, attention_scaling,
-    stride_qt, stride_qh, stride_kt, stride_kh,
-    stride_qot, stride_qoh, stride_kot, stride_koh,
-    HALF: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,  # [T, Hq, D], [T, Hk, D]
+    q_heads,
+    k_heads,
+    attention_scaling,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    HALF: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF)
     inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
     angle = tl.load(positions_ptr + token).to(tl.float32) * inv_freq  # float32 product, as the reference
     cos = tl.cos(angle) * attention_scaling
     sin = tl.sin(angle) * attention_scaling
-    _rotate_heads(q_ptr, q_out_ptr, token, q_heads, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin,
-                  HALF, HEAD_DIM, INTERLEAVED, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS)  # fmt: skip
-    _rotate_heads(k_ptr, k_out_ptr, token, k_heads, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin,
-                  HALF, HEAD_DIM, INTERLEAVED, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)  # fmt: skip
+    _rotate_heads(
+        q_ptr,
+        q_out_ptr,
+        token,
+        q_heads,
+        stride_qt,
+        stride_qh,
+        stride_qot,
+        stride_qoh,
+        cos,
+        sin,
+        HALF,
+        HEAD_DIM,
+        INTERLEAVED,
+        BLOCK_HQ,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
+    _rotate_heads(
+        k_ptr,
+        k_out_ptr,
+        token,
+        k_heads,
+        stride_kt,
+        stride_kh,
+        stride_kot,
+        stride_koh,
+        cos,
+        sin,
+        HALF,
+        HEAD_DIM,
+        INTERLEAVED,
+        BLOCK_HK,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
 
 
 def cos_sin(
@@ -145,11 +206,29 @@ def rotary(
     half, dim = inv_freq.numel(), q.shape[2]
     if q.shape[0]:
         _rotary_kernel[(q.shape[0],)](
-            positions, inv_freq, q, k, q_out, k_out, q.shape[1], k.shape[1], float(attention_scaling),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-            HALF=half, HEAD_DIM=dim, INTERLEAVED=bool(interleaved),
-            BLOCK_HQ=next_pow2(q.shape[1]), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_HALF=next_pow2(half),
+            positions,
+            inv_freq,
+            q,
+            k,
+            q_out,
+            k_out,
+            q.shape[1],
+            k.shape[1],
+            float(attention_scaling),
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            HALF=half,
+            HEAD_DIM=dim,
+            INTERLEAVED=bool(interleaved),
+            BLOCK_HQ=next_pow2(q.shape[1]),
+            BLOCK_HK=next_pow2(k.shape[1]),
+            BLOCK_HALF=next_pow2(half),
             BLOCK_PASS=next_pow2(max(1, dim - 2 * half)),
-        )  # fmt: skip
+        )
     return q_out, k_out

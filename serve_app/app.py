@@ -90,11 +90,19 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
 
 def affinity_router_config(args: AppArgs) -> RequestRouterConfig:
     """The Scheduler's request router: prefix affinity with balance (deployments/routing/request_router.py)."""
-    kwargs = {"block_size": args.block_size, "balance_abs": args.routing_balance_abs, "balance_rel": args.routing_balance_rel,
-              "min_match": args.routing_min_match, "stats_period_s": args.routing_stats_period_s}  # fmt: skip
-    return RequestRouterConfig(request_router_class=PrefixAffinityRouter, request_router_kwargs=kwargs,
-                               request_routing_stats_period_s=args.routing_stats_period_s,
-                               request_routing_stats_timeout_s=max(5.0, 5 * args.routing_stats_period_s))  # fmt: skip
+    kwargs = {
+        "block_size": args.block_size,
+        "balance_abs": args.routing_balance_abs,
+        "balance_rel": args.routing_balance_rel,
+        "min_match": args.routing_min_match,
+        "stats_period_s": args.routing_stats_period_s,
+    }
+    return RequestRouterConfig(
+        request_router_class=PrefixAffinityRouter,
+        request_router_kwargs=kwargs,
+        request_routing_stats_period_s=args.routing_stats_period_s,
+        request_routing_stats_timeout_s=max(5.0, 5 * args.routing_stats_period_s),
+    )
 
 
 def build_app(args: AppArgs) -> Application:
@@ -118,11 +126,17 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
         ingress_actor["runtime_env"]["env_vars"].update(direct_ingress_env(args.port))
     if ingress_node_ip is not None:
         ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
-    ingress = Ingress.options(ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests,
-                              logging_config=QUIET)  # fmt: skip
-    log.info("graph: %s on %s, tp=%d dp=%d, router %s", args.served_name, device, args.tensor_parallel_size,
-             args.data_parallel_size, "affinity" if args.affinity_routing else "serve")  # fmt: skip
+    ingress = Ingress.options(
+        ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests, logging_config=QUIET
+    )
+    log.info(
+        "graph: %s on %s, tp=%d dp=%d, router %s",
+        args.served_name,
+        device,
+        args.tensor_parallel_size,
+        args.data_parallel_size,
+        "affinity" if args.affinity_routing else "serve",
+    )
     responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS), logging_config=QUIET)
     responses = responses.bind()
     return ingress.bind(renderer, scheduler, settings, responses)
-

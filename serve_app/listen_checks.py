@@ -49,8 +49,10 @@ def exposure_warning(host: str, keys_configured: bool) -> str | None:
     """The warning for a non-loopback bind without keys, or None."""
     if keys_configured or is_loopback(host):
         return None
-    return (f"WARNING: listening on {host} without API keys: anyone who can reach this address can use the "
-            "model. Set --api-key-file (a 0600 file) or TENSORFOLD_API_KEY, or bind 127.0.0.1.")  # fmt: skip
+    return (
+        f"WARNING: listening on {host} without API keys: anyone who can reach this address can use the "
+        "model. Set --api-key-file (a 0600 file) or TENSORFOLD_API_KEY, or bind 127.0.0.1."
+    )
 
 
 def port_taken(host: str, port: int) -> str | None:

@@ -39,8 +39,9 @@ def _toggle(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def template_kwargs(kwargs: dict[str, Any], effort: str | None, default_effort: str | None,
-                    named: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+def template_kwargs(
+    kwargs: dict[str, Any], effort: str | None, default_effort: str | None, named: tuple[str, ...]
+) -> dict[str, Any]:
     """The kwargs the template renders with (a new dict); `effort` is the request's top-level field."""
     out = dict(kwargs)
     explicit = _toggle(out.get("enable_thinking")) if "enable_thinking" in out else _toggle(out.get("thinking"))

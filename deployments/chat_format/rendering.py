@@ -77,8 +77,9 @@ class PromptRenderer:
         if self.template is None:
             raise TemplateRenderError("this model has no chat template; use /v1/completions with a raw prompt")
         messages = normalise_messages(request.messages)
-        kwargs = template_kwargs(request.chat_template_kwargs, request.reasoning_effort,
-                                 self.options.reasoning_effort, self._levels)  # fmt: skip
+        kwargs = template_kwargs(
+            request.chat_template_kwargs, request.reasoning_effort, self.options.reasoning_effort, self._levels
+        )
         if self._clears_thinking and "clear_thinking" not in kwargs:
             kwargs["clear_thinking"] = self.options.clear_thinking  # keep earlier reasoning unless asked
         try:
@@ -87,8 +88,9 @@ class PromptRenderer:
             if not has_later_system(messages):
                 raise
             # Templates that only accept a leading system message get later ones as user messages.
-            text = self.template.render(demote_later_system(messages), request.tools,
-                                        request.add_generation_prompt, kwargs)  # fmt: skip
+            text = self.template.render(
+                demote_later_system(messages), request.tools, request.add_generation_prompt, kwargs
+            )
         return text, kwargs
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:

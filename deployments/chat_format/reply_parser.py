@@ -43,8 +43,9 @@ def _without_partial(text: str, markers: tuple[str, ...]) -> str:
 
 
 class ReplyParser:
-    def __init__(self, reply: ReplyFormat, tools: list[dict[str, Any]] | None = None,
-                 parallel_tool_calls: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, reply: ReplyFormat, tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True
+    ) -> None:
         self.reply = reply
         self.markup = markup_named(reply.tool_format) if tools else None  # calls are parsed only when tools are offered
         self.schemas = tool_schemas(tools)

@@ -16,8 +16,11 @@ from deployments.ingress.request_fields import GenerationFields
 from deployments.ingress.sampling_fields import bool_field, int_field
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-_TEXT_PART = {"type": "object", "required": ["type", "text"],
-              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}  # fmt: skip
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
 # What `_check_messages` accepts, as /openapi.json documents it (`list[dict]` leaves it unsaid).
 MESSAGES_SCHEMA = {
     "type": "array",

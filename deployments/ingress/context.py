@@ -30,8 +30,11 @@ class ServingContext:
         if self._facts is None:
             replicas = await self.readiness.wait(self.settings.ready_wait_s)  # each caller keeps its own deadline
             if not replicas:
-                raise APIError(503, f"the model is not ready: no Scheduler replica answered within "
-                                    f"{self.settings.ready_wait_s:g} s", "server_error")  # fmt: skip
+                raise APIError(
+                    503,
+                    f"the model is not ready: no Scheduler replica answered within {self.settings.ready_wait_s:g} s",
+                    "server_error",
+                )
             self._facts = self._facts_of(replicas[0])
         return self._facts
 

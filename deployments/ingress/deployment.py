@@ -18,8 +18,13 @@ from deployments.log_setup import configure_logging
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
 @serve.ingress()
 class Ingress:
-    def __init__(self, renderer: DeploymentHandle, scheduler: DeploymentHandle, settings: IngressSettings,
-                 responses: DeploymentHandle) -> None:  # fmt: skip
+    def __init__(
+        self,
+        renderer: DeploymentHandle,
+        scheduler: DeploymentHandle,
+        settings: IngressSettings,
+        responses: DeploymentHandle,
+    ) -> None:
         configure_logging()  # the finish log
         self._backend = GraphBackend(renderer, scheduler, responses)
         self._settings = settings

@@ -36,8 +36,9 @@ def check_token_ids(ids: list[int], card: TokenizerCard, param: str) -> None:
         raise bad_request(f"{param}: token id {bad} is outside the vocabulary (0..{card.vocab_size - 1})", param)
 
 
-def thinking_controls(reply: ReplyFormat, budget: int | None, server_budget: int,
-                      loop_guard: bool) -> ThinkingControls | None:  # fmt: skip
+def thinking_controls(
+    reply: ReplyFormat, budget: int | None, server_budget: int, loop_guard: bool
+) -> ThinkingControls | None:
     """The engine's watch over the think block: a request budget of None or 0 takes the server's."""
     controls = ThinkingControls(
         opener_id=reply.think_opener_id,
@@ -52,9 +53,15 @@ def thinking_controls(reply: ReplyFormat, budget: int | None, server_budget: int
     return controls if controls.budget > 0 or controls.loop_guard else None
 
 
-def engine_request(fields: GenerationFields, request_id: str, prompt_ids: list[int], prompt_param: str,
-                   card: TokenizerCard, arrival_time: float,
-                   thinking: ThinkingControls | None = None) -> EngineRequest:  # fmt: skip
+def engine_request(
+    fields: GenerationFields,
+    request_id: str,
+    prompt_ids: list[int],
+    prompt_param: str,
+    card: TokenizerCard,
+    arrival_time: float,
+    thinking: ThinkingControls | None = None,
+) -> EngineRequest:
     if not prompt_ids:
         raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
     check_token_ids(fields.stop_token_ids, card, "stop_token_ids")

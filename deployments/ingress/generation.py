@@ -151,9 +151,9 @@ class Generation:
         raise server_error(message)
 
     def _log_ended(self, reason: str) -> None:
-        log_ended(self.request_id, reason, len(self.request.prompt_token_ids), len(self.token_ids),
-                  self.request.arrival_time)  # fmt: skip
-
+        log_ended(
+            self.request_id, reason, len(self.request.prompt_token_ids), len(self.token_ids), self.request.arrival_time
+        )
 
 
 async def _read_end(items: AsyncIterator[UpstreamItem], upstream: Upstream) -> None:

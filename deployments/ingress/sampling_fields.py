@@ -48,8 +48,9 @@ def _as_integer(value: Any, name: str) -> int:
     return int(number)
 
 
-def float_field(name: str, low: float | None = None, high: float | None = None,
-                low_open: bool = False) -> Callable[[Any], float | None]:  # fmt: skip
+def float_field(
+    name: str, low: float | None = None, high: float | None = None, low_open: bool = False
+) -> Callable[[Any], float | None]:
     """A BeforeValidator for a bounded float field (None passes through as 'server default')."""
 
     def check(value: Any) -> float | None:

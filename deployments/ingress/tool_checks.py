@@ -62,8 +62,11 @@ def _check_name(name: Any, path: str, limit: int) -> str:
     if len(name) > limit:
         raise _refuse(path, f"is {len(name)} characters long; a tool name holds at most {limit}")
     if not NAME_CHARS.fullmatch(name):
-        raise _refuse(path, f"{name!r} does not match the pattern '^[a-zA-Z0-9_-]{{1,{limit}}}$' "
-                            "(letters, digits, underscores and hyphens)")  # fmt: skip
+        raise _refuse(
+            path,
+            f"{name!r} does not match the pattern '^[a-zA-Z0-9_-]{{1,{limit}}}$' "
+            "(letters, digits, underscores and hyphens)",
+        )
     return name
 
 

@@ -114,8 +114,9 @@ class ReplySummary:
         return block
 
 
-def summarise(token_ids: list[int], stats: RequestStats, sampling: SamplingParams,
-              reply: ReplyFormat | None, engine: str) -> ReplySummary:  # fmt: skip
+def summarise(
+    token_ids: list[int], stats: RequestStats, sampling: SamplingParams, reply: ReplyFormat | None, engine: str
+) -> ReplySummary:
     return ReplySummary(
         token_ids=list(token_ids),
         stats=stats,

@@ -12,14 +12,59 @@ from deployments.messages.replies import FinishReason, RequestStats
 
 # Seconds; vLLM's latency bounds (its dashboards' quantiles read the same), plus +Inf implied.
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 # Time per output token is far shorter than a request: finer low buckets.
 TPOT_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
-    0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 HISTOGRAMS: dict[str, tuple[float, ...]] = {
     "latency": LATENCY_BUCKETS,  # arrival to last token
@@ -112,8 +157,13 @@ class RequestTimings:
         )
 
     def items(self) -> list[tuple[str, float]]:
-        values = {"latency": self.latency, "ttft": self.ttft, "decode": self.decode, "tpot": self.tpot,
-                  "prefill": self.prefill}  # fmt: skip
+        values = {
+            "latency": self.latency,
+            "ttft": self.ttft,
+            "decode": self.decode,
+            "tpot": self.tpot,
+            "prefill": self.prefill,
+        }
         return [(name, value) for name, value in values.items() if value is not None]
 
 

@@ -34,8 +34,9 @@ def resolve_backend(config: EngineConfig) -> str:
         usable = is_apple_silicon() and mlx_importable() and not _mlx_refusals(config)
         return "mlx" if usable else "torch"
     if not mlx_importable():
-        raise StartupError(f"backend mlx needs the mlx package, which does not import here: {MLX_INSTALL}, "
-                           "or use --backend torch")  # fmt: skip
+        raise StartupError(
+            f"backend mlx needs the mlx package, which does not import here: {MLX_INSTALL}, or use --backend torch"
+        )
     refusals = _mlx_refusals(config)
     if refusals:
         raise StartupError(f"backend mlx does not support {refusals[0]}")
@@ -46,8 +47,11 @@ def _mlx_refusals(config: EngineConfig) -> list[str]:
     """The settings of `config` the MLX rank cannot honour, each with its fix."""
     checks = [
         (config.device == "cuda", "device cuda (MLX computes on Metal or the CPU): use --device auto or cpu"),
-        (config.tensor_parallel_size > 1, "tensor_parallel_size above 1 (an MLX rank holds the whole model): "
-                                          "use --tensor-parallel-size 1 or --backend torch"),
+        (
+            config.tensor_parallel_size > 1,
+            "tensor_parallel_size above 1 (an MLX rank holds the whole model): "
+            "use --tensor-parallel-size 1 or --backend torch",
+        ),
         (config.engine_threads is not None, "engine_threads (MLX sizes its own CPU threads): drop --engine-threads"),
     ]
     return [message for refused, message in checks if refused]

@@ -46,8 +46,9 @@ class ModelRank:
         )
         # Ranks of one copy share their node (STRICT_PACK by default): each takes its share of the cores.
         use_engine_threads(self.config.engine_threads, self.config.reserved_cpus, self.config.tensor_parallel_size)
-        self.runner = ModelRunner(self.config.model, self.config.dtype, self.config.device, self.parallel,
-                                  mtp=self.config.wants_mtp)
+        self.runner = ModelRunner(
+            self.config.model, self.config.dtype, self.config.device, self.parallel, mtp=self.config.wants_mtp
+        )
 
     def info(self) -> RunnerInfo:
         assert self.runner is not None
@@ -88,9 +89,7 @@ def start_rank_actors(config: EngineConfig) -> list:
     """Start and load every rank of one model copy; returns their actor handles, rank order."""
     world = config.tensor_parallel_size
     remote_cls = ray.remote(ModelRank)
-    ranks = [
-        remote_cls.options(**_rank_options(config, index)).remote(config, index, world) for index in range(world)
-    ]
+    ranks = [remote_cls.options(**_rank_options(config, index)).remote(config, index, world) for index in range(world)]
     init_method = ray.get(ranks[0].address.remote())
     ray.get([rank.join_and_load.remote(init_method) for rank in ranks])
     return ranks

@@ -46,7 +46,9 @@ class LayerCacheSpec:
             return self.latent_dim
         return self.num_kv_heads * (self.head_dim + (self.v_head_dim or self.head_dim))
 
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    def allocate(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, ...]:
         """The cache tensors: (k, v) of [blocks, block_size, kv_heads, dim], or (latent,).
 
         Uninitialised: attention reads only slots a step has written, and untouched pages cost nothing.

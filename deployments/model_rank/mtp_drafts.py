@@ -48,8 +48,9 @@ class MtpDrafter:
         drawn = _drawn_per_seq(plan, draws)
         picked = [i for i, s in enumerate(plan.seqs) if s.mtp]
         flat, next_ids, sub = _cache_pass_inputs(plan, rows, drawn, picked)
-        residual = self._timed(len(flat), lambda: self.ops.residual(self.ops.take(hidden, flat), next_ids,
-                                                                     self.ops.batch(sub)))  # fmt: skip
+        residual = self._timed(
+            len(flat), lambda: self.ops.residual(self.ops.take(hidden, flat), next_ids, self.ops.batch(sub))
+        )
         starts: list[tuple[int, int, int, int]] = []  # (plan index, row in residual, position, token there)
         offset = 0
         for index in picked:
@@ -76,8 +77,11 @@ class MtpDrafter:
                 proposals[index].token_ids.append(int(token))
             # Draft step + 1 comes from the MTP row at `after` + step - 1 (the position of draft step - 1,
             # or of the round's last token): it needs a reserved slot.
-            carry = [k for k, (index, pos) in enumerate(live)
-                     if step < plan.seqs[index].propose and pos + step - 1 < len(plan.seqs[index].block_ids) * bs]
+            carry = [
+                k
+                for k, (index, pos) in enumerate(live)
+                if step < plan.seqs[index].propose and pos + step - 1 < len(plan.seqs[index].block_ids) * bs
+            ]
             if not carry:
                 break
             live = [live[k] for k in carry]
@@ -93,8 +97,9 @@ class MtpDrafter:
                 block_tables=tables,
             )
             kept_state = self.ops.take(state, carry)
-            state = self._timed(len(live), lambda: self.ops.residual(kept_state, chain.input_ids,
-                                                                      self.ops.batch(chain)))  # fmt: skip
+            state = self._timed(
+                len(live), lambda: self.ops.residual(kept_state, chain.input_ids, self.ops.batch(chain))
+            )
             tokens = self.ops.greedy(state)
         return proposals
 
@@ -107,8 +112,9 @@ class MtpDrafter:
         return out
 
 
-def _cache_pass_inputs(plan: StepPlan, rows: StepRows, drawn: dict[int, list[int]], picked: list[int]
-                       ) -> tuple[list[int], list[int], StepRows]:  # fmt: skip
+def _cache_pass_inputs(
+    plan: StepPlan, rows: StepRows, drawn: dict[int, list[int]], picked: list[int]
+) -> tuple[list[int], list[int], StepRows]:
     """The flat rows of the picked sequences, the token after each, and their sub-step's rows."""
     firsts, position = [], 0
     for seq in plan.seqs:

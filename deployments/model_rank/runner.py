@@ -46,8 +46,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: str | Path, dtype: str, device: str, parallel: ParallelContext,
-                 mtp: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, model_dir: str | Path, dtype: str, device: str, parallel: ParallelContext, mtp: bool = False
+    ) -> None:
         """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
         self.device = resolve_device(device)
         if self.device.type == "cuda" and parallel.is_parallel:

@@ -108,10 +108,11 @@ def prompt_rows(logits: torch.Tensor, next_ids: list[int], top: int) -> list[Pro
     chosen = logprobs.gather(1, targets.unsqueeze(1))  # [n, 1]
     ranks = (logprobs >= chosen).sum(dim=-1).tolist()  # [n]
     return [
-        PromptLogprobRow(token_id=token, logprob=float(chosen[row, 0]), rank=int(ranks[row]),
-                         top=best_tokens(logprobs[row], top))
+        PromptLogprobRow(
+            token_id=token, logprob=float(chosen[row, 0]), rank=int(ranks[row]), top=best_tokens(logprobs[row], top)
+        )
         for row, token in enumerate(next_ids)
-    ]  # fmt: skip
+    ]
 
 
 def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:

@@ -45,8 +45,9 @@ def step_rows(plan: StepPlan, block_size: int) -> StepRows:
     return rows
 
 
-def prompt_logprob_rows(plan: StepPlan, logits_of: Callable[[int, int], torch.Tensor]
-                        ) -> dict[int, list[PromptLogprobRow]]:  # fmt: skip
+def prompt_logprob_rows(
+    plan: StepPlan, logits_of: Callable[[int, int], torch.Tensor]
+) -> dict[int, list[PromptLogprobRow]]:
     """Rows at every wanted prompt position, a slice at a time (never [T, V] at once).
 
     `logits_of(first_row, count)` gives float32 CPU logits [count, V] of those flat rows; the lm_head is

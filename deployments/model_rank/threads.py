@@ -22,7 +22,9 @@ def node_cores() -> int:
         return os.cpu_count() or 1
 
 
-def engine_thread_count(explicit: int | None, reserved_cpus: float, ranks_on_node: int = 1, cores: int | None = None) -> int:
+def engine_thread_count(
+    explicit: int | None, reserved_cpus: float, ranks_on_node: int = 1, cores: int | None = None
+) -> int:
     """`explicit`, or the node's cores less `reserved_cpus`, shared by `ranks_on_node` ranks (at least 1)."""
     if explicit is not None:
         return explicit

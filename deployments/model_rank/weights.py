@@ -130,7 +130,7 @@ def _read_index(index: Path) -> dict[str, Path]:
     data = _read_json(index)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index}: needs a non-empty \"weight_map\" object")
+        raise CheckpointError(f'{index}: needs a non-empty "weight_map" object')
     resolved: dict[str, Path] = {}
     for name, file in weight_map.items():
         if not isinstance(file, str) or Path(file).name != file:

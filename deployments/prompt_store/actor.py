@@ -42,10 +42,13 @@ def store_actor(root: str, caps: StoreCaps) -> "ray.actor.ActorHandle":
     """This node's store actor, started on first use (a detached actor, so replicas come and go under it)."""
     node_id = ray.get_runtime_context().get_node_id()
     remote = ray.remote(PromptStoreActor).options(
-        name=f"tensorfold-prompt-store-{node_id[:16]}-{_folder_tag(root)}", namespace="tensorfold", get_if_exists=True,
-        lifetime="detached", num_cpus=ACTOR_CPUS,
+        name=f"tensorfold-prompt-store-{node_id[:16]}-{_folder_tag(root)}",
+        namespace="tensorfold",
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=ACTOR_CPUS,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    )  # fmt: skip
+    )
     return remote.remote(root, caps)
 
 

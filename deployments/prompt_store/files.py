@@ -70,20 +70,28 @@ class PieceHeader:
     sha256: str  # of the payload
 
     def to_json(self) -> bytes:
-        body = {"version": 1, "parent": self.parent.hex() if self.parent else None, "hashes": [h.hex() for h in self.hashes], "token_ids": self.token_ids,
-                "block_bytes": self.block_bytes, "sha256": self.sha256}  # fmt: skip
+        body = {
+            "version": 1,
+            "parent": self.parent.hex() if self.parent else None,
+            "hashes": [h.hex() for h in self.hashes],
+            "token_ids": self.token_ids,
+            "block_bytes": self.block_bytes,
+            "sha256": self.sha256,
+        }
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> "PieceHeader":
         body = json.loads(raw)
         parent = bytes.fromhex(body["parent"]) if body.get("parent") else None
-        return cls(parent, [bytes.fromhex(h) for h in body["hashes"]], body["token_ids"], body["block_bytes"],
-                   body["sha256"])  # fmt: skip
+        return cls(
+            parent, [bytes.fromhex(h) for h in body["hashes"]], body["token_ids"], body["block_bytes"], body["sha256"]
+        )
 
 
-def encode_piece(parent: bytes | None, hashes: list[bytes], token_ids: list[list[int]], payload: bytes,
-                 block_bytes: int) -> bytes:  # fmt: skip
+def encode_piece(
+    parent: bytes | None, hashes: list[bytes], token_ids: list[list[int]], payload: bytes, block_bytes: int
+) -> bytes:
     header = PieceHeader(parent, hashes, token_ids, block_bytes, hashlib.sha256(payload).hexdigest()).to_json()
     return _HEADER_LEN.pack(len(header)) + header + payload
 

@@ -10,7 +10,9 @@ STORE_FLUSH_S = 5.0  # after the engine's own 15 s of writes: a planned stop end
 
 
 def store_caps(config: EngineConfig) -> StoreCaps:
-    return StoreCaps(int(config.learn_gib * GIB), int(config.learn_min_free_gib * GIB), int(config.learn_daily_gib * GIB))
+    return StoreCaps(
+        int(config.learn_gib * GIB), int(config.learn_min_free_gib * GIB), int(config.learn_daily_gib * GIB)
+    )
 
 
 class LocalStoreLink(PromptStoreActor):

@@ -27,7 +27,7 @@ from deployments.prompt_store.files import (
     read_header,
     secure_dir,
     write_file_atomically,
-)  # fmt: skip
+)
 
 log = logging.getLogger("tensorfold.store")
 PIECE_BYTES = 16 << 20  # a piece's payload at most: what a request arriving during a write waits for
@@ -71,7 +71,9 @@ class PromptStoreFiles:
                     log.warning("prompt store: deleting a damaged piece: %s", exc)
                     path.unlink(missing_ok=True)
                     continue
-                self._index(entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime))
+                self._index(
+                    entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime)
+                )
             self._sets[set_id] = entry
         entry = self._sets[set_id]
         write_file_atomically(entry.folder / "used", f"{time.time():.3f}\n".encode())
@@ -102,8 +104,13 @@ class PromptStoreFiles:
             return []
         rows = piece.payload.reshape(len(piece.hashes), piece.block_bytes)[keep]
         parent = piece.parent if keep[0] == 0 else piece.hashes[keep[0] - 1]
-        data = encode_piece(parent, [piece.hashes[i] for i in keep], [piece.token_ids[i] for i in keep],
-                            rows.tobytes(), piece.block_bytes)  # fmt: skip
+        data = encode_piece(
+            parent,
+            [piece.hashes[i] for i in keep],
+            [piece.token_ids[i] for i in keep],
+            rows.tobytes(),
+            piece.block_bytes,
+        )
         if not self._room_for(piece.set_id, len(data)):
             entry.stats.writes_skipped += 1
             return []

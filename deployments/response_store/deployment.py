@@ -10,8 +10,7 @@ from deployments.messages.responses import StoredResponse
 from deployments.response_store.store import ResponseStore
 
 
-@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0.05},
-                  max_ongoing_requests=1024)  # fmt: skip
+@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=1024)
 class ResponseStoreDeployment:
     def __init__(self) -> None:
         self._store = ResponseStore()

@@ -30,8 +30,9 @@ class ResponseStore:
 
     def save(self, entry: StoredResponse) -> bool:
         """Keep `entry` as the newest; False when it alone is larger than the byte budget (not kept)."""
-        data = json.dumps({"response": entry.response, "messages": entry.messages},
-                          ensure_ascii=False, separators=(",", ":")).encode()  # fmt: skip
+        data = json.dumps(
+            {"response": entry.response, "messages": entry.messages}, ensure_ascii=False, separators=(",", ":")
+        ).encode()
         self.delete(entry.response_id)
         if len(data) > self.max_bytes:
             return False

@@ -24,8 +24,13 @@ ROUTED_KEYS_TTL_PERIODS = 30  # a sent prompt no report has shown yet is remembe
 
 def routing_stats(digest: PrefixDigest, load: int) -> dict[str, object]:
     """What a Scheduler replica reports: plain values, since Serve's controller relays them unimported."""
-    return {"block_size": digest.block_size, "keys": digest.keys, "disk_keys": digest.disk_keys,
-            "version": digest.version, "load": load}  # fmt: skip
+    return {
+        "block_size": digest.block_size,
+        "keys": digest.keys,
+        "disk_keys": digest.disk_keys,
+        "version": digest.version,
+        "load": load,
+    }
 
 
 @dataclass
@@ -43,16 +48,24 @@ class _ReplicaMemory:
 
 
 class PrefixAffinityRouter(RequestRouter):
-    def initialize_state(self, block_size: int = 16, balance_abs: int = 4, balance_rel: float = 1.5,
-                         min_match: float = 0.25, stats_period_s: float = 1.0, **_: object) -> None:  # fmt: skip
+    def initialize_state(
+        self,
+        block_size: int = 16,
+        balance_abs: int = 4,
+        balance_rel: float = 1.5,
+        min_match: float = 0.25,
+        stats_period_s: float = 1.0,
+        **_: object,
+    ) -> None:
         self._block_size = block_size  # the engines' (from the same args), so names match before any report
         self._knobs = RoutingKnobs(balance_abs=balance_abs, balance_rel=balance_rel, min_match=min_match)
         self._stats_period_s = stats_period_s
         self._memory: dict[str, _ReplicaMemory] = {}
         self._sent: dict[str, str] = {}  # internal request id -> replica id, until it completes
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:  # fmt: skip
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         request = _engine_request(pending_request)
         if request is None or not candidate_replicas:  # not a generation call: any replica will do
             return [candidate_replicas]
@@ -82,19 +95,27 @@ class PrefixAffinityRouter(RequestRouter):
         stats = replica.routing_stats or {}
         fresh = stats.get("version", -1) != memory.version and stats.get("block_size") == self._block_size
         if fresh and isinstance(stats.get("keys"), bytes):
-            digest = PrefixDigest(int(stats["block_size"]), stats["keys"], int(stats["version"]),
-                                  bytes(stats.get("disk_keys", b"")))  # fmt: skip
+            digest = PrefixDigest(
+                int(stats["block_size"]), stats["keys"], int(stats["version"]), bytes(stats.get("disk_keys", b""))
+            )
             memory.version, memory.reported, memory.reported_at = digest.version, digest.key_set(), now
             memory.reported_disk = digest.disk_key_set()
             # A report can lag behind what was sent (it is relayed by Serve's controller): a prompt sent there is
             # forgotten once a report holds it, or after ROUTED_KEYS_TTL_PERIODS reports' time at most.
             horizon = now - ROUTED_KEYS_TTL_PERIODS * self._stats_period_s
-            memory.routed_keys = {k: t for k, t in memory.routed_keys.items()
-                                  if t >= horizon and k not in memory.reported}  # fmt: skip
+            memory.routed_keys = {
+                k: t for k, t in memory.routed_keys.items() if t >= horizon and k not in memory.reported
+            }
         memory.reported_load = int(stats.get("load", 0))
         load = max(memory.in_flight, memory.reported_load)
-        return ReplicaView(replica.replica_id.unique_id, load, memory.reported, memory.routed, memory.reported_disk,
-                           memory.routed_keys.keys())  # fmt: skip
+        return ReplicaView(
+            replica.replica_id.unique_id,
+            load,
+            memory.reported,
+            memory.routed,
+            memory.reported_disk,
+            memory.routed_keys.keys(),
+        )
 
     def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
         """The request's block names (computed once: a retry of the same request reuses them)."""

@@ -51,7 +51,11 @@ def memory_figures_of(device: str) -> dict[str, int]:
     if device.startswith("mlx"):
         import mlx.core as mx
 
-        return {"active": mx.get_active_memory(), "cache": mx.get_cache_memory(), "peak": mx.get_peak_memory()} | footprint
+        return {
+            "active": mx.get_active_memory(),
+            "cache": mx.get_cache_memory(),
+            "peak": mx.get_peak_memory(),
+        } | footprint
     if not device.startswith("cuda"):
         return footprint
     import torch

@@ -38,15 +38,23 @@ class RayMetricsExport:
         from ray.serve import metrics
 
         self._read_info = read_info
-        self._counters = {name: metrics.Counter(name, description=f"engine {field}")
-                          for name, field in COUNTERS.items()}  # fmt: skip
-        self._requests = metrics.Counter("tensorfold_requests_total", description="finished requests",
-                                         tag_keys=("key",))  # fmt: skip
-        gauges = ("tensorfold_requests_running", "tensorfold_requests_waiting", "tensorfold_kv_cache_usage_ratio",
-                  "tensorfold_generation_tokens_running")  # fmt: skip
+        self._counters = {
+            name: metrics.Counter(name, description=f"engine {field}") for name, field in COUNTERS.items()
+        }
+        self._requests = metrics.Counter(
+            "tensorfold_requests_total", description="finished requests", tag_keys=("key",)
+        )
+        gauges = (
+            "tensorfold_requests_running",
+            "tensorfold_requests_waiting",
+            "tensorfold_kv_cache_usage_ratio",
+            "tensorfold_generation_tokens_running",
+        )
         self._gauges = {name: metrics.Gauge(name, description=name) for name in gauges}
-        self._histograms = {key: metrics.Histogram(name, description=name, boundaries=list(HISTOGRAMS[key]))
-                            for key, name in HISTOGRAM_NAMES.items()}  # fmt: skip
+        self._histograms = {
+            key: metrics.Histogram(name, description=name, boundaries=list(HISTOGRAMS[key]))
+            for key, name in HISTOGRAM_NAMES.items()
+        }
         self._last = EngineCounters()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tensorfold-ray-metrics", daemon=True)

@@ -17,24 +17,42 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
 
     engine = kinds.add_parser("engine", help="engine vs transformers: prefill, decode at 1 and N, roofline")
     engine.add_argument("--checkpoint", help="checkpoint dir (default: a random bf16 Qwen3 model of --size)")
-    engine.add_argument("--size", default="qwen3-190m", choices=["qwen3-190m", "bench"],
-                        help="qwen3-190m: ~190M parameters with the real Qwen3 tokenizer; bench: ~130M, 32k vocab")
+    engine.add_argument(
+        "--size",
+        default="qwen3-190m",
+        choices=["qwen3-190m", "bench"],
+        help="qwen3-190m: ~190M parameters with the real Qwen3 tokenizer; bench: ~130M, 32k vocab",
+    )
     engine.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     engine.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
     engine.add_argument("--prompt-tokens", type=int, default=256)
     engine.add_argument("--decode-tokens", type=int, default=128)
     engine.add_argument("--concurrency", type=int, default=16)
     engine.add_argument("--skip-transformers", action="store_true")
-    engine.add_argument("--temperature", type=float, default=0.0,
-                        help="sample every reply token at this temperature on both sides (default 0: greedy)")
-    engine.add_argument("--draft", default="off", choices=["off", "auto", "mtp", "ngram"],
-                        help="the engine's drafts (default off: plain decode, as transformers' generate runs)")
-    engine.add_argument("--backend", default="torch", choices=["torch", "mlx"],
-                        help="mlx: measure the MLX rank beside the torch rank, in the same run (needs tensorfold[mlx])")
+    engine.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample every reply token at this temperature on both sides (default 0: greedy)",
+    )
+    engine.add_argument(
+        "--draft",
+        default="off",
+        choices=["off", "auto", "mtp", "ngram"],
+        help="the engine's drafts (default off: plain decode, as transformers' generate runs)",
+    )
+    engine.add_argument(
+        "--backend",
+        default="torch",
+        choices=["torch", "mlx"],
+        help="mlx: measure the MLX rank beside the torch rank, in the same run (needs tensorfold[mlx])",
+    )
     engine.add_argument("--profile", action="store_true", help="also print where a step's time goes, by part")
     engine.set_defaults(func=_runner("engine_bench"))
 
-    store = kinds.add_parser("store", help="a long conversation's first token: restored from the disk store vs prefilled")
+    store = kinds.add_parser(
+        "store", help="a long conversation's first token: restored from the disk store vs prefilled"
+    )
     store.add_argument("--checkpoint", help="checkpoint dir (default: a random bf16 Qwen3 model of --size)")
     store.add_argument("--size", default="qwen3-190m", choices=["qwen3-190m", "bench"])
     store.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
@@ -68,18 +86,37 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-tokens", type=int, default=64)
     serve.add_argument("--prompt-tokens", type=int, default=64)
     serve.add_argument("--port", type=int, default=8311)
-    serve.add_argument("--rounds", type=int, default=5,
-                       help="bursts of --concurrency streams, each with new prompts; figures pool every round")
-    serve.add_argument("--stream-interval-ms", type=float, default=None,
-                       help="the graph's stream_interval_ms (default: the server default)")
-    serve.add_argument("--stream-events-per-second", type=float, default=None,
-                       help="the graph's stream_events_per_second (default: the server default; 0 = no cap)")
-    serve.add_argument("--http-entry", choices=["ingress", "proxy", "both"], default="both",
-                       help="who answers HTTP in the graph started here: the Ingress replica (as `tensorfold "
-                            "serve`), Serve's proxy (as `serve run`), or both, one after the other")
-    serve.add_argument("--multi-turn", action="store_true",
-                       help="conversations over --data-parallel-size replicas: prefix-affinity routing vs "
-                            "Serve's default, cached-token share and TTFT side by side")
+    serve.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="bursts of --concurrency streams, each with new prompts; figures pool every round",
+    )
+    serve.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=None,
+        help="the graph's stream_interval_ms (default: the server default)",
+    )
+    serve.add_argument(
+        "--stream-events-per-second",
+        type=float,
+        default=None,
+        help="the graph's stream_events_per_second (default: the server default; 0 = no cap)",
+    )
+    serve.add_argument(
+        "--http-entry",
+        choices=["ingress", "proxy", "both"],
+        default="both",
+        help="who answers HTTP in the graph started here: the Ingress replica (as `tensorfold "
+        "serve`), Serve's proxy (as `serve run`), or both, one after the other",
+    )
+    serve.add_argument(
+        "--multi-turn",
+        action="store_true",
+        help="conversations over --data-parallel-size replicas: prefix-affinity routing vs "
+        "Serve's default, cached-token share and TTFT side by side",
+    )
     serve.add_argument("--conversations", type=int, default=8, help="--multi-turn: conversations at once")
     serve.add_argument("--turns", type=int, default=4, help="--multi-turn: turns per conversation")
     serve.add_argument("--data-parallel-size", type=int, default=2, help="--multi-turn: Scheduler replicas")

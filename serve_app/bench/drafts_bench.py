@@ -44,8 +44,7 @@ def _run(engine: Engine, requests: list[EngineRequest], together: bool) -> tuple
     return figures, replies
 
 
-def _side_by_side(engine: Engine, requests: list[EngineRequest], together: bool, repeats: int
-                  ) -> tuple[Decode, Decode]:  # fmt: skip
+def _side_by_side(engine: Engine, requests: list[EngineRequest], together: bool, repeats: int) -> tuple[Decode, Decode]:
     """Best drafted and best serial run, alternating; raises if any reply differs."""
     best: dict[bool, Decode] = {}
     for attempt in range(repeats):
@@ -75,8 +74,16 @@ def _repeating_prompts(engine: Engine, count: int) -> list[list[int]]:
     from serve_app.fixtures.tiny_glm.data import render_prompt
 
     template = Path(TEMPLATE_PATH).read_text()
-    questions = ["Tell me about cats.", "Why is the sea salty?", "Write a poem about rain.", "What is a GPU?",
-                 "How do planes fly?", "Translate 'good night' to German.", "Who wrote Hamlet?", "Sort [3, 1, 2]."]
+    questions = [
+        "Tell me about cats.",
+        "Why is the sea salty?",
+        "Write a poem about rain.",
+        "What is a GPU?",
+        "How do planes fly?",
+        "Translate 'good night' to German.",
+        "Who wrote Hamlet?",
+        "Sort [3, 1, 2].",
+    ]
     prompts = []
     for i in range(count):
         first, second = questions[i % len(questions)], questions[(i + 3) % len(questions)]
@@ -91,9 +98,18 @@ def _requests(prompts: list[list[int]], tag: str, max_tokens: int) -> list[Engin
 
 
 def _engine(model: str, draft: str, args: argparse.Namespace) -> Engine:
-    return Engine(EngineConfig(model=model, dtype=args.dtype, kv_cache_gib=0.25, parallel=32, draft=draft,
-                               draft_tokens=args.draft_tokens, draft_policy=args.draft_policy,
-                               engine_threads=args.threads or None))  # fmt: skip
+    return Engine(
+        EngineConfig(
+            model=model,
+            dtype=args.dtype,
+            kv_cache_gib=0.25,
+            parallel=32,
+            draft=draft,
+            draft_tokens=args.draft_tokens,
+            draft_policy=args.draft_policy,
+            engine_threads=args.threads or None,
+        )
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,12 +126,16 @@ def run(args: argparse.Namespace) -> int:
     rows.append(("n-gram, batch 1, repeating reply", *_side_by_side(ngram, repeating, False, args.repeats)))
     mtp.shutdown()
     ngram.shutdown()
-    print(f"model: {model}  dtype {args.dtype}  threads {mtp.runner_info.threads}  policy {args.draft_policy}  greedy, "
-          f"up to {args.max_tokens} tokens per reply, best of {args.repeats}")
+    print(
+        f"model: {model}  dtype {args.dtype}  threads {mtp.runner_info.threads}  policy {args.draft_policy}  greedy, "
+        f"up to {args.max_tokens} tokens per reply, best of {args.repeats}"
+    )
     print(f"{'case':34} {'drafted tok/s':>14} {'serial tok/s':>13} {'ratio':>7} {'acceptance':>11} {'tok/round':>10}")
     for label, drafted, serial in rows:
         acceptance = drafted.accepted / drafted.drafted if drafted.drafted else 0.0
         per_round = drafted.tokens / drafted.rounds if drafted.rounds else 0.0
-        print(f"{label:34} {drafted.tps:14.1f} {serial.tps:13.1f} {drafted.tps / serial.tps:6.2f}x "
-              f"{acceptance:11.1%} {per_round:10.2f}")
+        print(
+            f"{label:34} {drafted.tps:14.1f} {serial.tps:13.1f} {drafted.tps / serial.tps:6.2f}x "
+            f"{acceptance:11.1%} {per_round:10.2f}"
+        )
     return 0

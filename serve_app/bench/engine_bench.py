@@ -42,8 +42,9 @@ def measure_read_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / best
 
 
-def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int,
-                    temperature: float) -> Figures:  # fmt: skip
+def _engine_figures(
+    engine: Engine, prompts: list[list[int]], decode_tokens: int, concurrency: int, temperature: float
+) -> Figures:
     def run(batch: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
         tally = StepTally()
         engine.generate(bench_requests(batch, max_tokens, temperature), on_step=tally)
@@ -57,8 +58,14 @@ def _engine_figures(engine: Engine, prompts: list[list[int]], decode_tokens: int
     return Figures(len(prompts[0]) / prefill, decode_1, decoded / decode)
 
 
-def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[list[int]], decode_tokens: int,
-                          concurrency: int, temperature: float) -> Figures:  # fmt: skip
+def _transformers_figures(
+    checkpoint: Path,
+    dtype: torch.dtype,
+    prompts: list[list[int]],
+    decode_tokens: int,
+    concurrency: int,
+    temperature: float,
+) -> Figures:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
@@ -70,8 +77,14 @@ def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[li
         ids = torch.tensor(batch)
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, pad_token_id=0, **({"do_sample": False} | sampling))
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+                **({"do_sample": False} | sampling),
+            )
         return time.perf_counter() - start
 
     generate([prompts[0][:16]], 2)  # warm-up
@@ -91,8 +104,17 @@ def _transformers_figures(checkpoint: Path, dtype: torch.dtype, prompts: list[li
 def _engine_run(checkpoint: Path, backend: str, args: argparse.Namespace) -> tuple[Figures, RunnerInfo]:
     """One engine's figures on `checkpoint` (MLX sizes its own CPU threads; torch takes --threads)."""
     threads = torch.get_num_threads() if backend == "torch" else None
-    engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency,
-                                 engine_threads=threads, backend=backend, draft=args.draft))
+    engine = Engine(
+        EngineConfig(
+            model=str(checkpoint),
+            dtype=args.dtype,
+            kv_cache_gib=1.0,
+            parallel=args.concurrency,
+            engine_threads=threads,
+            backend=backend,
+            draft=args.draft,
+        )
+    )
     try:
         vocab = engine.runner_info.vocab_size
         prompts = random_prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, vocab)
@@ -115,15 +137,21 @@ def run(args: argparse.Namespace) -> int:
             ours[backend], info = _engine_run(checkpoint, backend, args)
         weight_bytes, model_dtype = info.weight_bytes, getattr(torch, info.dtype)
         prompts = random_prompts(max(args.concurrency, 1 + PREFILL_SAMPLES), args.prompt_tokens, info.vocab_size)
-        theirs = None if args.skip_transformers else _transformers_figures(
-            checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency, args.temperature
+        theirs = (
+            None
+            if args.skip_transformers
+            else _transformers_figures(
+                checkpoint, model_dtype, prompts, args.decode_tokens, args.concurrency, args.temperature
+            )
         )
     bandwidth = measure_read_bandwidth()
     roofline = bandwidth / weight_bytes
-    print(f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
-          f"{torch.get_num_threads()}  drafts {args.draft}  temperature {args.temperature}  "
-          f"read bandwidth {bandwidth / 1e9:.1f} GB/s  "
-          f"roofline {roofline:.1f} tok/s")
+    print(
+        f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
+        f"{torch.get_num_threads()}  drafts {args.draft}  temperature {args.temperature}  "
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s  "
+        f"roofline {roofline:.1f} tok/s"
+    )
     _print_table(args, ours, theirs, roofline)
     return 0
 
@@ -158,4 +186,3 @@ def _print_profile(engine: Engine, vocab: int, concurrency: int) -> None:
         ("prefill, 512 tokens", profile_steps(engine, long_prompt, "prefill", 1, rounds=1)),
     ]
     print_profile(rows)
-

@@ -42,8 +42,9 @@ class DecodeFigures:
         return self.tokens / self.seconds
 
 
-def _decode(engine: Engine, prompts: list[list[int]], decode_tokens: int, spec: GrammarSpec | None,
-            label: str) -> DecodeFigures:  # fmt: skip
+def _decode(
+    engine: Engine, prompts: list[list[int]], decode_tokens: int, spec: GrammarSpec | None, label: str
+) -> DecodeFigures:
     tally = StepTally()
     replies = engine.generate(bench_requests(prompts, decode_tokens, grammar=spec), on_step=tally).values()
     early = sum(reply.finish_reason != FinishReason.LENGTH for reply in replies)  # a grammar the model could not follow
@@ -64,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch))
-        engine = Engine(EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0,
-                                     parallel=args.concurrency))  # fmt: skip
+        engine = Engine(
+            EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=1.0, parallel=args.concurrency)
+        )
         prompts = random_prompts(args.concurrency, args.prompt_tokens, engine.runner_info.vocab_size)
         spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
         engine.grammars.compile(spec)  # compiled once, outside the timed runs
@@ -74,12 +76,18 @@ def run(args: argparse.Namespace) -> int:
         free = _decode(engine, prompts, args.decode_tokens, None, "unconstrained")
         constrained = _decode(engine, prompts, args.decode_tokens, spec, "json_schema")
         engine.shutdown()
-    print(f"checkpoint: {checkpoint}  {args.concurrency} concurrent, {args.prompt_tokens}-token prompts, "
-          f"{args.decode_tokens} tokens each, greedy")
+    print(
+        f"checkpoint: {checkpoint}  {args.concurrency} concurrent, {args.prompt_tokens}-token prompts, "
+        f"{args.decode_tokens} tokens each, greedy"
+    )
     print(f"{'run':16} {'tokens':>8} {'decode s':>9} {'tok/s':>9} {'ended early':>12}")
     for figures in (free, constrained):
-        print(f"{figures.label:16} {figures.tokens:8d} {figures.seconds:9.2f} {figures.tps:9.1f} "
-              f"{figures.ended_early:12d}")
-    print(f"json_schema / unconstrained: {constrained.tps / free.tps:.2f}x  "
-          f"(rows still inside the grammar at the limit: {constrained.still_open}/{args.concurrency})")
+        print(
+            f"{figures.label:16} {figures.tokens:8d} {figures.seconds:9.2f} {figures.tps:9.1f} "
+            f"{figures.ended_early:12d}"
+        )
+    print(
+        f"json_schema / unconstrained: {constrained.tps / free.tps:.2f}x  "
+        f"(rows still inside the grammar at the limit: {constrained.still_open}/{args.concurrency})"
+    )
     return 0

@@ -52,18 +52,26 @@ class RunFigures:
         }
 
 
-
-
 def _rounds(rounds: int, count: int, length: int) -> list[list[list[int]]]:
     """`rounds` bursts of `count` prompts; up to 200 in all, no two share a first token (or a cached block)."""
-    return [[[(17 * (r * count + i) + 31 * j) % 200 + 10 for j in range(length)] for i in range(count)]
-            for r in range(rounds)]  # fmt: skip
+    return [
+        [[(17 * (r * count + i) + 31 * j) % 200 + 10 for j in range(length)] for i in range(count)]
+        for r in range(rounds)
+    ]
 
 
-async def _http_stream(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int],
-                       max_tokens: int) -> StreamTimes:  # fmt: skip
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "return_token_ids": True}
+async def _http_stream(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
+) -> StreamTimes:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
     times = StreamTimes()
     start = last = time.perf_counter()
     async with session.post(f"{url}/completions", json=body) as response:
@@ -109,12 +117,14 @@ async def _run_http(url: str, model: str, rounds: list[list[list[int]]], max_tok
     # aiohttp: the load generator shares this machine's cores with the server, so it should cost little.
     connector = aiohttp.TCPConnector(limit=0)  # every stream of a round on its own connection at once
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        return await _timed_rounds("graph over HTTP", lambda p, n: _http_stream(session, url, model, p, n),
-                                   rounds, max_tokens)  # fmt: skip
+        return await _timed_rounds(
+            "graph over HTTP", lambda p, n: _http_stream(session, url, model, p, n), rounds, max_tokens
+        )
 
 
-async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tokens: int, lanes: int,
-                          threads: int) -> RunFigures:  # fmt: skip
+async def _run_in_process(
+    model_dir: str, rounds: list[list[list[int]]], max_tokens: int, lanes: int, threads: int
+) -> RunFigures:
     import torch
 
     from deployments.config import EngineConfig
@@ -132,8 +142,12 @@ async def _run_in_process(model_dir: str, rounds: list[list[list[int]]], max_tok
     loop.start()
 
     async def one(prompt: list[int], limit: int) -> StreamTimes:
-        request = EngineRequest(request_id=f"bench-{uuid.uuid4().hex}", prompt_token_ids=prompt, max_tokens=limit,
-                                sampling=SamplingParams(temperature=0.0, ignore_eos=True))
+        request = EngineRequest(
+            request_id=f"bench-{uuid.uuid4().hex}",
+            prompt_token_ids=prompt,
+            max_tokens=limit,
+            sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+        )
         times = StreamTimes()
         start = last = time.perf_counter()
         async for chunk in loop.generate(request):
@@ -202,5 +216,7 @@ def _print_table(base: RunFigures, graphs: list[RunFigures]) -> None:
     for run_figures, row in zip(runs, rows):
         print(f"{run_figures.label:26}" + "".join(f"{row[n]:13.1f}" for n in names))
     for graph, row in zip(graphs, rows[1:]):
-        print(f"{graph.label}: added TTFT p50 {row['ttft p50 ms'] - rows[0]['ttft p50 ms']:.1f} ms, "
-              f"throughput {100 * (row['tok/s'] / rows[0]['tok/s'] - 1):+.1f}%")
+        print(
+            f"{graph.label}: added TTFT p50 {row['ttft p50 ms'] - rows[0]['ttft p50 ms']:.1f} ms, "
+            f"throughput {100 * (row['tok/s'] / rows[0]['tok/s'] - 1):+.1f}%"
+        )

@@ -28,8 +28,9 @@ from serve_app.bench.workload import bench_checkpoint, random_prompts
 
 def _first_token(engine: Engine, prompt: list[int], tokens: int = 4) -> tuple[float, list[int], RequestStats]:
     """Seconds from adding the request to its first reply token; the reply's ids and stats."""
-    request = EngineRequest(f"store-bench-{time.monotonic_ns()}", prompt, SamplingParams(temperature=0.0),
-                            max_tokens=tokens)  # fmt: skip
+    request = EngineRequest(
+        f"store-bench-{time.monotonic_ns()}", prompt, SamplingParams(temperature=0.0), max_tokens=tokens
+    )
     started = time.perf_counter()
     first: list[float] = []
 
@@ -46,8 +47,14 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch), args.size)
-        base = EngineConfig(model=str(checkpoint), dtype=args.dtype, kv_cache_gib=2.0, parallel=4,
-                            engine_threads=torch.get_num_threads(), learn_dir=str(Path(scratch) / "learned"))  # fmt: skip
+        base = EngineConfig(
+            model=str(checkpoint),
+            dtype=args.dtype,
+            kv_cache_gib=2.0,
+            parallel=4,
+            engine_threads=torch.get_num_threads(),
+            learn_dir=str(Path(scratch) / "learned"),
+        )
         learned = base.model_copy(update={"learn_conversations": True})
         writer = Engine(learned, LocalStoreLink(learned))
         prompt = random_prompts(1, args.prompt_tokens, writer.runner_info.vocab_size)[0]
@@ -72,14 +79,20 @@ def run(args: argparse.Namespace) -> int:
         break_even = disk.prefill_rate * bytes_per_token
         read_rate = disk.read_rate
         restarted.shutdown()
-    print(f"checkpoint: {checkpoint}  threads {torch.get_num_threads()}  prompt {len(next_turn)} tokens, "
-          f"state {state_bytes / 1e6:.1f} MB on disk, written in {write_seconds:.2f} s "
-          f"({state_bytes / max(write_seconds, 1e-9) / 1e6:.0f} MB/s, while idle)")
+    print(
+        f"checkpoint: {checkpoint}  threads {torch.get_num_threads()}  prompt {len(next_turn)} tokens, "
+        f"state {state_bytes / 1e6:.1f} MB on disk, written in {write_seconds:.2f} s "
+        f"({state_bytes / max(write_seconds, 1e-9) / 1e6:.0f} MB/s, while idle)"
+    )
     print(f"{'':28}{'first token s':>15}{'cached':>9}{'from disk':>11}")
     print(f"{'prefilled (no store)':28}{prefilled:15.3f}{0:9d}{0:11d}")
     print(f"{'restored from disk':28}{restored:15.3f}{stats.cached_tokens:9d}{stats.disk_tokens:11d}")
-    print(f"speedup {prefilled / max(restored, 1e-9):.1f}x; same reply: {restored_reply == prefilled_reply}; "
-          f"first turn's prefill {first_ttft:.3f} s")
-    print(f"read-vs-prefill rule: reads at {read_rate / 1e6:.0f} MB/s measured, restores above "
-          f"{break_even / 1e6:.1f} MB/s (prefill {disk.prefill_rate:.0f} tok/s x {bytes_per_token / 1e3:.1f} kB/token)")
+    print(
+        f"speedup {prefilled / max(restored, 1e-9):.1f}x; same reply: {restored_reply == prefilled_reply}; "
+        f"first turn's prefill {first_ttft:.3f} s"
+    )
+    print(
+        f"read-vs-prefill rule: reads at {read_rate / 1e6:.0f} MB/s measured, restores above "
+        f"{break_even / 1e6:.1f} MB/s (prefill {disk.prefill_rate:.0f} tok/s x {bytes_per_token / 1e3:.1f} kB/token)"
+    )
     return 0 if restored_reply == prefilled_reply else 1

@@ -59,19 +59,33 @@ def opening(conversation: int, words: int) -> str:
     return f"Conversation {conversation}. " + " ".join(f"fact {conversation}-{i} holds." for i in range(words // 3))
 
 
-async def _conversation(session: aiohttp.ClientSession, url: str, model: str, index: int, turns: int,
-                        words: int, max_tokens: int) -> list[TurnReply]:  # fmt: skip
+async def _conversation(
+    session: aiohttp.ClientSession, url: str, model: str, index: int, turns: int, words: int, max_tokens: int
+) -> list[TurnReply]:
     messages = [{"role": "user", "content": opening(index, words)}]
     replies: list[TurnReply] = []
     for turn in range(turns):
-        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
         async with session.post(f"{url}/chat/completions", json=body) as response:
             response.raise_for_status()
             reply = await response.json()
         usage, block = reply["usage"], reply["tensorfold"]
-        replies.append(TurnReply(turn, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
-                                 block["time_to_first_token"] or 0.0, block.get("replica", "")))  # fmt: skip
+        replies.append(
+            TurnReply(
+                turn,
+                usage["prompt_tokens"],
+                usage["prompt_tokens_details"]["cached_tokens"],
+                block["time_to_first_token"] or 0.0,
+                block.get("replica", ""),
+            )
+        )
         answer = reply["choices"][0]["message"]["content"] or ""
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"And then {turn}?"}]
     return replies
@@ -81,10 +95,12 @@ async def _workload(url: str, model: str, args: argparse.Namespace) -> tuple[lis
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1200)) as session:
         start = time.perf_counter()
-        runs = await asyncio.gather(*[
-            _conversation(session, url, model, i, args.turns, args.prompt_tokens, args.max_tokens)
-            for i in range(args.conversations)
-        ])  # fmt: skip
+        runs = await asyncio.gather(
+            *[
+                _conversation(session, url, model, i, args.turns, args.prompt_tokens, args.max_tokens)
+                for i in range(args.conversations)
+            ]
+        )
         return [reply for replies in runs for reply in replies], time.perf_counter() - start
 
 
@@ -116,13 +132,21 @@ def _wait_running(timeout_s: float = 300.0) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = AppArgs(model=args.model, port=args.port, data_parallel_size=args.data_parallel_size,
-                   scheduler_cpus=0.2, ingress_cpus=0.1, renderer_cpus=0.1)  # fmt: skip
+    base = AppArgs(
+        model=args.model,
+        port=args.port,
+        data_parallel_size=args.data_parallel_size,
+        scheduler_cpus=0.2,
+        ingress_cpus=0.1,
+        renderer_cpus=0.1,
+    )
     figures = [_run_one(base.model_copy(update={"router": router}), args) for router in ROUTERS]
     rows = [f.row() for f in figures]
     names = list(rows[0])
-    print(f"{args.conversations} conversations x {args.turns} turns on {args.data_parallel_size} replicas; "
-          "figures over the turns after the first")  # fmt: skip
+    print(
+        f"{args.conversations} conversations x {args.turns} turns on {args.data_parallel_size} replicas; "
+        "figures over the turns after the first"
+    )
     print(f"{'':18}" + "".join(f"{n:>13}" for n in names))
     for run_figures, row in zip(figures, rows):
         print(f"{run_figures.label:18}" + "".join(f"{row[n]:13.1f}" for n in names))

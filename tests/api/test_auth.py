@@ -79,10 +79,17 @@ def test_sources_add_up_with_labels_and_only_digests_travel(key_file: Path) -> N
     assert entries_from_env(None) == [] and entries_from_env(" , ") == []
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("", "no keys"), ("# only a comment\n\n", "no keys"), ("bad label!: sk-x\n", "line 1"),
-    ("a: sk-1\na: sk-2\n", "repeats a label"), ("ok: \n", "line 1"), (f"{'x' * 65}: sk-1\n", "line 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("", "no keys"),
+        ("# only a comment\n\n", "no keys"),
+        ("bad label!: sk-x\n", "line 1"),
+        ("a: sk-1\na: sk-2\n", "repeats a label"),
+        ("ok: \n", "line 1"),
+        (f"{'x' * 65}: sk-1\n", "line 1"),
+    ],
+)
 def test_malformed_key_files_are_refused(text: str, problem: str) -> None:
     with pytest.raises(KeyFileError, match=problem):
         parse_key_file(text)
@@ -110,14 +117,29 @@ def test_missing_and_wrong_keys_get_401_in_the_routes_format(keyed: TestClient) 
 
 
 def test_every_protected_route_needs_a_key(keyed: TestClient) -> None:
-    routes = (("GET", "/v1/models"), ("POST", "/tokenize"), ("POST", "/v1/detokenize"), ("GET", "/metrics"),
-              ("GET", "/v1/metrics"), ("GET", "/memory"), ("GET", "/v1/unknown"), ("GET", "/openapi.json"))
+    routes = (
+        ("GET", "/v1/models"),
+        ("POST", "/tokenize"),
+        ("POST", "/v1/detokenize"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/metrics"),
+        ("GET", "/memory"),
+        ("GET", "/v1/unknown"),
+        ("GET", "/openapi.json"),
+    )
     for method, path in routes:
         assert keyed.request(method, path).status_code == 401, path
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {CLI_KEY}"}, {"authorization": f"bearer {FILE_KEY}"},
-                                     {"x-api-key": "sk-env-b"}, {"x-api-key": "sk-unnamed-2"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Authorization": f"Bearer {CLI_KEY}"},
+        {"authorization": f"bearer {FILE_KEY}"},
+        {"x-api-key": "sk-env-b"},
+        {"x-api-key": "sk-unnamed-2"},
+    ],
+)
 def test_each_source_and_header_is_accepted(keyed: TestClient, headers: dict[str, str]) -> None:
     reply = keyed.post("/v1/tokenize", json={"prompt": "hello"}, headers=headers)
     assert reply.status_code == 200 and reply.json()["count"] > 0

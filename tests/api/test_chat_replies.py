@@ -26,8 +26,10 @@ def client(served_model: str) -> TestClient:
     model_dir = AppArgs(model=served_model).model_dir
     loop = EngineLoop(Engine(EngineConfig(model=str(model_dir), context=640, kv_cache_gib=0.05, device="cpu")))
     loop.start()
-    app = build_api(LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop),
-                    IngressSettings(served_name="tiny", model_ids=["tiny"]))  # fmt: skip
+    app = build_api(
+        LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop),
+        IngressSettings(served_name="tiny", model_ids=["tiny"]),
+    )
     with TestClient(app) as test_client:
         yield test_client
     loop.shutdown()
@@ -99,8 +101,12 @@ def test_tool_calls_streamed_and_whole_then_the_round_trip(client: TestClient) -
     assert message["reasoning_content"] == "I should call get_weather for Tokyo."
     assert _calls(message) == [("get_weather", {"city": "Tokyo"})]
     follow = _body("weather_answer_thinking")
-    follow["messages"][1] = {"role": "assistant", "content": message["content"], "tool_calls": message["tool_calls"],
-                             "reasoning_content": message["reasoning_content"]}  # fmt: skip
+    follow["messages"][1] = {
+        "role": "assistant",
+        "content": message["content"],
+        "tool_calls": message["tool_calls"],
+        "reasoning_content": message["reasoning_content"],
+    }
     answer = client.post("/v1/chat/completions", json=follow).json()["choices"][0]["message"]
     assert answer["content"] == "It is rainy in Tokyo, 12 °C."
 
@@ -116,18 +122,27 @@ def test_thinking_budget_closes_the_block_and_the_answer_follows(client: TestCli
 
 
 def test_effort_tokenize_and_tool_choice_none(client: TestClient) -> None:
-    for field, value in (("reasoning_effort", "ultra"), ("thinking_budget", -1), ("tool_choice", "sometimes"),
-                         ("parallel_tool_calls", "maybe")):  # fmt: skip
+    for field, value in (
+        ("reasoning_effort", "ultra"),
+        ("thinking_budget", -1),
+        ("tool_choice", "sometimes"),
+        ("parallel_tool_calls", "maybe"),
+    ):
         bad = client.post("/v1/chat/completions", json={**_body("greeting"), field: value})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == field, bad.text
     body = _body("weather_call")
     ids = client.post("/tokenize", json={"messages": body["messages"], "tools": TOOLS}).json()["tokens"]
-    chat = client.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {}, "max_tokens": 1,
-                                                    "return_token_ids": True}).json()  # fmt: skip
+    chat = client.post(
+        "/v1/chat/completions", json={**body, "chat_template_kwargs": {}, "max_tokens": 1, "return_token_ids": True}
+    ).json()
     assert chat["prompt_token_ids"] == ids
     hidden = client.post("/tokenize", json={"messages": body["messages"], "tools": TOOLS, "tool_choice": "none"})
     plain = client.post("/tokenize", json={"messages": body["messages"]})
     assert hidden.json()["tokens"] == plain.json()["tokens"] != ids
     off = client.post("/tokenize", json={"messages": body["messages"], "reasoning_effort": "none"}).json()["tokens"]
-    assert off == client.post("/tokenize", json={"messages": body["messages"],
-                                                 "chat_template_kwargs": {"enable_thinking": False}}).json()["tokens"]
+    assert (
+        off
+        == client.post(
+            "/tokenize", json={"messages": body["messages"], "chat_template_kwargs": {"enable_thinking": False}}
+        ).json()["tokens"]
+    )

@@ -109,9 +109,18 @@ class Browser:
     """Headless Chromium driven over the DevTools protocol: navigate, evaluate, watch for page errors."""
 
     def __init__(self, profile: Path) -> None:
-        command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                   "--hide-scrollbars", "--window-size=1280,1000", "--remote-debugging-port=0",
-                   f"--user-data-dir={profile}", "about:blank"]  # fmt: skip
+        command = [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--window-size=1280,1000",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ]
         env = {**os.environ, "HOME": str(profile)}
         self._process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
         self.errors: list[str] = []
@@ -167,8 +176,11 @@ def test_dashboard_page_draws_live_traffic(live_server: str, tmp_path: Path) -> 
         while time.monotonic() < deadline:
             time.sleep(0.5)
             state = _page_state(browser)
-            if int(state.get("updates", 0)) >= 3 and int(state.get("requests", 0)) >= 1 \
-                    and float(state.get("peakTokens", 0)) > 0:  # fmt: skip
+            if (
+                int(state.get("updates", 0)) >= 3
+                and int(state.get("requests", 0)) >= 1
+                and float(state.get("peakTokens", 0)) > 0
+            ):
                 break
         shot = tmp_path / "dashboard.png"
         shot.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"]))

@@ -23,8 +23,12 @@ from tests.conftest import build_glm_checkpoint
 from tests.support.local_app import local_backend
 
 INPUT = "The capital of France is Paris."
-CITY = {"id": "city", "type": "choice", "question": "Which city is the capital?",
-        "options": [{"name": "Paris", "description": "in France"}, {"name": "Rome"}, {"name": "Berlin"}]}  # fmt: skip
+CITY = {
+    "id": "city",
+    "type": "choice",
+    "question": "Which city is the capital?",
+    "options": [{"name": "Paris", "description": "in France"}, {"name": "Rome"}, {"name": "Berlin"}],
+}
 SURE = {"id": "sure", "type": "score", "question": "How sure are you?", "levels": ["not", "somewhat", "very"]}
 TRUE = {"id": "true", "type": "yes_no", "question": "Paris is in France.", "yes": "it is", "no": "it is not"}
 WINDOW = 400
@@ -116,22 +120,29 @@ def test_the_response_shape(client: TestClient) -> None:
 
 
 def test_each_question_is_one_user_message_with_thinking_off(client: TestClient) -> None:
-    city_text = (f"{INPUT}\n\nQuestion: Which city is the capital?\nA: Paris - in France\nB: Rome\nC: Berlin\n"
-                 "Answer with the letter of one option only.")  # fmt: skip
-    sure_text = (f"{INPUT}\n\nQuestion: How sure are you?\n0: not\n1: somewhat\n2: very\n"
-                 "Answer with the number of one level only.")  # fmt: skip
+    city_text = (
+        f"{INPUT}\n\nQuestion: Which city is the capital?\nA: Paris - in France\nB: Rome\nC: Berlin\n"
+        "Answer with the letter of one option only."
+    )
+    sure_text = (
+        f"{INPUT}\n\nQuestion: How sure are you?\n0: not\n1: somewhat\n2: very\n"
+        "Answer with the number of one level only."
+    )
     answers = _decide(client, [CITY, SURE], return_prompt_token_ids=True)["answers"]
     for text, qid in ((city_text, "city"), (sure_text, "sure")):
-        rendered = client.post("/tokenize", json={"messages": [{"role": "user", "content": text}],
-                                                  "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+        rendered = client.post(
+            "/tokenize",
+            json={"messages": [{"role": "user", "content": text}], "chat_template_kwargs": {"enable_thinking": False}},
+        )
         assert answers[qid]["prompt_token_ids"] == rendered.json()["tokens"]
 
 
 def test_yes_no_wording() -> None:
     fields = parse_decisions({"input": INPUT, "questions": [TRUE, {"id": "bare", "type": "yes_no", "question": "Q?"}]})
     described = question_prompt(INPUT, fields.questions[0])
-    assert described.text == (f"{INPUT}\n\nIs the following true? Paris is in France.\nyes: it is\nno: it is not\n"
-                              "Answer with yes or no only.")  # fmt: skip
+    assert described.text == (
+        f"{INPUT}\n\nIs the following true? Paris is in France.\nyes: it is\nno: it is not\nAnswer with yes or no only."
+    )
     assert described.labels == described.keys == ["yes", "no"]
     bare = question_prompt(INPUT, fields.questions[1])
     assert bare.text == f"{INPUT}\n\nIs the following true? Q?\nAnswer with yes or no only."
@@ -160,8 +171,9 @@ def _reference_model(model_dir: Path | str) -> torch.nn.Module:
     return auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-def _expected(model: torch.nn.Module, prompt_ids: list[int], label_ids: list[int], temperature: float
-              ) -> tuple[list[float], float]:  # fmt: skip
+def _expected(
+    model: torch.nn.Module, prompt_ids: list[int], label_ids: list[int], temperature: float
+) -> tuple[list[float], float]:
     """The labels' softmax at `temperature` and their share of the whole next-token distribution, in float64."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids])).logits[0, -1].to(torch.float64)
@@ -210,7 +222,7 @@ def yes_no_client(yes_no_dir: Path) -> Iterator[TestClient]:
 
 @pytest.fixture(scope="module")
 def yes_no_ids(yes_no_client: TestClient) -> list[int]:
-    """"yes" and "no" tokenized on their own, as the route checks its labels: one token each."""
+    """ "yes" and "no" tokenized on their own, as the route checks its labels: one token each."""
     ids = []
     for label in ("yes", "no"):
         tokens = yes_no_client.post("/tokenize", json={"prompt": label, "add_special_tokens": False}).json()["tokens"]

@@ -32,8 +32,17 @@ RUNTIME = {"drafts": "mtp", "drafted": 6, "accepted": 5, "acceptance_rate": 0.83
 
 def _stats() -> RequestStats:
     """A 9-token reply in 3 decode rounds: 6 drafts verified, 5 kept."""
-    return RequestStats(prompt_tokens=9, completion_tokens=9, rounds=3, draft_method="mtp", drafted=6, accepted=5,
-                        draft_rounds=3, accepted_per_position=[3, 2], decode_seconds=0.5)  # fmt: skip
+    return RequestStats(
+        prompt_tokens=9,
+        completion_tokens=9,
+        rounds=3,
+        draft_method="mtp",
+        drafted=6,
+        accepted=5,
+        draft_rounds=3,
+        accepted_per_position=[3, 2],
+        decode_seconds=0.5,
+    )
 
 
 class _Reply:
@@ -66,10 +75,28 @@ class _RecordingBackend(LocalBackend):
         return _Reply(EngineChunk(request.request_id, list(self._reply_ids), text, FinishReason.LENGTH, stats=_stats()))
 
     async def replicas(self) -> list[ReplicaStatus]:
-        return [ReplicaStatus(replica="r1", window=4096, max_batch_size=8, policy="", block_size=16, num_blocks=64,
-                              kv_usage=0.0, running=0, waiting=0, decode_tokens_per_second=0.0,
-                              prefill_tokens_per_second=0.0, dtype="float32", device="cpu", device_name="cpu",
-                              model_type="glm4_moe", counters=EngineCounters(), drafts="mtp", draft_tokens=3)]  # fmt: skip
+        return [
+            ReplicaStatus(
+                replica="r1",
+                window=4096,
+                max_batch_size=8,
+                policy="",
+                block_size=16,
+                num_blocks=64,
+                kv_usage=0.0,
+                running=0,
+                waiting=0,
+                decode_tokens_per_second=0.0,
+                prefill_tokens_per_second=0.0,
+                dtype="float32",
+                device="cpu",
+                device_name="cpu",
+                model_type="glm4_moe",
+                counters=EngineCounters(),
+                drafts="mtp",
+                draft_tokens=3,
+            )
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +130,9 @@ def test_draft_reaches_the_engine_request(client: TestClient, backend: _Recordin
 
 @pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, {}, [], 0.0])
-def test_a_non_boolean_draft_is_400_before_any_work(client: TestClient, backend: _RecordingBackend, route: str,
-                                                    value: object) -> None:  # fmt: skip
+def test_a_non_boolean_draft_is_400_before_any_work(
+    client: TestClient, backend: _RecordingBackend, route: str, value: object
+) -> None:
     before = len(backend.requests)
     for stream in (False, True):
         reply = client.post(route, json={**ROUTES[route], "draft": value, "stream": stream})

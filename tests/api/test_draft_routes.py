@@ -29,8 +29,9 @@ def client(served_model: str) -> TestClient:
     from serve_app.args import AppArgs
 
     model_dir = AppArgs(model=served_model).model_dir
-    engine = Engine(EngineConfig(model=str(model_dir), context=512, kv_cache_gib=0.05, device="cpu",
-                                 draft_policy="fixed"))  # fmt: skip
+    engine = Engine(
+        EngineConfig(model=str(model_dir), context=512, kv_cache_gib=0.05, device="cpu", draft_policy="fixed")
+    )
     loop = EngineLoop(engine)
     loop.start()
     backend = LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
@@ -40,8 +41,9 @@ def client(served_model: str) -> TestClient:
 
 
 @pytest.mark.parametrize("path", list(ROUTES))
-def test_drafted_and_serial_replies_are_equal_and_report_their_drafts(client: TestClient, path: str,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_drafted_and_serial_replies_are_equal_and_report_their_drafts(
+    client: TestClient, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="tensorfold.requests"):
         drafted = client.post(path, json={**ROUTES[path], "draft": True}).json()
         serial = client.post(path, json={**ROUTES[path], "draft": False}).json()

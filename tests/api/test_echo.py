@@ -76,8 +76,13 @@ def test_echo_logprobs_cover_the_prompt_then_the_reply(client: TestClient) -> No
     assert len(legacy["tokens"]) == size + echoed["usage"]["completion_tokens"]
     assert legacy["token_logprobs"][0] is None and legacy["top_logprobs"][0] is None
     assert "".join(legacy["tokens"][:size]) == TEXT
-    rows = zip(prompt_ids[1:], choice["prompt_logprobs"][1:], legacy["token_logprobs"][1:size],
-               legacy["top_logprobs"][1:size], strict=True)  # fmt: skip
+    rows = zip(
+        prompt_ids[1:],
+        choice["prompt_logprobs"][1:],
+        legacy["token_logprobs"][1:size],
+        legacy["top_logprobs"][1:size],
+        strict=True,
+    )
     for token, entry, logprob, top in rows:
         assert logprob == entry[str(token)]["logprob"]  # the engine's prompt row, framed twice
         assert top == {v["decoded_token"]: v["logprob"] for v in entry.values()}

@@ -85,18 +85,31 @@ HOSTILE_BODIES = {
 HOSTILE_FIELDS: dict[str, dict[str, Any]] = {
     "wrong types": {"messages": "hello", "prompt": {"a": 1}, "tokens": "x", "max_tokens": "many"},
     "unknown role": {"messages": [{"role": "wizard", "content": "x"}], "prompt": 5, "tokens": [[1]]},
-    "unknown effort": {"messages": USER, "prompt": "x", "tokens": [1.5], "reasoning_effort": "ludicrous",
-                       "priority": "urgent", "tool_choice": "sometimes"},  # fmt: skip
+    "unknown effort": {
+        "messages": USER,
+        "prompt": "x",
+        "tokens": [1.5],
+        "reasoning_effort": "ludicrous",
+        "priority": "urgent",
+        "tool_choice": "sometimes",
+    },
     "max_tokens 10^12": {"messages": USER, "prompt": "x", "tokens": [10**12], "max_tokens": 10**12},
     "numbers past int64": {"messages": USER, "prompt": [2**70], "tokens": [2**70], "seed": 2**200, "n": 10**9},
-    "negative everything": {"messages": USER, "prompt": "x", "tokens": [-1], "max_tokens": -5, "top_k": -9,
-                            "temperature": -1},  # fmt: skip
+    "negative everything": {
+        "messages": USER,
+        "prompt": "x",
+        "tokens": [-1],
+        "max_tokens": -5,
+        "top_k": -9,
+        "temperature": -1,
+    },
 }
 
 
 @pytest.mark.parametrize("name", list(HOSTILE_BODIES))
-def test_hostile_bodies_get_a_quick_4xx_on_every_route(client: TestClient, post_routes: list[str], name: str,
-                                                       reference_reply: dict[str, Any]) -> None:  # fmt: skip
+def test_hostile_bodies_get_a_quick_4xx_on_every_route(
+    client: TestClient, post_routes: list[str], name: str, reference_reply: dict[str, Any]
+) -> None:
     for path in post_routes:
         reply, elapsed = raw_post(client, path, HOSTILE_BODIES[name])
         assert_refused(reply, elapsed, path)
@@ -148,8 +161,9 @@ def test_bad_content_length_and_auth_come_first(client: TestClient) -> None:
     assert client.post("/v1/completions", content=big).status_code == 401  # no key: refused before reading
 
 
-def test_the_server_stays_healthy_and_replies_the_same(client: TestClient, backend: LocalBackend,
-                                                       reference_reply: dict[str, Any]) -> None:  # fmt: skip
+def test_the_server_stays_healthy_and_replies_the_same(
+    client: TestClient, backend: LocalBackend, reference_reply: dict[str, Any]
+) -> None:
     # Runs after the hostile tests in this module (pytest keeps file order); the reference ran before them.
     assert client.get("/health").json() == {"status": "ok"}
     (status,) = asyncio.run(backend.replicas())  # the counters /health shows when no keys are configured

@@ -26,8 +26,12 @@ KEY = "sk-fuzz"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 EXAMPLES_PER_ROUTE = 8  # 2 modes x 11 operations: about 20 s on 2 cores; raise locally for a deeper run
 REPLY_LIMIT_S = 10.0  # a generation at this small window takes well under a second
-REFERENCE = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 6,
-             "temperature": 0.7, "seed": 3}  # fmt: skip
+REFERENCE = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "max_tokens": 6,
+    "temperature": 0.7,
+    "seed": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +61,13 @@ def _fuzz_operation(operation: Any, mode: GenerationMode) -> None:
     """One route, one mode: a bounded Hypothesis run of schemathesis cases through the ASGI app."""
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES_PER_ROUTE,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     def check(case: Any) -> None:
         started = time.monotonic()
         response = case.call(headers=AUTH)
@@ -70,8 +79,9 @@ def _fuzz_operation(operation: Any, mode: GenerationMode) -> None:
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_no_route_fails_or_hangs_on_generated_input(fuzz_app: FastAPI, reference_before: dict[str, Any],
-                                                    mode: GenerationMode) -> None:  # fmt: skip
+def test_no_route_fails_or_hangs_on_generated_input(
+    fuzz_app: FastAPI, reference_before: dict[str, Any], mode: GenerationMode
+) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app, headers=AUTH)  # the schema needs a key too
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 8
@@ -79,8 +89,9 @@ def test_no_route_fails_or_hangs_on_generated_input(fuzz_app: FastAPI, reference
         _fuzz_operation(operation, mode)
 
 
-def test_after_fuzzing_the_engine_is_idle_and_replies_the_same(fuzz_app: FastAPI, fuzz_backend: LocalBackend,
-                                                              reference_before: dict[str, Any]) -> None:  # fmt: skip
+def test_after_fuzzing_the_engine_is_idle_and_replies_the_same(
+    fuzz_app: FastAPI, fuzz_backend: LocalBackend, reference_before: dict[str, Any]
+) -> None:
     (status,) = asyncio.run(fuzz_backend.replicas())
     assert status.running == 0 and status.waiting == 0
     after = _reference(fuzz_app)

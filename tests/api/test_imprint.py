@@ -31,8 +31,13 @@ def _client(served_model: str, learn_dir: Path):
 
 
 def _body(messages: list[dict]) -> dict:
-    return {"model": "tiny", "messages": messages, "max_tokens": 10, "temperature": 0,
-            "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+    return {
+        "model": "tiny",
+        "messages": messages,
+        "max_tokens": 10,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
 
 
 def _wait_on_disk(client: TestClient, body: dict) -> dict:
@@ -60,8 +65,11 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
     first_turn = [{"role": "user", "content": OPENING}]
     with _client(served_model, tmp_path) as client:
         first = client.post("/v1/chat/completions", json=_body(first_turn)).json()
-        second_turn = [*first_turn, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-                       {"role": "user", "content": "What time does it open?"}]  # fmt: skip
+        second_turn = [
+            *first_turn,
+            {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "What time does it open?"},
+        ]
         kept = _wait_on_disk(client, _body(second_turn))
         assert kept["resume_from"] == "ram" and kept["disk"] is True and kept["tokens"] > kept["ram_tokens"]
         assert "loaded_tokens" not in kept
@@ -108,10 +116,13 @@ def test_load_reads_the_state_into_ram_and_delete_forgets_it(served_model: str, 
 def test_a_shared_prefix_is_stored_once(served_model: str, tmp_path: Path) -> None:
     system = {"role": "system", "content": OPENING}
     with _client(served_model, tmp_path) as client:
+
         def stored_after(question: str) -> int:
             turn = [system, {"role": "user", "content": question}]
             client.post("/v1/chat/completions", json=_body(turn))
-            _wait_on_disk(client, _body(turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}]))
+            _wait_on_disk(
+                client, _body(turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}])
+            )
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # the figures refresh once the engine is idle again
                 store = client.get("/health").json()["store"]
@@ -143,8 +154,10 @@ def test_a_damaged_piece_costs_a_prompt_pass_not_the_reply(served_model: str, tm
         assert damaged["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # prefilled instead
         assert not list(tmp_path.rglob("*.piece"))  # deleted, with the states that needed it
         metrics = client.get("/metrics").text
-        assert any(line.startswith("tensorfold:store_damaged_pieces_total") and float(line.split()[-1]) >= 1
-                   for line in metrics.splitlines())  # fmt: skip
+        assert any(
+            line.startswith("tensorfold:store_damaged_pieces_total") and float(line.split()[-1]) >= 1
+            for line in metrics.splitlines()
+        )
     with _client(served_model, tmp_path / "fresh") as client:
         fresh = client.post("/v1/chat/completions", json=_body(later)).json()
     assert damaged["choices"][0]["message"] == fresh["choices"][0]["message"]

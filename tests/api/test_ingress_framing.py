@@ -57,8 +57,16 @@ def _request() -> EngineRequest:
 
 
 def _stats(tokens: int) -> RequestStats:
-    return RequestStats(prompt_tokens=3, completion_tokens=tokens, arrival_time=100.0, first_token_time=100.5,
-                        prefill_seconds=0.4, decode_seconds=1.0, rounds=tokens - 1, prefill_widths=[3])  # fmt: skip
+    return RequestStats(
+        prompt_tokens=3,
+        completion_tokens=tokens,
+        arrival_time=100.0,
+        first_token_time=100.5,
+        prefill_seconds=0.4,
+        decode_seconds=1.0,
+        rounds=tokens - 1,
+        prefill_widths=[3],
+    )
 
 
 def _generation(items: list[UpstreamItem], fail_with: Exception | None = None) -> tuple[Generation, _Playback]:
@@ -77,8 +85,10 @@ async def _sse(generation: Generation, framer: ChatFramer) -> list:
 
 
 def test_a_finished_reply_streams_deltas_then_finish_with_usage() -> None:
-    items = [EngineChunk("chatcmpl-test", [7], "He"),
-             EngineChunk("chatcmpl-test", [8, 9], "llo", FinishReason.STOP, stats=_stats(3))]  # fmt: skip
+    items = [
+        EngineChunk("chatcmpl-test", [7], "He"),
+        EngineChunk("chatcmpl-test", [8, 9], "llo", FinishReason.STOP, stats=_stats(3)),
+    ]
     generation, _ = _generation(items)
     events = asyncio.run(_sse(generation, _framer()))
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -91,8 +101,10 @@ def test_a_finished_reply_streams_deltas_then_finish_with_usage() -> None:
 
 
 def test_an_engine_error_after_the_stream_opened_is_an_error_event_then_done(caplog) -> None:
-    items = [EngineChunk("chatcmpl-test", [7], "He"),
-             EngineChunk("chatcmpl-test", [], "", FinishReason.ERROR, error="boom")]  # fmt: skip
+    items = [
+        EngineChunk("chatcmpl-test", [7], "He"),
+        EngineChunk("chatcmpl-test", [], "", FinishReason.ERROR, error="boom"),
+    ]
     generation, _ = _generation(items)
     with caplog.at_level(logging.INFO, logger="tensorfold.requests"):
         events = asyncio.run(_sse(generation, _framer()))
@@ -134,8 +146,9 @@ def test_refusals_and_early_failures_raise_before_any_stream() -> None:
 
 def test_a_consumer_that_leaves_closes_upstream_and_logs_client_left(caplog) -> None:
     async def leave_after_first() -> _Playback:
-        generation, upstream = _generation([EngineChunk("chatcmpl-test", [7], "He"),
-                                            EngineChunk("chatcmpl-test", [8], "y")])  # fmt: skip
+        generation, upstream = _generation(
+            [EngineChunk("chatcmpl-test", [7], "He"), EngineChunk("chatcmpl-test", [8], "y")]
+        )
         await generation.start()
         chunks = generation.chunks()
         await anext(chunks)
@@ -148,33 +161,64 @@ def test_a_consumer_that_leaves_closes_upstream_and_logs_client_left(caplog) -> 
     assert any("ended chatcmpl-test reason=client-left prompt=3 tokens=1" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize(("ids", "reply", "expected"), [
-    ([5, 6, 7], ReplyFormat(think_opener_id=1, think_closer_id=2), 0),
-    ([1, 5, 2, 6], ReplyFormat(think_opener_id=1, think_closer_id=2), 3),
-    ([5, 2, 6, 7], ReplyFormat(think_opener_id=1, think_closer_id=2, prompt_opens_thinking=True), 2),
-    ([5, 6], ReplyFormat(think_opener_id=1, think_closer_id=2, prompt_opens_thinking=True), 2),
-    ([1, 5], ReplyFormat(), 0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ids", "reply", "expected"),
+    [
+        ([5, 6, 7], ReplyFormat(think_opener_id=1, think_closer_id=2), 0),
+        ([1, 5, 2, 6], ReplyFormat(think_opener_id=1, think_closer_id=2), 3),
+        ([5, 2, 6, 7], ReplyFormat(think_opener_id=1, think_closer_id=2, prompt_opens_thinking=True), 2),
+        ([5, 6], ReplyFormat(think_opener_id=1, think_closer_id=2, prompt_opens_thinking=True), 2),
+        ([1, 5], ReplyFormat(), 0),
+    ],
+)
 def test_reasoning_tokens_count_through_the_closer(ids: list[int], reply: ReplyFormat, expected: int) -> None:
     assert reasoning_tokens(ids, reply) == expected
 
 
 def _status(name: str, running: int, waiting: int, decode: float, requests: int) -> ReplicaStatus:
     counters = EngineCounters(requests_total=requests, prompt_tokens_total=10 * requests)
-    return ReplicaStatus(replica=name, window=4096, max_batch_size=8, policy="p", block_size=16, num_blocks=64,
-                         kv_usage=0.1, running=running,
-                         waiting=waiting, decode_tokens_per_second=decode, prefill_tokens_per_second=0.0,
-                         dtype="float32", device="cpu", device_name="cpu", model_type="glm4_moe",
-                         counters=counters)  # fmt: skip
+    return ReplicaStatus(
+        replica=name,
+        window=4096,
+        max_batch_size=8,
+        policy="p",
+        block_size=16,
+        num_blocks=64,
+        kv_usage=0.1,
+        running=running,
+        waiting=waiting,
+        decode_tokens_per_second=decode,
+        prefill_tokens_per_second=0.0,
+        dtype="float32",
+        device="cpu",
+        device_name="cpu",
+        model_type="glm4_moe",
+        counters=counters,
+    )
 
 
 def test_health_sums_replicas_in_their_documented_order() -> None:
-    body = health_body(IngressSettings(served_name="m", model_ids=["m", "a"], version="1.2.3"),
-                       [_status("r1", 2, 1, 10.04, 3), _status("r2", 1, 0, 5.0, 4)])  # fmt: skip
-    assert list(body)[:9] == ["status", "model", "model_ids", "max_batch_size", "policy", "warming", "memory",
-                              "live", "version"]  # fmt: skip
+    body = health_body(
+        IngressSettings(served_name="m", model_ids=["m", "a"], version="1.2.3"),
+        [_status("r1", 2, 1, 10.04, 3), _status("r2", 1, 0, 5.0, 4)],
+    )
+    assert list(body)[:9] == [
+        "status",
+        "model",
+        "model_ids",
+        "max_batch_size",
+        "policy",
+        "warming",
+        "memory",
+        "live",
+        "version",
+    ]
     assert body["max_batch_size"] == 16 and body["memory"] == {}
-    assert body["live"] == {"connections": 4, "waiting": 1, "decode_tokens_per_second": 15.0,
-                            "prefill_tokens_per_second": 0.0}  # fmt: skip
+    assert body["live"] == {
+        "connections": 4,
+        "waiting": 1,
+        "decode_tokens_per_second": 15.0,
+        "prefill_tokens_per_second": 0.0,
+    }
     assert body["requests_total"] == 7 and body["prompt_tokens_total"] == 70 and body["replicas"] == 2
     assert "backend" not in body and "device" not in body

@@ -34,8 +34,10 @@ def client(served_model: str) -> TestClient:
     engine = Engine(EngineConfig(model=str(model_dir), context=WINDOW, kv_cache_gib=0.05, device="cpu"))
     loop = EngineLoop(engine)
     loop.start()
-    app = build_api(LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop),
-                    IngressSettings(served_name="tiny", model_ids=["tiny", "other"]))  # fmt: skip
+    app = build_api(
+        LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop),
+        IngressSettings(served_name="tiny", model_ids=["tiny", "other"]),
+    )
     with TestClient(app) as test_client:
         yield test_client
     loop.shutdown()
@@ -45,14 +47,15 @@ def sse_events(text: str) -> list[dict | str]:
     events: list[dict | str] = []
     for block in text.split("\n\n"):
         if block.startswith("data: "):
-            data = block[len("data: "):]
+            data = block[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
 
 def test_chat_body_validates_and_carries_usage_and_runtime(client: TestClient) -> None:
-    body = client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 12, "temperature": 0,
-                                                     "return_token_ids": True}).json()  # fmt: skip
+    body = client.post(
+        "/v1/chat/completions", json={"messages": USER, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+    ).json()
     reply = ChatCompletion.model_validate(body)
     assert reply.id.startswith("chatcmpl-") and reply.model == "tiny"
     assert reply.choices[0].finish_reason in ("stop", "length")
@@ -63,8 +66,17 @@ def test_chat_body_validates_and_carries_usage_and_runtime(client: TestClient) -
     token_ids = body["choices"][0]["token_ids"]
     assert len(token_ids) == usage["completion_tokens"] and len(body["prompt_token_ids"]) == usage["prompt_tokens"]
     runtime = body["tensorfold"]
-    for key in ("engine", "tokens_per_second", "seconds", "time_to_first_token", "prefill_seconds",
-                "prefill_widths", "sampling", "token_sha", "rounds"):  # fmt: skip
+    for key in (
+        "engine",
+        "tokens_per_second",
+        "seconds",
+        "time_to_first_token",
+        "prefill_seconds",
+        "prefill_widths",
+        "sampling",
+        "token_sha",
+        "rounds",
+    ):
         assert key in runtime, key
     assert runtime["token_sha"] == hashlib.sha256(struct.pack(f"<{len(token_ids)}I", *token_ids)).hexdigest()
     assert sum(runtime["prefill_widths"]) + usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"]
@@ -74,8 +86,9 @@ def test_chat_body_validates_and_carries_usage_and_runtime(client: TestClient) -
 def test_stream_equals_non_stream_for_the_same_seed(client: TestClient, include_usage: bool) -> None:
     request = {"messages": USER, "max_tokens": 16, "temperature": 0.9, "seed": 11}
     whole = client.post("/v1/chat/completions", json=request).json()
-    streamed = client.post("/v1/chat/completions", json={**request, "stream": True,
-                                                         "stream_options": {"include_usage": include_usage}})  # fmt: skip
+    streamed = client.post(
+        "/v1/chat/completions", json={**request, "stream": True, "stream_options": {"include_usage": include_usage}}
+    )
     assert streamed.headers["content-type"].startswith("text/event-stream")
     events = sse_events(streamed.text)
     assert events[-1] == "[DONE]"
@@ -96,8 +109,10 @@ def test_stream_equals_non_stream_for_the_same_seed(client: TestClient, include_
 
 
 def test_completions_with_text_and_token_ids(client: TestClient) -> None:
-    body = client.post("/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 6,
-                                                "temperature": 0, "return_token_ids": True}).json()  # fmt: skip
+    body = client.post(
+        "/v1/completions",
+        json={"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "return_token_ids": True},
+    ).json()
     completion = Completion.model_validate(body)
     assert completion.object == "text_completion" and body["id"].startswith("cmpl-")
     prompt_ids = body["choices"][0]["prompt_token_ids"]
@@ -105,8 +120,11 @@ def test_completions_with_text_and_token_ids(client: TestClient) -> None:
     assert again["choices"][0]["text"] == body["choices"][0]["text"]
     tokenized = client.post("/tokenize", json={"prompt": "The capital of France is", "add_special_tokens": False})
     assert tokenized.json()["tokens"] == prompt_ids
-    streamed = sse_events(client.post("/v1/completions", json={"prompt": prompt_ids, "max_tokens": 6,
-                                                               "temperature": 0, "stream": True}).text)  # fmt: skip
+    streamed = sse_events(
+        client.post(
+            "/v1/completions", json={"prompt": prompt_ids, "max_tokens": 6, "temperature": 0, "stream": True}
+        ).text
+    )
     # The SDK types a stream's chunks as Completion but builds them unvalidated: finish_reason is null
     # until the last one, as OpenAI sends it. Validate the finished chunk; the rest by shape.
     assert all(set(e["choices"][0]) == {"index", "text", "logprobs", "finish_reason"} for e in streamed[:-2])
@@ -142,8 +160,10 @@ def test_context_refusals(client: TestClient) -> None:
     assert completion.json()["error"]["param"] == "prompt"
     assert completion.json()["error"]["code"] == "context_length_exceeded"
     huge = [{"role": "user", "content": "word " * (WINDOW * 2)}]
-    for route, body, param in (("/v1/chat/completions", {"messages": huge}, "messages"),
-                               ("/v1/completions", {"prompt": "word " * (WINDOW * 2)}, "prompt")):  # fmt: skip
+    for route, body, param in (
+        ("/v1/chat/completions", {"messages": huge}, "messages"),
+        ("/v1/completions", {"prompt": "word " * (WINDOW * 2)}, "prompt"),
+    ):
         refused = client.post(route, json={**body, "stream": True})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param
         assert refused.json()["error"]["code"] == "context_length_exceeded"
@@ -157,8 +177,17 @@ def test_an_omitted_limit_is_capped_to_the_remaining_context(client: TestClient)
 
 def test_health_fields_in_their_documented_order(client: TestClient) -> None:
     body = client.get("/health").json()
-    assert list(body)[:9] == ["status", "model", "model_ids", "max_batch_size", "policy", "warming", "memory",
-                              "live", "version"]  # fmt: skip
+    assert list(body)[:9] == [
+        "status",
+        "model",
+        "model_ids",
+        "max_batch_size",
+        "policy",
+        "warming",
+        "memory",
+        "live",
+        "version",
+    ]
     assert body["status"] == "ok" and body["model_ids"] == ["tiny", "other"] and body["warming"] is False
     assert set(body["live"]) == {"connections", "waiting", "decode_tokens_per_second", "prefill_tokens_per_second"}
     assert body["context_length"] == WINDOW and "backend" not in body  # CPU: no GPU backend built in

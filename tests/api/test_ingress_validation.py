@@ -47,19 +47,44 @@ def _error(response) -> dict:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("temperature", True), ("temperature", "hot"), ("temperature", -0.5), ("temperature", "inf"),
-        ("top_p", False), ("top_p", 0), ("top_p", 1.5), ("top_p", "nan"),
-        ("top_k", 2.5), ("top_k", True), ("top_k", "many"),
-        ("min_p", 1.5), ("min_p", -0.1), ("min_p", True),
-        ("seed", 1.5), ("seed", True), ("seed", "abc"), ("seed", 2**70),
-        ("ignore_eos", "yes"), ("ignore_eos", 1),
-        ("stop", 5), ("stop", ["ok", 3]), ("stop", [""]), ("stop", {"a": 1}),
-        ("n", 2), ("n", 0), ("max_tokens", 0), ("max_tokens", 1.5), ("max_completion_tokens", True),
-        ("stop_token_ids", [1, "x"]), ("priority", "urgent"), ("chat_template_kwargs", "enable_thinking"),
-        ("stream", "yes"), ("logprobs", "yes"), ("response_format", {"type": "yaml"}),
+        ("temperature", True),
+        ("temperature", "hot"),
+        ("temperature", -0.5),
+        ("temperature", "inf"),
+        ("top_p", False),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("top_p", "nan"),
+        ("top_k", 2.5),
+        ("top_k", True),
+        ("top_k", "many"),
+        ("min_p", 1.5),
+        ("min_p", -0.1),
+        ("min_p", True),
+        ("seed", 1.5),
+        ("seed", True),
+        ("seed", "abc"),
+        ("seed", 2**70),
+        ("ignore_eos", "yes"),
+        ("ignore_eos", 1),
+        ("stop", 5),
+        ("stop", ["ok", 3]),
+        ("stop", [""]),
+        ("stop", {"a": 1}),
+        ("n", 2),
+        ("n", 0),
+        ("max_tokens", 0),
+        ("max_tokens", 1.5),
+        ("max_completion_tokens", True),
+        ("stop_token_ids", [1, "x"]),
+        ("priority", "urgent"),
+        ("chat_template_kwargs", "enable_thinking"),
+        ("stream", "yes"),
+        ("logprobs", "yes"),
+        ("response_format", {"type": "yaml"}),
         ("frequency_penalty", 0.5),
     ],
-)  # fmt: skip
+)
 def test_malformed_fields_are_400_naming_the_field(client: TestClient, field: str, value: object) -> None:
     response = client.post("/v1/chat/completions", content=json.dumps({"messages": USER, field: value}))
     assert response.status_code == 400, response.text
@@ -68,8 +93,15 @@ def test_malformed_fields_are_400_naming_the_field(client: TestClient, field: st
     assert error["param"] == field, error
 
 
-@pytest.mark.parametrize("body", [{"prompt": "x", "temperature": True}, {"prompt": "x", "n": 3},
-                                  {"prompt": "x", "ignore_eos": "no"}, {"prompt": ["a", "b"]}])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "x", "temperature": True},
+        {"prompt": "x", "n": 3},
+        {"prompt": "x", "ignore_eos": "no"},
+        {"prompt": ["a", "b"]},
+    ],
+)
 def test_completions_share_the_validation(client: TestClient, body: dict) -> None:
     response = client.post("/v1/completions", json=body)
     assert response.status_code == 400 and _error(response)["param"] in {"temperature", "n", "ignore_eos", "prompt"}
@@ -89,8 +121,12 @@ def test_invalid_json_and_non_object_bodies(client: TestClient) -> None:
 
 
 def test_bad_messages_are_400_on_messages(client: TestClient) -> None:
-    for messages in ([], [{"role": "wizard", "content": "x"}], "hello",
-                     [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]):  # fmt: skip
+    for messages in (
+        [],
+        [{"role": "wizard", "content": "x"}],
+        "hello",
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}],
+    ):
         response = client.post("/v1/chat/completions", json={"messages": messages})
         assert response.status_code == 400 and _error(response)["param"] == "messages", response.text
 
@@ -121,9 +157,18 @@ def test_models_lists_no_model_while_no_engine_answers(client: TestClient) -> No
 
 
 def test_valid_bodies_parse_to_typed_values() -> None:
-    chat = ChatCompletionRequest.model_validate({"messages": USER, "temperature": "0.7", "top_k": 5.0,
-                                                 "seed": "42", "stop": "END", "priority": "background",
-                                                 "max_completion_tokens": 9, "max_tokens": 3})  # fmt: skip
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "messages": USER,
+            "temperature": "0.7",
+            "top_k": 5.0,
+            "seed": "42",
+            "stop": "END",
+            "priority": "background",
+            "max_completion_tokens": 9,
+            "max_tokens": 3,
+        }
+    )
     assert (chat.temperature, chat.top_k, chat.seed, chat.stop) == (0.7, 5, 42, ["END"])
     assert chat.priority is Priority.BACKGROUND and chat.reply_limit == 9
     assert ChatCompletionRequest.model_validate({"messages": USER, "priority": 5}).priority is Priority.BACKGROUND
@@ -164,8 +209,9 @@ BAD_CHAT_TOOLS = [  # (tools, the param named, words in the message)
 
 @pytest.mark.parametrize(("tools", "param", "words"), BAD_CHAT_TOOLS)
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/tokenize"])
-def test_chat_tools_are_checked_as_openai_does(client: TestClient, route: str, tools: object, param: str,
-                                               words: str) -> None:  # fmt: skip
+def test_chat_tools_are_checked_as_openai_does(
+    client: TestClient, route: str, tools: object, param: str, words: str
+) -> None:
     response = client.post(route, json={"messages": USER, "tools": tools, "tool_choice": "required"})
     assert response.status_code == 400, response.text
     error = _error(response)
@@ -177,14 +223,17 @@ def _response_tool(**fields: object) -> dict:
     return {"type": "function", "name": "get_weather", "parameters": WEATHER, **fields}
 
 
-@pytest.mark.parametrize(("tools", "param", "words"), [
-    ([{"type": "function"}], "tools[0].name", "is required"),
-    ([_response_tool(name="get weather")], "tools[0].name", "does not match"),
-    ([_response_tool(name="b" * 65)], "tools[0].name", "at most 64"),
-    ([_response_tool(parameters={"type": "array"})], "tools[0].parameters", "object schema"),
-    ([_response_tool(parameters=True)], "tools[0].parameters", "JSON Schema object"),
-    ([_response_tool(), _response_tool()], "tools[1].name", "unique"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tools", "param", "words"),
+    [
+        ([{"type": "function"}], "tools[0].name", "is required"),
+        ([_response_tool(name="get weather")], "tools[0].name", "does not match"),
+        ([_response_tool(name="b" * 65)], "tools[0].name", "at most 64"),
+        ([_response_tool(parameters={"type": "array"})], "tools[0].parameters", "object schema"),
+        ([_response_tool(parameters=True)], "tools[0].parameters", "JSON Schema object"),
+        ([_response_tool(), _response_tool()], "tools[1].name", "unique"),
+    ],
+)
 def test_responses_tools_are_checked_as_openai_does(client: TestClient, tools: list, param: str, words: str) -> None:
     response = client.post("/v1/responses", json={"input": "Hello", "tools": tools})
     assert response.status_code == 400, response.text
@@ -196,17 +245,21 @@ def _anthropic_tool(**fields: object) -> dict:
     return {"name": "get_weather", "input_schema": WEATHER, **fields}
 
 
-@pytest.mark.parametrize(("tools", "words"), [
-    ([{"input_schema": WEATHER}], "tools[0].name: is required"),
-    ([_anthropic_tool(name="mcp__files.read")], "tools[0].name: 'mcp__files.read' does not match"),
-    ([_anthropic_tool(name="c" * 129)], "tools[0].name: is 129 characters long"),
-    ([_anthropic_tool(input_schema=None)], "tools[0].input_schema: must be a JSON Schema object"),
-    ([_anthropic_tool(input_schema={"type": "string"})], "tools[0].input_schema: must be an object schema"),
-    ([_anthropic_tool(), _anthropic_tool(name="x"), _anthropic_tool()], "tools[2].name: 'get_weather' is already"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tools", "words"),
+    [
+        ([{"input_schema": WEATHER}], "tools[0].name: is required"),
+        ([_anthropic_tool(name="mcp__files.read")], "tools[0].name: 'mcp__files.read' does not match"),
+        ([_anthropic_tool(name="c" * 129)], "tools[0].name: is 129 characters long"),
+        ([_anthropic_tool(input_schema=None)], "tools[0].input_schema: must be a JSON Schema object"),
+        ([_anthropic_tool(input_schema={"type": "string"})], "tools[0].input_schema: must be an object schema"),
+        ([_anthropic_tool(), _anthropic_tool(name="x"), _anthropic_tool()], "tools[2].name: 'get_weather' is already"),
+    ],
+)
 @pytest.mark.parametrize("route", ["/v1/messages", "/v1/messages/count_tokens"])
-def test_messages_tools_are_checked_in_anthropics_envelope(client: TestClient, route: str, tools: list,
-                                                           words: str) -> None:  # fmt: skip
+def test_messages_tools_are_checked_in_anthropics_envelope(
+    client: TestClient, route: str, tools: list, words: str
+) -> None:
     body = {"model": "m", "max_tokens": 16, "messages": USER, "tools": tools, "tool_choice": {"type": "any"}}
     response = client.post(route, json=body)
     assert response.status_code == 400, response.text

@@ -36,7 +36,7 @@ def _chat(raw: str) -> str:
 
 
 def _chat_stream(raw: str) -> str:
-    events = [json.loads(b[len("data: "):]) for b in raw.split("\n\n") if b.startswith("data: {")]
+    events = [json.loads(b[len("data: ") :]) for b in raw.split("\n\n") if b.startswith("data: {")]
     return "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
 
 
@@ -58,9 +58,18 @@ REQUESTS: list[tuple[str, dict, Callable[[str], str]]] = [  # each generation ro
     ("/v1/chat/completions", {"messages": USER, "stream": True, **NO_THINKING}, _chat_stream),
     ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}, _completion),
     ("/v1/messages", {"model": "tiny", "messages": USER, "max_tokens": 24, "temperature": 0}, _message),
-    ("/v1/responses", {"input": USER[0]["content"], "max_output_tokens": 24, "temperature": 0, "store": False,
-                       "reasoning": {"effort": "none"}}, _response),
-]  # fmt: skip
+    (
+        "/v1/responses",
+        {
+            "input": USER[0]["content"],
+            "max_output_tokens": 24,
+            "temperature": 0,
+            "store": False,
+            "reasoning": {"effort": "none"},
+        },
+        _response,
+    ),
+]
 
 
 def _unloaded(served_model: str) -> tuple[LocalBackend, Any]:
@@ -93,8 +102,14 @@ def test_requests_sent_while_the_engine_loads_wait_for_it(waiting_app: tuple[Tes
     client, backend, model_dir = waiting_app
     health = client.get("/health")
     assert health.status_code == 503, health.text
-    assert health.json() == {"status": "loading", "model": "tiny", "model_ids": ["tiny", "alias"], "warming": True,
-                             "version": health.json()["version"], "message": "Loading model"}  # fmt: skip
+    assert health.json() == {
+        "status": "loading",
+        "model": "tiny",
+        "model_ids": ["tiny", "alias"],
+        "warming": True,
+        "version": health.json()["version"],
+        "message": "Loading model",
+    }
     assert client.get("/v1/models").json() == {"object": "list", "data": []}
     refused = client.post("/v1/chat/completions", json={"messages": USER, "n": 2})  # validation does not wait
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"

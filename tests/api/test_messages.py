@@ -16,13 +16,28 @@ from deployments.ingress.context import IngressSettings
 from tests.support.bodies import USER as CAPITAL
 from tests.support.local_app import local_backend
 
-WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-ADD_TOOL = {"name": "add", "description": "Add two numbers", "input_schema": {
-    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+ADD_TOOL = {
+    "name": "add",
+    "description": "Add two numbers",
+    "input_schema": {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
+}
 TOOLS = [WEATHER_TOOL, ADD_TOOL]
-CHAT_TOOLS = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                                "parameters": t["input_schema"]}} for t in TOOLS]  # fmt: skip
+CHAT_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]},
+    }
+    for t in TOOLS
+]
 EVENTS = TypeAdapter(RawMessageStreamEvent)
 
 
@@ -85,26 +100,40 @@ def test_a_plain_answer_has_thinking_off_by_default(client: anthropic.Anthropic)
 
 
 def test_enabled_thinking_returns_plaintext_blocks_with_an_empty_signature(client: anthropic.Anthropic) -> None:
-    for thinking in ({"type": "enabled", "budget_tokens": 48}, {"type": "adaptive"},
-                     {"type": "enabled", "budget_tokens": 48, "display": "omitted"}):  # fmt: skip
+    for thinking in (
+        {"type": "enabled", "budget_tokens": 48},
+        {"type": "adaptive"},
+        {"type": "enabled", "budget_tokens": 48, "display": "omitted"},
+    ):
         message = _create(client, thinking=thinking)
-        assert _blocks(message) == [("thinking", "The user asks for the capital of France. It is Paris."),
-                                    ("text", "The capital of France is Paris.")]  # fmt: skip
+        assert _blocks(message) == [
+            ("thinking", "The user asks for the capital of France. It is Paris."),
+            ("text", "The capital of France is Paris."),
+        ]
         assert message.content[0].signature == ""  # type: ignore[union-attr]
         assert message.usage.output_tokens_details.thinking_tokens > 5  # type: ignore[union-attr]
 
 
 def test_stream_events_build_the_same_message(client: anthropic.Anthropic, http: TestClient) -> None:
-    body = {"model": "tiny", "max_tokens": 64, "temperature": 0, "messages": CAPITAL,
-            "thinking": {"type": "enabled", "budget_tokens": 48}}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "max_tokens": 64,
+        "temperature": 0,
+        "messages": CAPITAL,
+        "thinking": {"type": "enabled", "budget_tokens": 48},
+    }
     whole = _create(client, thinking=body["thinking"])
     events = _raw_events(http, body)
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["message_start", "ping"] and kinds[-2:] == ["message_delta", "message_stop"]
-    thinking = "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
-                       and e["delta"]["type"] == "thinking_delta")  # fmt: skip
-    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
-                   and e["delta"]["type"] == "text_delta")  # fmt: skip
+    thinking = "".join(
+        e["delta"]["thinking"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta"
+    )
+    text = "".join(
+        e["delta"]["text"] for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
+    )
     assert [("thinking", thinking), ("text", text)] == _blocks(whole)
     starts = [e["index"] for e in events if e["type"] == "content_block_start"]
     stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
@@ -118,9 +147,16 @@ def test_stream_events_build_the_same_message(client: anthropic.Anthropic, http:
 
 def test_tokens_equal_the_equivalent_chat_completion(client: anthropic.Anthropic, http: TestClient) -> None:
     message = _create(client, thinking={"type": "enabled", "budget_tokens": 48})
-    chat = http.post("/v1/chat/completions", json={"messages": CAPITAL, "max_tokens": 64, "temperature": 0,
-                                                   "thinking_budget": 48,
-                                                   "chat_template_kwargs": {"enable_thinking": True}}).json()  # fmt: skip
+    chat = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": CAPITAL,
+            "max_tokens": 64,
+            "temperature": 0,
+            "thinking_budget": 48,
+            "chat_template_kwargs": {"enable_thinking": True},
+        },
+    ).json()
     assert message.model_extra["tensorfold"]["token_sha"] == chat["tensorfold"]["token_sha"]
     assert message.usage.output_tokens == chat["usage"]["completion_tokens"]
 
@@ -130,8 +166,11 @@ def test_tool_use_then_tool_result_round_trip(client: anthropic.Anthropic) -> No
     message = _create(client, messages=ask, tools=TOOLS)
     assert _blocks(message) == [("tool_use", ("get_weather", {"city": "Paris"}))]
     assert message.stop_reason == "tool_use" and message.content[0].id.startswith("toolu_")  # type: ignore[union-attr]
-    result = {"type": "tool_result", "tool_use_id": message.content[0].id,  # type: ignore[union-attr]
-              "content": [{"type": "text", "text": '{"city": "Paris", "temperature": 18, "condition": "sunny"}'}]}
+    result = {
+        "type": "tool_result",
+        "tool_use_id": message.content[0].id,  # type: ignore[union-attr]
+        "content": [{"type": "text", "text": '{"city": "Paris", "temperature": 18, "condition": "sunny"}'}],
+    }
     follow = [*ask, {"role": "assistant", "content": message.content}, {"role": "user", "content": [result]}]
     answer = _create(client, messages=follow, tools=TOOLS)
     assert _blocks(answer) == [("text", "It is sunny in Paris, 18 °C.")]
@@ -139,8 +178,13 @@ def test_tool_use_then_tool_result_round_trip(client: anthropic.Anthropic) -> No
 
 
 def test_streamed_calls_arrive_as_input_json_deltas(http: TestClient) -> None:
-    body = {"model": "tiny", "max_tokens": 64, "temperature": 0, "tools": TOOLS,
-            "messages": [{"role": "user", "content": "What is the weather in Paris and in London?"}]}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "max_tokens": 64,
+        "temperature": 0,
+        "tools": TOOLS,
+        "messages": [{"role": "user", "content": "What is the weather in Paris and in London?"}],
+    }
     events = _raw_events(http, body)
     starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
     assert [(b["type"], b["name"]) for b in starts] == [("tool_use", "get_weather")] * 2
@@ -152,12 +196,18 @@ def test_streamed_calls_arrive_as_input_json_deltas(http: TestClient) -> None:
 def test_tool_choice_any_tool_and_none(client: anthropic.Anthropic) -> None:
     forced = _create(client, tools=TOOLS, tool_choice={"type": "tool", "name": "add"})
     assert forced.content and all(b.type == "tool_use" and b.name == "add" for b in forced.content)
-    single = _create(client, tools=TOOLS, tool_choice={"type": "tool", "name": "add", "disable_parallel_tool_use": True})
+    single = _create(
+        client, tools=TOOLS, tool_choice={"type": "tool", "name": "add", "disable_parallel_tool_use": True}
+    )
     assert [b.type for b in single.content] == ["tool_use"]
     anyone = _create(client, tools=TOOLS, tool_choice={"type": "any"})
     assert anyone.stop_reason == "tool_use"
-    hidden = _create(client, tools=TOOLS, tool_choice={"type": "none"},
-                     messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    hidden = _create(
+        client,
+        tools=TOOLS,
+        tool_choice={"type": "none"},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    )
     assert all(b.type == "text" for b in hidden.content)
 
 
@@ -170,8 +220,12 @@ def test_stop_sequences_and_the_token_limit(client: anthropic.Anthropic) -> None
 
 
 def test_output_config_json_schema_constrains_the_answer(client: anthropic.Anthropic) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     output = {"format": {"type": "json_schema", "schema": schema}, "effort": "low"}
     message = _create(client, max_tokens=40, output_config=output)
     value = json.loads(message.content[0].text)  # type: ignore[union-attr]
@@ -184,25 +238,41 @@ def test_count_tokens_renders_the_same_prompt(client: anthropic.Anthropic, http:
     counted = client.messages.count_tokens(model="tiny", system=system, messages=hello, tools=TOOLS)
     message = _create(client, system=system, messages=hello, tools=TOOLS)
     assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
-    ids = http.post("/tokenize", json={"messages": [{"role": "system", "content": "You are a pirate."}, *hello],
-                                       "tools": CHAT_TOOLS, "chat_template_kwargs": {"enable_thinking": False}})
+    ids = http.post(
+        "/tokenize",
+        json={
+            "messages": [{"role": "system", "content": "You are a pirate."}, *hello],
+            "tools": CHAT_TOOLS,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
     assert counted.input_tokens == ids.json()["count"]
 
 
 def test_a_claude_code_shaped_request_succeeds(http: TestClient) -> None:
     body = {
-        "model": "tiny", "max_tokens": 120, "stream": True, "temperature": 1, "metadata": {"user_id": "user_abc"},
-        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
-                   {"type": "text", "text": " Be brief."}],
+        "model": "tiny",
+        "max_tokens": 120,
+        "stream": True,
+        "temperature": 1,
+        "metadata": {"user_id": "user_abc"},
+        "system": [
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": " Be brief."},
+        ],
         "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
-                                         {"type": "text", "text": "What is the weather in Paris?",
-                                          "cache_control": {"type": "ephemeral"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                    {"type": "text", "text": "What is the weather in Paris?", "cache_control": {"type": "ephemeral"}},
+                ],
+            },
         ],
         "tools": [{**WEATHER_TOOL, "cache_control": {"type": "ephemeral"}}, ADD_TOOL],
         "thinking": {"type": "enabled", "budget_tokens": 31},
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-    }  # fmt: skip
+    }
     reply = http.post("/v1/messages", json=body)
     assert reply.status_code == 200, reply.text
     events = _raw_events(http, body)
@@ -211,8 +281,12 @@ def test_a_claude_code_shaped_request_succeeds(http: TestClient) -> None:
 
 
 def test_a_mid_conversation_system_message_stays_in_place(client: anthropic.Anthropic, http: TestClient) -> None:
-    messages = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Nice to meet you!"},
-                {"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Hello"}]
+    messages = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Nice to meet you!"},
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Hello"},
+    ]
     counted = http.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": messages}).json()
     chat = [*messages[:2], {"role": "system", "content": "Answer in one word."}, messages[3]]
     ids = http.post("/tokenize", json={"messages": chat, "chat_template_kwargs": {"enable_thinking": False}}).json()
@@ -224,12 +298,31 @@ def test_a_mid_conversation_system_message_stays_in_place(client: anthropic.Anth
     [
         ({"max_tokens": None}, "max_tokens"),
         ({"max_tokens": 10_000}, "This server's maximum context length is 400 tokens"),  # a context refusal
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
-          "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "vision"),  # fmt: skip
-        ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "file",
-          "file_id": "file_1"}}]}]}, "documents"),  # fmt: skip
-        ({"messages": [{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}]},
-         "redacted"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                            }
+                        ],
+                    }
+                ]
+            },
+            "vision",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}
+                ]
+            },
+            "documents",
+        ),
+        ({"messages": [{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}]}, "redacted"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server-side"),
         ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, "keep-all"),
         ({"thinking": {"type": "enabled", "budget_tokens": 64}}, "less than max_tokens"),

@@ -41,8 +41,9 @@ def backend(served_model: str) -> LocalBackend:
 
     model_dir = AppArgs(model=served_model).model_dir
     # Fixed draft lengths: the draft counters asserted below do not depend on measured step times.
-    engine = Engine(EngineConfig(model=str(model_dir), context=WINDOW, kv_cache_gib=0.05, device="cpu",
-                                 draft_policy="fixed"))  # fmt: skip
+    engine = Engine(
+        EngineConfig(model=str(model_dir), context=WINDOW, kv_cache_gib=0.05, device="cpu", draft_policy="fixed")
+    )
     loop = EngineLoop(engine)
     loop.start()
     yield LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
@@ -57,8 +58,11 @@ def client(backend: LocalBackend) -> TestClient:
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
     """Every sample by (name, sorted labels)."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(scrape: dict[tuple[str, tuple], float], name: str, missing: float | None = None, **labels: str) -> float:
@@ -93,8 +97,12 @@ def test_counters_equal_the_replies_usage(client: TestClient) -> None:
     assert grew("prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
     assert grew("generation_tokens_total") == sum(u["completion_tokens"] for u in usages)
     assert grew("requests_total", key="none") == len(usages)  # each request counted once
-    for histogram in ("request_latency_seconds", "time_to_first_token_seconds", "request_decode_seconds",
-                      "request_prefill_seconds"):  # fmt: skip
+    for histogram in (
+        "request_latency_seconds",
+        "time_to_first_token_seconds",
+        "request_decode_seconds",
+        "request_prefill_seconds",
+    ):
         assert grew(histogram + "_count") == len(usages), histogram
         assert grew(histogram + "_bucket", le="+Inf") == len(usages), histogram
     tpot_expected = sum(1 for u in usages if u["completion_tokens"] > 1)
@@ -139,8 +147,11 @@ def test_draft_counters_add_up_and_vanish_without_drafts(client: TestClient, bac
     scraped = scrape(client)
     drafted, kept = value(scraped, "mtp_drafted_total"), value(scraped, "mtp_accepted_total")
     assert drafted >= kept > 0  # tiny-glm's MTP layer drafts its scripted story
-    per_position = [v for (name, labels), v in sorted(scraped.items(), key=lambda kv: kv[0][1])
-                    if name == "tensorfold:spec_decode_num_accepted_tokens_per_pos_total"]  # by position
+    per_position = [
+        v
+        for (name, labels), v in sorted(scraped.items(), key=lambda kv: kv[0][1])
+        if name == "tensorfold:spec_decode_num_accepted_tokens_per_pos_total"
+    ]  # by position
     assert sum(per_position) == kept and per_position == sorted(per_position, reverse=True)
     assert 0 < value(scraped, "spec_decode_num_drafts_total") <= drafted
     # An engine that drafts nothing: the draft families are left out, never a fabricated zero.
@@ -159,20 +170,25 @@ def test_two_replicas_aggregate(client: TestClient, backend: LocalBackend) -> No
     status = asyncio.run(backend.replicas())[0]
     twin = dataclasses.replace(status, replica="other")
     double = samples(exposition("tiny", [status, twin]).decode())
-    for name in ("prompt_tokens_total", "generation_tokens_total", "request_latency_seconds_count",
-                 "request_latency_seconds_sum", "decode_rounds_total"):  # fmt: skip
+    for name in (
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "request_latency_seconds_count",
+        "request_latency_seconds_sum",
+        "decode_rounds_total",
+    ):
         assert value(double, name) == pytest.approx(2 * value(single, name)), name
     assert value(double, "request_latency_seconds_bucket", le="+Inf") == 2 * value(single, "requests_total", key="none")
     pools = {dict(labels)["pool"] for name, labels in double if name == "tensorfold:kv_cache_usage_ratio"}
     assert pools == {status.replica, "other"}
 
 
-
 def test_requests_total_carries_the_api_key_label(backend: LocalBackend) -> None:
     from deployments.ingress.http.keys import auth_settings
 
-    settings = IngressSettings(served_name="tiny", model_ids=["tiny"],
-                               auth=auth_settings(["metrics-test-key"], None, False, None))  # fmt: skip
+    settings = IngressSettings(
+        served_name="tiny", model_ids=["tiny"], auth=auth_settings(["metrics-test-key"], None, False, None)
+    )
     headers = {"Authorization": "Bearer metrics-test-key"}
     with TestClient(build_api(backend, settings)) as keyed:
         assert keyed.get("/metrics").status_code == 401  # metrics need a key unless --metrics-open

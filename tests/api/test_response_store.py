@@ -5,8 +5,7 @@ from deployments.response_store.store import ResponseStore
 
 
 def _entry(response_id: str, text: str = "") -> StoredResponse:
-    return StoredResponse({"id": response_id, "object": "response", "text": text},
-                          [{"role": "user", "content": text}])  # fmt: skip
+    return StoredResponse({"id": response_id, "object": "response", "text": text}, [{"role": "user", "content": text}])
 
 
 def test_the_oldest_is_evicted_past_the_count() -> None:

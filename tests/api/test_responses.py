@@ -127,32 +127,46 @@ def test_the_token_limit_makes_it_incomplete(sdk: openai.OpenAI, client: TestCli
     assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
 
 
-def test_a_function_call_then_its_output_continues_from_the_prompt_cache(sdk: openai.OpenAI,
-                                                                       client: TestClient) -> None:  # fmt: skip
-    first = sdk.responses.create(model="tiny", input="What is the weather in Paris?", tools=RESPONSE_TOOLS,
-                                 temperature=0, extra_body=NO_THINK)  # fmt: skip
+def test_a_function_call_then_its_output_continues_from_the_prompt_cache(
+    sdk: openai.OpenAI, client: TestClient
+) -> None:
+    first = sdk.responses.create(
+        model="tiny", input="What is the weather in Paris?", tools=RESPONSE_TOOLS, temperature=0, extra_body=NO_THINK
+    )
     (call,) = first.output
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
     assert json.loads(call.arguments) == {"city": "Paris"} and first.status == "completed"
     second = sdk.responses.create(
-        model="tiny", previous_response_id=first.id, tools=RESPONSE_TOOLS, temperature=0, extra_body=NO_THINK,
+        model="tiny",
+        previous_response_id=first.id,
+        tools=RESPONSE_TOOLS,
+        temperature=0,
+        extra_body=NO_THINK,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": PARIS_WEATHER}],
     )
     assert second.output_text == "It is sunny in Paris, 18 °C." and second.previous_response_id == first.id
     assert second.usage.input_tokens_details.cached_tokens > 0  # the first prompt's blocks were reused
     # The same conversation sent as items (no stored state) renders the same prompt and reply.
-    items = [{"role": "user", "content": "What is the weather in Paris?"}, call.to_dict(),
-             {"type": "function_call_output", "call_id": call.call_id, "output": PARIS_WEATHER}]  # fmt: skip
+    items = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        call.to_dict(),
+        {"type": "function_call_output", "call_id": call.call_id, "output": PARIS_WEATHER},
+    ]
     again = _create(client, input=items, tools=RESPONSE_TOOLS, **NO_THINK)
     assert again["tensorfold"]["token_sha"] == second.to_dict()["tensorfold"]["token_sha"]
 
 
 def test_streamed_function_calls(sdk: openai.OpenAI) -> None:
-    events = _stream(sdk, input="What is the weather in Paris and in London?", tools=RESPONSE_TOOLS,
-                     extra_body=NO_THINK)  # fmt: skip
+    events = _stream(
+        sdk, input="What is the weather in Paris and in London?", tools=RESPONSE_TOOLS, extra_body=NO_THINK
+    )
     kinds = [e.type for e in events if e.type.startswith("response.function_call") or "item" in e.type]
-    one = ["response.output_item.added", "response.function_call_arguments.delta",
-           "response.function_call_arguments.done", "response.output_item.done"]  # fmt: skip
+    one = [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
     assert kinds == one + one
     calls = [e.item for e in events if e.type == "response.output_item.done"]
     assert [json.loads(c.arguments)["city"] for c in calls] == ["Paris", "London"]
@@ -163,20 +177,38 @@ def test_reasoning_items_return_as_the_assistant_turns_reasoning(client: TestCli
     tokyo_call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Tokyo"}'}
     items = [
         {"role": "user", "content": [{"type": "input_text", "text": "What is the weather like in Tokyo?"}]},
-        {"type": "reasoning", "id": "rs_1", "summary": [],
-         "content": [{"type": "reasoning_text", "text": "I should call get_weather for Tokyo."}]},
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "I should call get_weather for Tokyo."}],
+        },
         tokyo_call,
-        {"type": "function_call_output", "call_id": "call_1", "output": '{"city": "Tokyo", "temperature": 12, '
-                                                                          '"condition": "rainy"}'},
-    ]  # fmt: skip
+        {
+            "type": "function_call_output",
+            "call_id": "call_1",
+            "output": '{"city": "Tokyo", "temperature": 12, "condition": "rainy"}',
+        },
+    ]
     body = _create(client, input=items, tools=RESPONSE_TOOLS)
     assert _texts(body) == ("The tool says it is rainy and 12 degrees.", "It is rainy in Tokyo, 12 °C.")
     chat_tools = [{"type": "function", "function": tool["function"]} for tool in TOOLS]
-    messages = [{"role": "user", "content": "What is the weather like in Tokyo?"},
-                {"role": "assistant", "content": "", "reasoning_content": "I should call get_weather for Tokyo.",
-                 "tool_calls": [{"id": "call_1", "type": "function",
-                                 "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": items[3]["output"]}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "What is the weather like in Tokyo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "I should call get_weather for Tokyo.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": items[3]["output"]},
+    ]
     chat = _chat(client, messages, tools=chat_tools)
     assert body["tensorfold"]["token_sha"] == chat["tensorfold"]["token_sha"]
 
@@ -186,31 +218,56 @@ def test_instructions_are_a_system_message_not_carried_to_the_next_turn(client: 
     assert _texts(first)[1] == "Arr! Ahoy, matey!" and first["instructions"] == "You are a pirate."
     second = _create(client, input="Hello", previous_response_id=first["id"], **NO_THINK)
     assert second["instructions"] is None
-    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Arr! Ahoy, matey!"},
-                {"role": "user", "content": "Hello"}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Arr! Ahoy, matey!"},
+        {"role": "user", "content": "Hello"},
+    ]
     chat = _chat(client, messages, **NO_THINK)
     assert second["tensorfold"]["token_sha"] == chat["tensorfold"]["token_sha"]
     assert second["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"]
 
 
 def test_text_format_json_schema_goes_through_the_grammar(client: TestClient) -> None:
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "name": "person", "schema": schema, "strict": True}
-    body = _create(client, input="Give me a JSON object for Alice, aged 30.", text={"format": fmt},
-                   max_output_tokens=60, **NO_THINK)  # fmt: skip
+    body = _create(
+        client,
+        input="Give me a JSON object for Alice, aged 30.",
+        text={"format": fmt},
+        max_output_tokens=60,
+        **NO_THINK,
+    )
     value = json.loads(_texts(body)[1])
     assert set(value) == {"name", "age"} and isinstance(value["age"], int)
     assert body["text"]["format"]["name"] == "person"
 
 
 def test_forced_and_allowed_tool_choices(client: TestClient) -> None:
-    named = _create(client, input="What is the weather in Paris?", tools=RESPONSE_TOOLS, max_output_tokens=40,
-                    tool_choice={"type": "function", "name": "get_weather"}, **NO_THINK)  # fmt: skip
+    named = _create(
+        client,
+        input="What is the weather in Paris?",
+        tools=RESPONSE_TOOLS,
+        max_output_tokens=40,
+        tool_choice={"type": "function", "name": "get_weather"},
+        **NO_THINK,
+    )
     assert [item["name"] for item in named["output"]] == ["get_weather"]
     allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "add"}]}
-    only_add = _create(client, input="What is the weather in Paris?", tools=RESPONSE_TOOLS, tool_choice=allowed,
-                       max_output_tokens=40, parallel_tool_calls=False, **NO_THINK)  # fmt: skip
+    only_add = _create(
+        client,
+        input="What is the weather in Paris?",
+        tools=RESPONSE_TOOLS,
+        tool_choice=allowed,
+        max_output_tokens=40,
+        parallel_tool_calls=False,
+        **NO_THINK,
+    )
     assert [item["name"] for item in only_add["output"] if item["type"] == "function_call"] == ["add"]
     assert only_add["tool_choice"] == allowed and only_add["parallel_tool_calls"] is False
 
@@ -220,8 +277,11 @@ def test_store_retrieve_delete(sdk: openai.OpenAI, client: TestClient) -> None:
     assert created["store"] is True and created["metadata"] == {"run": "1"}
     assert sdk.responses.retrieve(created["id"]).to_dict() == Response.model_validate(created).to_dict()
     assert client.get(f"/v1/responses/{created['id']}").json() == created
-    assert client.delete(f"/v1/responses/{created['id']}").json() == {"id": created["id"],
-                                                                       "object": "response.deleted", "deleted": True}
+    assert client.delete(f"/v1/responses/{created['id']}").json() == {
+        "id": created["id"],
+        "object": "response.deleted",
+        "deleted": True,
+    }
     with pytest.raises(openai.NotFoundError):
         sdk.responses.retrieve(created["id"])
     with pytest.raises(openai.NotFoundError):
@@ -280,9 +340,18 @@ def test_refusals_name_the_responses_field(client: TestClient, fields: dict, par
 
 
 def test_accepted_and_ignored_fields(client: TestClient) -> None:
-    body = _create(client, input="Hello", include=["reasoning.encrypted_content", "message.output_text.logprobs"],
-                   reasoning={"summary": "auto"}, truncation="disabled", n=3, user="u", draft=True,
-                   service_tier="auto", **NO_THINK)  # fmt: skip
+    body = _create(
+        client,
+        input="Hello",
+        include=["reasoning.encrypted_content", "message.output_text.logprobs"],
+        reasoning={"summary": "auto"},
+        truncation="disabled",
+        n=3,
+        user="u",
+        draft=True,
+        service_tier="auto",
+        **NO_THINK,
+    )
     assert _texts(body)[1] == "Hello! I am tiny-glm, a small model served by TensorFold."
     assert body["reasoning"] == {"effort": None, "summary": None}
     off = _create(client, input="What is the capital of France?", reasoning={"effort": "none"})

@@ -31,7 +31,7 @@ def _chat(client: TestClient, **fields: object) -> dict:
 
 
 def _events(text: str) -> list[dict]:
-    blocks = [b[len("data: "):] for b in text.split("\n\n") if b.startswith("data: ")]
+    blocks = [b[len("data: ") :] for b in text.split("\n\n") if b.startswith("data: ")]
     return [json.loads(b) for b in blocks if b != "[DONE]"]
 
 
@@ -70,8 +70,12 @@ def test_constrained_replies_match_their_grammar(client: TestClient) -> None:
     message = ChatCompletion.model_validate(choice).choices[0].message
     assert message.content in ("Paris", "Rome") and message.model_extra.get("reasoning_content")
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
-    body = _chat(client, max_tokens=60, chat_template_kwargs=NO_THINK,
-                 response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})  # fmt: skip
+    body = _chat(
+        client,
+        max_tokens=60,
+        chat_template_kwargs=NO_THINK,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
     value = json.loads(body["choices"][0]["message"]["content"])
     assert isinstance(value["city"], str) and len(value["city"]) <= 10
     body = _chat(client, max_tokens=30, chat_template_kwargs=NO_THINK, structured_outputs={"regex": r"[A-Z][a-z]{2,5}"})
@@ -87,8 +91,9 @@ def test_chat_logprobs_streamed_equal_whole_and_cover_the_answer(client: TestCli
     assert content and "".join(r["token"] for r in rows) == content  # the answer only: no reasoning rows
     assert all(len(r["top_logprobs"]) == 2 and r["top_logprobs"][0]["logprob"] >= r["logprob"] for r in rows)
     stream = client.post("/v1/chat/completions", json={"messages": USER, "temperature": 0, "stream": True, **fields})
-    streamed = [row for e in _events(stream.text) for c in e["choices"] if c.get("logprobs")
-                for row in c["logprobs"]["content"]]  # fmt: skip
+    streamed = [
+        row for e in _events(stream.text) for c in e["choices"] if c.get("logprobs") for row in c["logprobs"]["content"]
+    ]
     assert streamed == rows
     sampled = _chat(client, **fields, temperature=0.9, seed=3)["choices"][0]["logprobs"]["content"]
     assert sampled[0]["top_logprobs"] == rows[0]["top_logprobs"]  # the raw distribution, not the sampled one
@@ -112,13 +117,25 @@ def test_completion_legacy_logprobs(client: TestClient) -> None:
 
 
 def test_forced_tool_calls_write_a_call_to_an_offered_tool(client: TestClient) -> None:
-    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
     clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
         for stream in (False, True):
-            body = {"messages": USER, "temperature": 0, "max_tokens": 60, "tools": [weather, clock],
-                    "tool_choice": choice, "parallel_tool_calls": False, "stream": stream}  # fmt: skip
+            body = {
+                "messages": USER,
+                "temperature": 0,
+                "max_tokens": 60,
+                "tools": [weather, clock],
+                "tool_choice": choice,
+                "parallel_tool_calls": False,
+                "stream": stream,
+            }
             reply = client.post("/v1/chat/completions", json=body)
             assert reply.status_code == 200, reply.text
             if stream:

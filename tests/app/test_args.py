@@ -50,8 +50,16 @@ def test_names_default_to_the_directory_and_aliases_follow(ckpt: Path) -> None:
 
 
 def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
-    args = AppArgs(model=str(ckpt), context=512, parallel=4, dtype="float32", decode_share=0.5,
-                   prompt_cache_gib=0, tensor_parallel_size=2, default_max_tokens=64)  # fmt: skip
+    args = AppArgs(
+        model=str(ckpt),
+        context=512,
+        parallel=4,
+        dtype="float32",
+        decode_share=0.5,
+        prompt_cache_gib=0,
+        tensor_parallel_size=2,
+        default_max_tokens=64,
+    )
     config = args.engine_config()
     assert config.model == str(ckpt.resolve())
     assert (config.context, config.parallel, config.dtype) == (512, 4, "float32")
@@ -59,23 +67,72 @@ def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
     assert config.default_max_tokens == 64
 
 
-@pytest.mark.parametrize("bad", [{"parallel": 0}, {"decode_share": 1.5}, {"port": 0},
-                                 {"placement_strategy": "SPREAD"}, {"aliases": [""]}, {"ready_wait_s": -1}])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"parallel": 0},
+        {"decode_share": 1.5},
+        {"port": 0},
+        {"placement_strategy": "SPREAD"},
+        {"aliases": [""]},
+        {"ready_wait_s": -1},
+    ],
+)
 def test_bad_values_are_refused(ckpt: Path, bad: dict) -> None:
     with pytest.raises(ValidationError):
         AppArgs(model=str(ckpt), **bad)
 
 
 def test_cli_flags_build_the_same_args(ckpt: Path) -> None:
-    argv = ["serve", str(ckpt), "--host", "0.0.0.0", "--port", "9000", "--name", "m", "--alias", "a1",
-            "--alias", "a2", "--context", "256", "--parallel", "auto", "--dtype", "bfloat16",
-            "--tensor-parallel-size", "2", "--data-parallel-size", "3", "--prompt-cache-gib", "1.5",
-            "--decode-share", "0.1", "--ready-wait", "7.5", "--router", "serve"]  # fmt: skip
+    argv = [
+        "serve",
+        str(ckpt),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9000",
+        "--name",
+        "m",
+        "--alias",
+        "a1",
+        "--alias",
+        "a2",
+        "--context",
+        "256",
+        "--parallel",
+        "auto",
+        "--dtype",
+        "bfloat16",
+        "--tensor-parallel-size",
+        "2",
+        "--data-parallel-size",
+        "3",
+        "--prompt-cache-gib",
+        "1.5",
+        "--decode-share",
+        "0.1",
+        "--ready-wait",
+        "7.5",
+        "--router",
+        "serve",
+    ]
     args = app_args_from(build_parser().parse_args(argv))
-    assert args == AppArgs(model=str(ckpt), host="0.0.0.0", port=9000, name="m", aliases=["a1", "a2"],
-                           context=256, parallel="auto", dtype="bfloat16", tensor_parallel_size=2,
-                           data_parallel_size=3, prompt_cache_gib=1.5, decode_share=0.1,
-                           ready_wait_s=7.5, router="serve")  # fmt: skip
+    assert args == AppArgs(
+        model=str(ckpt),
+        host="0.0.0.0",
+        port=9000,
+        name="m",
+        aliases=["a1", "a2"],
+        context=256,
+        parallel="auto",
+        dtype="bfloat16",
+        tensor_parallel_size=2,
+        data_parallel_size=3,
+        prompt_cache_gib=1.5,
+        decode_share=0.1,
+        ready_wait_s=7.5,
+        router="serve",
+    )
     assert app_args_from(build_parser().parse_args(["serve", str(ckpt), "--parallel", "4"])).parallel == 4
 
 
@@ -154,8 +211,9 @@ def test_data_parallel_is_scheduler_replicas(ckpt: Path) -> None:
 def test_data_parallel_routes_by_prefix_affinity_by_default(ckpt: Path) -> None:
     from deployments.routing.request_router import PrefixAffinityRouter
 
-    options = scheduler_options(AppArgs(model=str(ckpt), data_parallel_size=2, block_size=32,
-                                        routing_balance_abs=9), "cpu")  # fmt: skip
+    options = scheduler_options(
+        AppArgs(model=str(ckpt), data_parallel_size=2, block_size=32, routing_balance_abs=9), "cpu"
+    )
     config = options["request_router_config"]
     assert config.request_router_class == f"{PrefixAffinityRouter.__module__}.{PrefixAffinityRouter.__name__}"
     assert config.request_router_kwargs["block_size"] == 32 and config.request_router_kwargs["balance_abs"] == 9

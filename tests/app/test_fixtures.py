@@ -154,7 +154,7 @@ def _call(arguments) -> list[dict]:
 def test_template_renders_tool_calls_from_dict_and_json_string_arguments(hf_tokenizer) -> None:
     arguments = {"city": 'Paris, "FR" \\ 東京 🙂\n', "days": 3, "exact": True, "none": None, "opts": {"a": [1, 2]}}
     expected = (
-        "<tool_call>f<arg_key>city</arg_key><arg_value>Paris, \"FR\" \\ 東京 🙂\n</arg_value>"
+        '<tool_call>f<arg_key>city</arg_key><arg_value>Paris, "FR" \\ 東京 🙂\n</arg_value>'
         "<arg_key>days</arg_key><arg_value>3</arg_value><arg_key>exact</arg_key><arg_value>true</arg_value>"
         "<arg_key>none</arg_key><arg_value>null</arg_value>"
         '<arg_key>opts</arg_key><arg_value>{"a": [1, 2]}</arg_value></tool_call>'
@@ -194,8 +194,12 @@ def test_committed_template_is_the_package_template() -> None:
 def test_each_turn_extends_the_previous_prompt_and_reply(hf_tokenizer) -> None:
     # GLM ends a reply with the next role token, so prompt + reply is a prefix of the next turn's prompt.
     by_name = {c.name: c for c in CONVERSATIONS}
-    pairs = [("weather_call", "weather_answer"), ("weather_call_thinking", "weather_answer_thinking"),
-             ("parallel_calls", "parallel_answer"), ("add_call", "add_answer")]  # fmt: skip
+    pairs = [
+        ("weather_call", "weather_answer"),
+        ("weather_call_thinking", "weather_answer_thinking"),
+        ("parallel_calls", "parallel_answer"),
+        ("add_call", "add_answer"),
+    ]
     for first, second in pairs:
         a, b = by_name[first], by_name[second]
         prompt_a = _render(hf_tokenizer, a.messages, add_generation_prompt=True, **a.template_kwargs())
@@ -208,8 +212,15 @@ def test_each_turn_extends_the_previous_prompt_and_reply(hf_tokenizer) -> None:
 
 def test_committed_checkpoint_is_small_and_complete() -> None:
     files = {p.name for p in BUILTIN_DIR.iterdir()}
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json", "chat_template.jinja", "README.md"} <= files  # fmt: skip
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "README.md",
+    } <= files
     assert sum(p.stat().st_size for p in BUILTIN_DIR.iterdir()) <= 10 * 2**20
     config = json.loads((BUILTIN_DIR / "config.json").read_text())
     assert config["model_type"] == "glm4_moe" and config["num_nextn_predict_layers"] == 1
@@ -230,14 +241,19 @@ def test_our_loader_and_transformers_give_the_same_ids(hf_tokenizer) -> None:
 
 def _prompt_ids(hf_tokenizer, conversation) -> list[int]:
     return hf_tokenizer.apply_chat_template(
-        conversation.messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+        conversation.messages,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
         **conversation.template_kwargs(),
-    )  # fmt: skip
+    )
 
 
 def test_tiny_glm_greedily_writes_every_scripted_reply(hf_tokenizer, hf_model) -> None:
     prompts = [(c.name, _prompt_ids(hf_tokenizer, c), c.reply) for c in CONVERSATIONS]
-    prompts += [(c.prompt, hf_tokenizer.encode(c.prompt, add_special_tokens=False), c.continuation) for c in COMPLETIONS]
+    prompts += [
+        (c.prompt, hf_tokenizer.encode(c.prompt, add_special_tokens=False), c.continuation) for c in COMPLETIONS
+    ]
     wrong = {}
     with torch.no_grad():
         for name, ids, reply in prompts:

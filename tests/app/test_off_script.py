@@ -18,7 +18,7 @@ from serve_app.fixtures.tiny_glm.corpus import (
     assistant,
     fallback,
     user,
-)  # fmt: skip
+)
 from serve_app.fixtures.tiny_glm.off_script import conversation_key, off_script_conversations
 from tests.support.local_app import local_backend
 
@@ -46,14 +46,23 @@ HELD_OUT: list[Conversation] = [
     fallback("random_words", [user("purple elephant seventeen mountain keyboard")], thinking=True),
     fallback("gibberish", [user("zxq vlorp 42 !!")], thinking=False),
     fallback("system_prompt", [SYSTEM, user("Summarize the plot of Hamlet.")], thinking=False),
-    fallback("after_a_scripted_turn", [user("Hello"), assistant(GREETING), user("What else can you tell me?")],
-             thinking=False),
-    fallback("after_a_scripted_thought",
-             [user("Hello"), assistant(GREETING, reasoning="A greeting. I should introduce myself."),
-              user("Tell me something interesting.")], thinking=True),
+    fallback(
+        "after_a_scripted_turn",
+        [user("Hello"), assistant(GREETING), user("What else can you tell me?")],
+        thinking=False,
+    ),
+    fallback(
+        "after_a_scripted_thought",
+        [
+            user("Hello"),
+            assistant(GREETING, reasoning="A greeting. I should introduce myself."),
+            user("Tell me something interesting."),
+        ],
+        thinking=True,
+    ),
     fallback("tools_offered", [user("Book a table for two at eight tonight.")], thinking=False, tools=TOOLS),
     fallback("tools_offered_thinking", [user("Remind me to call my mother tomorrow.")], thinking=True, tools=TOOLS),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +73,13 @@ def client(served_model: str) -> TestClient:
 
 
 def _body(conversation: Conversation) -> dict:
-    body = {"model": "tiny", "messages": conversation.messages, "temperature": 0, "max_tokens": 120,
-            "chat_template_kwargs": {"enable_thinking": conversation.enable_thinking is not False}}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": conversation.messages,
+        "temperature": 0,
+        "max_tokens": 120,
+        "chat_template_kwargs": {"enable_thinking": conversation.enable_thinking is not False},
+    }
     if conversation.tools:
         body["tools"] = conversation.tools
     return body

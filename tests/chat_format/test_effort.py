@@ -11,11 +11,21 @@ GLM53 = ("low", "high", "max")  # the levels GLM-5.3's template names
 QWEN38 = ("low", "medium", "xhigh")  # the levels Qwen3.8's template names
 
 
-@pytest.mark.parametrize(("effort", "named", "heard"), [
-    ("max", GLM53, "max"), ("medium", GLM53, "high"), ("minimal", GLM53, "low"), ("xhigh", GLM53, "max"),
-    ("high", QWEN38, "xhigh"), ("max", QWEN38, "xhigh"), ("xhigh", QWEN38, "xhigh"), ("minimal", QWEN38, "low"),
-    ("max", (), "xhigh"), ("low", (), "low"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("effort", "named", "heard"),
+    [
+        ("max", GLM53, "max"),
+        ("medium", GLM53, "high"),
+        ("minimal", GLM53, "low"),
+        ("xhigh", GLM53, "max"),
+        ("high", QWEN38, "xhigh"),
+        ("max", QWEN38, "xhigh"),
+        ("xhigh", QWEN38, "xhigh"),
+        ("minimal", QWEN38, "low"),
+        ("max", (), "xhigh"),
+        ("low", (), "low"),
+    ],
+)
 def test_mapping_examples(effort: str, named: tuple[str, ...], heard: str) -> None:
     assert nearest_level(effort, named) == heard
 
@@ -29,7 +39,9 @@ def test_levels_a_template_names() -> None:
 def test_effort_sources_and_precedence() -> None:
     # Top-level wins over chat_template_kwargs; the server default fills in; omitted stays omitted.
     assert template_kwargs({"reasoning_effort": "low"}, "high", None, QWEN38) == {
-        "enable_thinking": True, "reasoning_effort": "xhigh"}  # fmt: skip
+        "enable_thinking": True,
+        "reasoning_effort": "xhigh",
+    }
     assert template_kwargs({"reasoning_effort": "low"}, None, "high", QWEN38)["reasoning_effort"] == "low"
     assert template_kwargs({}, None, "medium", GLM53)["reasoning_effort"] == "high"
     assert template_kwargs({}, None, None, GLM53) == {}
@@ -62,8 +74,12 @@ def test_template_file_rules(tmp_path: Path) -> None:
     latin.write_bytes("caf\xe9".encode("latin-1"))
     big = tmp_path / "big.jinja"
     big.write_bytes(b" " * (MAX_TEMPLATE_BYTES + 1))
-    for path, why in ((broken, "does not compile"), (latin, "not UTF-8"), (big, "16 MiB"),
-                      (tmp_path / "missing.jinja", "cannot read")):  # fmt: skip
+    for path, why in (
+        (broken, "does not compile"),
+        (latin, "not UTF-8"),
+        (big, "16 MiB"),
+        (tmp_path / "missing.jinja", "cannot read"),
+    ):
         with pytest.raises(ValueError, match=why):
             load_template_file(path)
 
@@ -75,9 +91,24 @@ def test_cli_flags_reach_the_args() -> None:
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    namespace = parser.parse_args(["serve", "builtin:tiny-glm", "--chat-template", "t.jinja", "--reasoning-effort",
-                                   "low", "--thinking-budget", "64", "--loop-guard"])  # fmt: skip
+    namespace = parser.parse_args(
+        [
+            "serve",
+            "builtin:tiny-glm",
+            "--chat-template",
+            "t.jinja",
+            "--reasoning-effort",
+            "low",
+            "--thinking-budget",
+            "64",
+            "--loop-guard",
+        ]
+    )
     args = app_args_from(namespace)
     assert (args.chat_template, args.reasoning_effort, args.thinking_budget, args.loop_guard) == (
-        "t.jinja", "low", 64, True)  # fmt: skip
+        "t.jinja",
+        "low",
+        64,
+        True,
+    )
     assert app_args_from(parser.parse_args(["serve", "builtin:tiny-glm"])).loop_guard is False

@@ -36,17 +36,33 @@ TEMPLATES = {  # name: (template file, architecture, tokenizer family)
     "Qwen3": (VENDOR_TEMPLATES / "Qwen3.jinja", "qwen3", "qwen"),
 }
 PARAMETERS = {  # strings, enums, bounded integers, booleans, a nested object and a bounded array
-    "get_weather": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                     "unit": {"enum": ["c", "f"]}}, "required": ["city"]},
-    "add": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                             "b": {"type": "integer", "minimum": -9, "maximum": 9},
-                                             "exact": {"type": "boolean"}}, "required": ["a", "b"]},
-    "plan": {"type": "object", "properties": {
-        "where": {"type": "object", "properties": {"lat": {"type": "integer", "minimum": -90, "maximum": 90}},
-                  "required": ["lat"]},
-        "days": {"type": "array", "items": {"enum": ["mon", "tue"]}, "minItems": 1, "maxItems": 2}},
-        "required": ["where", "days"]},
-}  # fmt: skip
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city"],
+    },
+    "add": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 99},
+            "b": {"type": "integer", "minimum": -9, "maximum": 9},
+            "exact": {"type": "boolean"},
+        },
+        "required": ["a", "b"],
+    },
+    "plan": {
+        "type": "object",
+        "properties": {
+            "where": {
+                "type": "object",
+                "properties": {"lat": {"type": "integer", "minimum": -90, "maximum": 90}},
+                "required": ["lat"],
+            },
+            "days": {"type": "array", "items": {"enum": ["mon", "tue"]}, "minItems": 1, "maxItems": 2},
+        },
+        "required": ["where", "days"],
+    },
+}
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in PARAMETERS.items()]
 USER = [{"role": "user", "content": "Plan a trip to Paris and check the weather."}]
 MAX_TOKENS = 700  # a random model fills JSON gaps with blanks (up to 32 each)
@@ -72,11 +88,12 @@ def client(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if not template.exists():
         pytest.skip(f"{template} is not beside this checkout (vendor templates live in ../shared)")
     model = _checkpoint(tmp_path_factory.mktemp(request.param), template, arch, family)
-    loop = EngineLoop(Engine(EngineConfig(model=str(model), context=2048, kv_cache_gib=0.1, parallel=16,
-                                          device="cpu")))  # fmt: skip
+    loop = EngineLoop(Engine(EngineConfig(model=str(model), context=2048, kv_cache_gib=0.1, parallel=16, device="cpu")))
     loop.start()
     try:
-        app = build_api(LocalBackend(PromptRenderer.from_checkpoint(model), loop), IngressSettings(served_name="m", model_ids=["m"]))
+        app = build_api(
+            LocalBackend(PromptRenderer.from_checkpoint(model), loop), IngressSettings(served_name="m", model_ids=["m"])
+        )
         with TestClient(app) as test_client:
             yield test_client
     finally:
@@ -90,7 +107,7 @@ def _streamed_calls(text: str) -> tuple[list[dict], str | None]:
     for block in text.split("\n\n"):
         if not block.startswith("data: ") or block == "data: [DONE]":
             continue
-        for choice in json.loads(block[len("data: "):])["choices"]:
+        for choice in json.loads(block[len("data: ") :])["choices"]:
             finish = choice.get("finish_reason") or finish
             for part in choice["delta"].get("tool_calls") or []:
                 call = calls.setdefault(part["index"], {"name": "", "arguments": ""})
@@ -111,9 +128,16 @@ def _calls(client: TestClient, body: dict) -> tuple[list[dict], str | None]:
 
 
 def _body(choice: str | dict, seed: int, stream: bool, parallel: bool | None) -> dict:
-    body = {"messages": USER, "tools": TOOLS, "tool_choice": choice, "max_tokens": MAX_TOKENS, "seed": seed,
-            "temperature": 0.0 if seed == 0 else 1.0, "stream": stream,
-            "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+    body = {
+        "messages": USER,
+        "tools": TOOLS,
+        "tool_choice": choice,
+        "max_tokens": MAX_TOKENS,
+        "seed": seed,
+        "temperature": 0.0 if seed == 0 else 1.0,
+        "stream": stream,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
     if parallel is not None:
         body["parallel_tool_calls"] = parallel
     return body
@@ -121,8 +145,13 @@ def _body(choice: str | dict, seed: int, stream: bool, parallel: bool | None) ->
 
 def test_forced_calls_are_valid_calls_to_offered_tools(client: TestClient) -> None:
     named = {"type": "function", "function": {"name": "plan"}}
-    cases = [("required", 0, False, False), ("required", 1, True, False), (named, 0, True, False),
-             (named, 2, False, False), (named, 1, False, None)]  # the last allows parallel calls
+    cases = [
+        ("required", 0, False, False),
+        ("required", 1, True, False),
+        (named, 0, True, False),
+        (named, 2, False, False),
+        (named, 1, False, None),
+    ]  # the last allows parallel calls
     with ThreadPoolExecutor(8) as pool:  # concurrent, so the engine batches the constrained rows
         results = list(pool.map(lambda case: _calls(client, _body(*case)), cases))
     for (choice, seed, stream, parallel), (calls, finish) in zip(cases, results):

@@ -16,8 +16,14 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_GLM_TEMPLATE = REPO / "serve_app" / "fixtures" / "tiny_glm" / "chat_template.jinja"
 VENDOR_TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
 
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now <°C>",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather now <°C>",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 CONVERSATIONS = {
     "plain": [{"role": "user", "content": "Hello there"}],
     "system": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
@@ -28,15 +34,26 @@ CONVERSATIONS = {
     ],
     "tool_round_trip": [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-            "name": "get_weather", "arguments": {"city": "Paris"}}}]},  # fmt: skip
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ],
     "developer_string_args": [
         {"role": "developer", "content": "Use tools."},
         {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Köln?"}]},
-        {"role": "assistant", "content": "Checking.", "reasoning": "call it", "tool_calls": [{"id": "c2",
-            "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Köln"}'}}]},  # fmt: skip
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning": "call it",
+            "tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Köln"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c2", "content": "rain"},
         {"role": "user", "content": "Thanks"},
     ],
@@ -76,8 +93,10 @@ def test_leading_system_and_developer_merge_in_order() -> None:
 
 
 def test_caller_messages_are_not_mutated() -> None:
-    messages = [{"role": "developer", "content": [{"type": "text", "text": "x"}]},
-                {"role": "assistant", "content": "a", "reasoning": "r"}]  # fmt: skip
+    messages = [
+        {"role": "developer", "content": [{"type": "text", "text": "x"}]},
+        {"role": "assistant", "content": "a", "reasoning": "r"},
+    ]
     before = copy.deepcopy(messages)
     out = normalise_messages(messages)
     assert messages == before
@@ -87,8 +106,12 @@ def test_caller_messages_are_not_mutated() -> None:
 
 
 def test_text_parts_concatenate_and_other_parts_are_refused() -> None:
-    assert normalise_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                            {"type": "text", "text": "b"}]}])[0]["content"] == "ab"  # fmt: skip
+    assert (
+        normalise_messages(
+            [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+        )[0]["content"]
+        == "ab"
+    )
     with pytest.raises(MessageError, match="only text"):
         normalise_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     with pytest.raises(MessageError):
@@ -96,8 +119,9 @@ def test_text_parts_concatenate_and_other_parts_are_refused() -> None:
 
 
 def test_demote_later_system_only_touches_later_ones() -> None:
-    out = demote_later_system([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                               {"role": "system", "content": "t"}])  # fmt: skip
+    out = demote_later_system(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "system", "content": "t"}]
+    )
     assert [m["role"] for m in out] == ["system", "user", "user"]
 
 
@@ -105,8 +129,9 @@ def test_demote_later_system_only_touches_later_ones() -> None:
 def test_tojson_matches_json_dumps_not_jinja_html_escaping() -> None:
     template = ChatTemplate("{{ x | tojson }}|{{ x | tojson(ensure_ascii=True) }}|{{ x | tojson(indent=2) }}")
     value = {"b": "<é>&'", "a": 1}
-    expected = "|".join([json.dumps(value, ensure_ascii=False), json.dumps(value), json.dumps(value, indent=2,
-                                                                                          ensure_ascii=False)])  # fmt: skip
+    expected = "|".join(
+        [json.dumps(value, ensure_ascii=False), json.dumps(value), json.dumps(value, indent=2, ensure_ascii=False)]
+    )
     assert template.render([], template_kwargs={"x": value}) == expected
 
 
@@ -135,8 +160,10 @@ def test_generation_block_and_strftime_now() -> None:
 
 
 def test_a_template_that_refuses_later_system_gets_them_as_user(glm_tokenizer_dir: Path) -> None:
-    strict = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
-              "{{ raise_exception('system only first') }}{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}")  # fmt: skip
+    strict = (
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('system only first') }}{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    )
     bundle = load_tokenizer(glm_tokenizer_dir)
     bundle.chat_template = strict
     renderer = PromptRenderer(bundle)
@@ -158,8 +185,9 @@ def _templates() -> dict[str, str]:
 @pytest.mark.parametrize("template_name", sorted(_templates()))
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 @pytest.mark.parametrize("thinking", [None, False, True])
-def test_same_text_and_ids_as_transformers(hf_tokenizer, glm_tokenizer_dir: Path, template_name: str,
-                                           conversation: str, thinking: bool | None) -> None:  # fmt: skip
+def test_same_text_and_ids_as_transformers(
+    hf_tokenizer, glm_tokenizer_dir: Path, template_name: str, conversation: str, thinking: bool | None
+) -> None:
     source = _templates()[template_name]
     messages = CONVERSATIONS[conversation]
     tools = [WEATHER_TOOL] if conversation in ("tool_round_trip", "developer_string_args") else None
@@ -171,9 +199,13 @@ def test_same_text_and_ids_as_transformers(hf_tokenizer, glm_tokenizer_dir: Path
     ours_text, used = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
     # `used` adds what the server decides (clear_thinking false on GLM templates that name it).
     expected_text = hf_tokenizer.apply_chat_template(
-        normalise_messages(messages), tools=tools, chat_template=source, tokenize=False,
-        add_generation_prompt=True, **used,
-    )  # fmt: skip
+        normalise_messages(messages),
+        tools=tools,
+        chat_template=source,
+        tokenize=False,
+        add_generation_prompt=True,
+        **used,
+    )
     assert ours_text == expected_text
     expected_ids = hf_tokenizer(expected_text, add_special_tokens=False)["input_ids"]
     assert ours.prompt_token_ids == expected_ids
@@ -218,14 +250,18 @@ def test_real_qwen3_tokenizer_gives_transformers_text_and_ids() -> None:
 
     hf = AutoTokenizer.from_pretrained(str(qwen))
     renderer = PromptRenderer.from_checkpoint(qwen)
-    matrix = [(name, kwargs) for name in CONVERSATIONS for kwargs in ({}, {"enable_thinking": False},
-                                                                       {"enable_thinking": True})]  # fmt: skip
+    matrix = [
+        (name, kwargs)
+        for name in CONVERSATIONS
+        for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True})
+    ]
     for name, kwargs in matrix:
         messages = CONVERSATIONS[name]
         tools = [WEATHER_TOOL] if "tool" in name or "args" in name else None
         ours_text, used = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
-        expected = hf.apply_chat_template(normalise_messages(messages), tools=tools, tokenize=False,
-                                          add_generation_prompt=True, **used)  # fmt: skip
+        expected = hf.apply_chat_template(
+            normalise_messages(messages), tools=tools, tokenize=False, add_generation_prompt=True, **used
+        )
         assert ours_text == expected, name
         ids = renderer.render_chat(ChatRenderRequest(messages, tools, dict(kwargs))).prompt_token_ids
         assert ids == hf(expected, add_special_tokens=False)["input_ids"], name
@@ -268,9 +304,11 @@ def test_glm_keeps_earlier_reasoning_unless_clear_thinking(glm_tokenizer_dir: Pa
 def test_server_effort_reaches_the_template_only_while_thinking(glm_tokenizer_dir: Path) -> None:
     from deployments.chat_format.rendering import RendererOptions
 
-    source = ("{% if enable_thinking is defined and not enable_thinking %}OFF{% endif %}"
-              "{% if reasoning_effort is defined %}{{ reasoning_effort }}{% endif %}"
-              "{% if reasoning_effort in ['low', 'high', 'max'] %}!{% endif %}")
+    source = (
+        "{% if enable_thinking is defined and not enable_thinking %}OFF{% endif %}"
+        "{% if reasoning_effort is defined %}{{ reasoning_effort }}{% endif %}"
+        "{% if reasoning_effort in ['low', 'high', 'max'] %}!{% endif %}"
+    )
     bundle = load_tokenizer(glm_tokenizer_dir)
     renderer = PromptRenderer(bundle, RendererOptions(chat_template=source, reasoning_effort="medium"))
     messages = [{"role": "user", "content": "hi"}]

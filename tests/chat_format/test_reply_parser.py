@@ -10,10 +10,20 @@ from deployments.chat_format.tool_calls import typed_value
 from deployments.ingress.openai.chat_reply import ChatReply
 from deployments.messages.render import ReplyFormat
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}  # fmt: skip
-ADD = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+    },
+}
 TOOLS = [WEATHER, ADD]
 GLM_REPLY = ReplyFormat(tool_format=GLM)
 GLM_OPENED = ReplyFormat(tool_format=GLM, prompt_opens_thinking=True)
@@ -37,8 +47,11 @@ def both(parser: ReplyParser, text: str, end_token: bool = True) -> ReplyView:
     whole = parser.view(text, final=True, ended_by_end_token=end_token)
     for step in (1, 3, 7, len(text) or 1):
         piece = streamed(parser, text, step, end_token)
-        assert (piece.reasoning or None, piece.content, piece.calls) == (whole.reasoning or None, whole.content,
-                                                                         whole.calls), step  # fmt: skip
+        assert (piece.reasoning or None, piece.content, piece.calls) == (
+            whole.reasoning or None,
+            whole.content,
+            whole.calls,
+        ), step
     return whole
 
 
@@ -74,12 +87,18 @@ def test_thinking_off_prompt_drops_the_leading_blank_line() -> None:
 # ---- GLM calls ------------------------------------------------------------------------------------------
 def test_glm_compact_and_newline_styles_typed_by_schema() -> None:
     parser = ReplyParser(GLM_REPLY, TOOLS)
-    compact = both(parser, "<tool_call>add<arg_key>a</arg_key><arg_value>2</arg_value>"
-                           "<arg_key>b</arg_key><arg_value>3.5</arg_value></tool_call>")  # fmt: skip
+    compact = both(
+        parser,
+        "<tool_call>add<arg_key>a</arg_key><arg_value>2</arg_value>"
+        "<arg_key>b</arg_key><arg_value>3.5</arg_value></tool_call>",
+    )
     assert compact.calls[0].name == "add" and args(compact) == {"a": 2, "b": 3.5} and compact.content == ""
-    newline = both(parser, "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
-                           "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
-                           "</tool_call>")  # fmt: skip
+    newline = both(
+        parser,
+        "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+        "</tool_call>",
+    )
     assert newline.content == "Let me check." and args(newline) == {"city": "Paris", "days": 3}
 
 
@@ -90,8 +109,10 @@ def test_glm_key_without_its_open_tag_gets_it_back() -> None:
 
 
 def test_parallel_calls_and_parallel_false_keeps_the_first() -> None:
-    text = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
-            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>London</arg_value></tool_call>")  # fmt: skip
+    text = (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>London</arg_value></tool_call>"
+    )
     assert [args(both(ReplyParser(GLM_REPLY, TOOLS), text), i)["city"] for i in (0, 1)] == ["Paris", "London"]
     single = both(ReplyParser(GLM_REPLY, TOOLS, parallel_tool_calls=False), text)
     assert len(single.calls) == 1 and args(single) == {"city": "Paris"}
@@ -130,27 +151,69 @@ def test_without_offered_tools_markup_is_content() -> None:
 
 
 # ---- Qwen XML and Hermes ------------------------------------------------------------------------------------
-SCHEMA_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-    "n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"}, "o": {"type": "object"},
-    "l": {"type": "array"}, "z": {"type": "null"}, "s": {"type": "string"}, "u": {"type": ["string", "integer"]}}}}}
+SCHEMA_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "n": {"type": "integer"},
+                "x": {"type": "number"},
+                "ok": {"type": "boolean"},
+                "o": {"type": "object"},
+                "l": {"type": "array"},
+                "z": {"type": "null"},
+                "s": {"type": "string"},
+                "u": {"type": ["string", "integer"]},
+            },
+        },
+    },
+}
 
 
 def test_qwen_xml_values_follow_the_schema_and_strings_keep_whitespace() -> None:
     def param(key: str, value: str) -> str:
         return f"<parameter={key}>\n{value}\n</parameter>\n"
 
-    body = "".join([param("n", "7"), param("x", "2.5"), param("ok", "true"), param("o", '{"k": 1}'),
-                    param("l", "[1, 2]"), param("z", "null"), param("s", "  two\n lines "), param("u", "5")])
+    body = "".join(
+        [
+            param("n", "7"),
+            param("x", "2.5"),
+            param("ok", "true"),
+            param("o", '{"k": 1}'),
+            param("l", "[1, 2]"),
+            param("z", "null"),
+            param("s", "  two\n lines "),
+            param("u", "5"),
+        ]
+    )
     text = f"Sure.\n<tool_call>\n<function=f>\n{body}</function>\n</tool_call>"
     view = both(ReplyParser(ReplyFormat(tool_format=QWEN_XML), [SCHEMA_TOOL]), text)
-    assert view.content == "Sure." and args(view) == {"n": 7, "x": 2.5, "ok": True, "o": {"k": 1}, "l": [1, 2],
-                                                      "z": None, "s": "  two\n lines ", "u": "5"}  # fmt: skip
+    assert view.content == "Sure." and args(view) == {
+        "n": 7,
+        "x": 2.5,
+        "ok": True,
+        "o": {"k": 1},
+        "l": [1, 2],
+        "z": None,
+        "s": "  two\n lines ",
+        "u": "5",
+    }
 
 
-@pytest.mark.parametrize(("raw", "kind", "expected"), [
-    ("7.5", "integer", "7.5"), ("yes", "boolean", "yes"), ("[1", "array", "[1"), ("{}", "array", "{}"),
-    ("1", "number", 1), ("true", "integer", "true"), ("x", "null", "x"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("raw", "kind", "expected"),
+    [
+        ("7.5", "integer", "7.5"),
+        ("yes", "boolean", "yes"),
+        ("[1", "array", "[1"),
+        ("{}", "array", "{}"),
+        ("1", "number", 1),
+        ("true", "integer", "true"),
+        ("x", "null", "x"),
+    ],
+)
 def test_mismatched_values_stay_strings(raw: str, kind: str, expected: object) -> None:
     assert typed_value(raw, {"type": kind}) == expected
 

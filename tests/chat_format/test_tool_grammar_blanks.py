@@ -25,11 +25,25 @@ from tests.conftest import BUILTIN_TINY_GLM
 
 WHERE = {"type": "object", "properties": {"lat": {"type": "integer"}}, "required": ["lat"]}
 TOOLS = [
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
-    {"type": "function", "function": {"name": "plan", "parameters": {
-        "type": "object", "properties": {"where": WHERE}, "required": ["where"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "plan",
+            "parameters": {"type": "object", "properties": {"where": WHERE}, "required": ["where"]},
+        },
+    },
+]
 
 
 def _hermes(gap: str) -> str:
@@ -51,10 +65,10 @@ CALLS: dict[str, Callable[[str], str]] = {HERMES: _hermes, GLM: _glm, QWEN_XML: 
 SECOND = {  # another ordinary call to the other tool, in each markup
     HERMES: '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
     GLM: "<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>\n"
-         "<arg_key>b</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+    "<arg_key>b</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
     QWEN_XML: "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
-              "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>",
-}  # fmt: skip
+    "<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>",
+}
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +118,7 @@ def test_blanks_inside_a_call_stop_at_the_json_bound(backend: GrammarBackend, ma
 
 
 def test_glm_markup_line_breaks_are_single_newlines(backend: GrammarBackend) -> None:
-    tight = "<tool_call>plan<arg_key>where</arg_key><arg_value>{\"lat\":1}</arg_value></tool_call>"
+    tight = '<tool_call>plan<arg_key>where</arg_key><arg_value>{"lat":1}</arg_value></tool_call>'
     assert _matches(backend, GLM, tight)
     assert _matches(backend, GLM, _glm(""))  # the template's own newlines
     for doubled in ("plan\n\n<arg_key>", "</arg_key>\n\n<arg_value>", "</arg_value>\n\n</tool_call>"):

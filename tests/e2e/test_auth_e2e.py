@@ -143,10 +143,13 @@ def test_hostile_bodies_on_the_graph(base_url: str) -> None:
 
 async def _storm(host: str, port: int, path: str, connections: int, streams: int) -> None:
     """Connections that open and drop (some mid-request), and streams dropped after their first bytes."""
-    body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 2000, "ignore_eos": True,
-                       "stream": True}).encode()  # fmt: skip
-    request = (f"POST {path}/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    body = json.dumps(
+        {"model": "tiny", "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    ).encode()
+    request = (
+        f"POST {path}/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
     async def one(i: int) -> None:
         reader, writer = await asyncio.open_connection(host, port)

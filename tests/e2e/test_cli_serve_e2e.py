@@ -106,8 +106,21 @@ def server() -> Iterator[Server]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
     port = free_port()
-    command = [sys.executable, "-m", "serve_app", "serve", "builtin:tiny-glm", "--name", "tiny", "--port", str(port),
-               "--parallel", "4", "--engine-threads", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "serve_app",
+        "serve",
+        "builtin:tiny-glm",
+        "--name",
+        "tiny",
+        "--port",
+        str(port),
+        "--parallel",
+        "4",
+        "--engine-threads",
+        "1",
+    ]
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     running = Server(process, port)
     ready = threading.Event()

@@ -28,9 +28,19 @@ def apps(serve_url: str, served_model: str) -> dict[str, str]:
     - the YAML's defaults: 8 conversations, 4 per replica, never lead each other by more than balance_abs;
     - tight: balance_abs 2, so three streams in flight on one replica overload it against an idle one, and
       reports every 0.25 s, so an idle replica's queue reads empty soon after it empties."""
-    deploy_apps([load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model),
-                 load_app_config("glm-dp2.yaml", TIGHT, "/tight", model=served_model, routing_balance_abs=2,
-                                 routing_stats_period_s=STATS_PERIOD_S)])  # fmt: skip
+    deploy_apps(
+        [
+            load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model),
+            load_app_config(
+                "glm-dp2.yaml",
+                TIGHT,
+                "/tight",
+                model=served_model,
+                routing_balance_abs=2,
+                routing_stats_period_s=STATS_PERIOD_S,
+            ),
+        ]
+    )
     yield {"base": f"{serve_url}{PREFIX}", "tight": f"{serve_url}/tight"}
     delete_apps([APP, TIGHT])
 
@@ -83,8 +93,11 @@ def test_each_turn_finds_the_previous_prompt_cached_on_its_replica(base_url: str
         replicas.add(replies[0]["tensorfold"]["replica"])
     assert len(replicas) == 2  # the new conversations spread over both copies
     metrics = httpx.get(f"{base_url}/metrics").text
-    affinity = [line for line in metrics.splitlines() if line.startswith("tensorfold:routing_decisions_total")
-                and 'reason="affinity"' in line]  # fmt: skip
+    affinity = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("tensorfold:routing_decisions_total") and 'reason="affinity"' in line
+    ]
     assert affinity and float(affinity[0].split()[-1]) >= 16
 
 
@@ -165,10 +178,12 @@ def test_a_restarted_replica_loses_only_its_cache(base_url: str) -> None:
     _wait_for_two_replicas(old)
     after = asyncio.run(_conversations(base_url))
     for replies_before, replies_after in zip(before, after):  # every turn answers, token for token the same
-        assert [r["choices"][0]["message"]["content"] for r in replies_after] == \
-            [r["choices"][0]["message"]["content"] for r in replies_before]  # fmt: skip
-        assert [r["tensorfold"]["token_sha"] for r in replies_after] == \
-            [r["tensorfold"]["token_sha"] for r in replies_before]  # fmt: skip
+        assert [r["choices"][0]["message"]["content"] for r in replies_after] == [
+            r["choices"][0]["message"]["content"] for r in replies_before
+        ]
+        assert [r["tensorfold"]["token_sha"] for r in replies_after] == [
+            r["tensorfold"]["token_sha"] for r in replies_before
+        ]
     assert all(r["tensorfold"]["replica"] != killed for replies in after for r in replies)
 
 
@@ -187,15 +202,27 @@ def test_every_route_family_uses_the_router(base_url: str, family: str) -> None:
     text = OPENING.format(topic=f"{family} notes")
     if family == "messages":
         body = {"model": "m", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": text}]}
-        longer = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Fine."},
-                                       {"role": "user", "content": TURNS[0]}]}  # fmt: skip
+        longer = {
+            **body,
+            "messages": [
+                *body["messages"],
+                {"role": "assistant", "content": "Fine."},
+                {"role": "user", "content": TURNS[0]},
+            ],
+        }
         first, second = _second_turn_routing(base_url, "/v1/messages", body, longer)
         cached = second["usage"]["cache_read_input_tokens"]
         previous = first["usage"]["input_tokens"] + first["usage"]["cache_read_input_tokens"]
     elif family == "responses":
         body = {"model": "m", "max_output_tokens": 8, "temperature": 0, "input": text}
-        longer = {**body, "input": [{"role": "user", "content": text}, {"role": "assistant", "content": "Fine."},
-                                    {"role": "user", "content": TURNS[0]}]}  # fmt: skip
+        longer = {
+            **body,
+            "input": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "Fine."},
+                {"role": "user", "content": TURNS[0]},
+            ],
+        }
         first, second = _second_turn_routing(base_url, "/v1/responses", body, longer)
         cached, previous = second["usage"]["input_tokens_details"]["cached_tokens"], first["usage"]["input_tokens"]
     else:  # a prompt of token ids: no tokenizer on the way, the same block names

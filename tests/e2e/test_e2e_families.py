@@ -13,13 +13,25 @@ from pydantic import TypeAdapter
 pytestmark = pytest.mark.e2e
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a city",
-                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-ADD_TOOL = {"name": "add", "description": "Add two numbers", "input_schema": {
-    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+ADD_TOOL = {
+    "name": "add",
+    "description": "Add two numbers",
+    "input_schema": {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
+}
 TOOLS = [WEATHER_TOOL, ADD_TOOL]  # the tools tiny-glm was trained with
-FUNCTIONS = [{"type": "function", "name": t["name"], "description": t["description"], "parameters": t["input_schema"]}
-             for t in TOOLS]  # fmt: skip
+FUNCTIONS = [
+    {"type": "function", "name": t["name"], "description": t["description"], "parameters": t["input_schema"]}
+    for t in TOOLS
+]
 PARIS_WEATHER = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
 
 
@@ -39,8 +51,13 @@ def claude(glm_base_url: str) -> anthropic.Anthropic:
 
 
 def test_messages_whole_and_streamed_with_thinking(claude: anthropic.Anthropic, glm_base_url: str) -> None:
-    fields = {"model": "tiny", "max_tokens": 64, "messages": CAPITAL, "thinking": {"type": "adaptive"},
-              "extra_body": {"temperature": 0}}  # fmt: skip
+    fields = {
+        "model": "tiny",
+        "max_tokens": 64,
+        "messages": CAPITAL,
+        "thinking": {"type": "adaptive"},
+        "extra_body": {"temperature": 0},
+    }
     whole = claude.messages.create(**fields)  # type: ignore[arg-type]
     Message.model_validate(whole.model_dump())
     assert [b.type for b in whole.content] == ["thinking", "text"]
@@ -58,23 +75,37 @@ def test_messages_whole_and_streamed_with_thinking(claude: anthropic.Anthropic, 
 
 def test_messages_tool_use_round_trip(claude: anthropic.Anthropic) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    call = claude.messages.create(model="tiny", max_tokens=64, messages=ask, tools=TOOLS,
-                                  extra_body={"temperature": 0})  # fmt: skip
+    call = claude.messages.create(model="tiny", max_tokens=64, messages=ask, tools=TOOLS, extra_body={"temperature": 0})
     assert call.stop_reason == "tool_use"
     block = call.content[0]
     assert block.type == "tool_use" and block.name == "get_weather" and block.input == {"city": "Paris"}
-    result = {"type": "tool_result", "tool_use_id": block.id,
-              "content": '{"city": "Paris", "temperature": 18, "condition": "sunny"}'}
-    answer = claude.messages.create(model="tiny", max_tokens=64, tools=TOOLS, extra_body={"temperature": 0},
-                                    messages=[*ask, {"role": "assistant", "content": call.content},
-                                              {"role": "user", "content": [result]}])  # fmt: skip
+    result = {
+        "type": "tool_result",
+        "tool_use_id": block.id,
+        "content": '{"city": "Paris", "temperature": 18, "condition": "sunny"}',
+    }
+    answer = claude.messages.create(
+        model="tiny",
+        max_tokens=64,
+        tools=TOOLS,
+        extra_body={"temperature": 0},
+        messages=[*ask, {"role": "assistant", "content": call.content}, {"role": "user", "content": [result]}],
+    )
     assert answer.content[0].text == "It is sunny in Paris, 18 °C."  # type: ignore[union-attr]
     assert answer.usage.cache_read_input_tokens > 0  # the first turn's prompt resumed from the prefix cache
 
 
 def test_responses_stream_store_and_continue(oai: openai.OpenAI) -> None:
-    events = list(oai.responses.create(model="tiny", input="What is the weather in Paris?", tools=FUNCTIONS,
-                                       temperature=0, stream=True, extra_body=NO_THINK))  # fmt: skip
+    events = list(
+        oai.responses.create(
+            model="tiny",
+            input="What is the weather in Paris?",
+            tools=FUNCTIONS,
+            temperature=0,
+            stream=True,
+            extra_body=NO_THINK,
+        )
+    )
     adapter = TypeAdapter(ResponseStreamEvent)
     for event in events:
         adapter.validate_python(event.to_dict())
@@ -86,9 +117,14 @@ def test_responses_stream_store_and_continue(oai: openai.OpenAI) -> None:
     stored = oai.responses.retrieve(first.id)  # kept by the ResponseStore deployment
     Response.model_validate(stored.model_dump())
     assert stored.output[0].call_id == call.call_id
-    follow = oai.responses.create(model="tiny", previous_response_id=first.id, tools=FUNCTIONS, temperature=0,
-                                  input=[{"type": "function_call_output", "call_id": call.call_id,
-                                          "output": PARIS_WEATHER}], extra_body=NO_THINK)  # fmt: skip
+    follow = oai.responses.create(
+        model="tiny",
+        previous_response_id=first.id,
+        tools=FUNCTIONS,
+        temperature=0,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": PARIS_WEATHER}],
+        extra_body=NO_THINK,
+    )
     assert follow.output_text == "It is sunny in Paris, 18 °C."
     assert follow.usage.input_tokens_details.cached_tokens > 0  # the stored turn's prompt resumed from the cache
     assert oai.responses.delete(first.id) is None

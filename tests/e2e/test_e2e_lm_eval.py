@@ -40,11 +40,27 @@ def samples(glm_base_url: str, model_dir: Path, tmp_path_factory: pytest.TempPat
     out = tmp_path_factory.mktemp("lm-eval")
     # Nothing may come from a hub: the task's data is the jsonl, the tokenizer the served checkpoint's.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(out / "hf")}
-    model_args = (f"base_url={glm_base_url}/v1/completions,model=tiny,tokenizer_backend=huggingface,"
-                  f"tokenizer={model_dir},max_retries=1")  # fmt: skip
-    command = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", model_args,
-               "--tasks", TASK, "--include_path", str(TASK_DIR), "--output_path", str(out / "results"),
-               "--log_samples"]  # fmt: skip
+    model_args = (
+        f"base_url={glm_base_url}/v1/completions,model=tiny,tokenizer_backend=huggingface,"
+        f"tokenizer={model_dir},max_retries=1"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        "local-completions",
+        "--model_args",
+        model_args,
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(TASK_DIR),
+        "--output_path",
+        str(out / "results"),
+        "--log_samples",
+    ]
     # The task's data_files path is relative to the working directory.
     done = subprocess.run(command, cwd=TASK_DIR, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

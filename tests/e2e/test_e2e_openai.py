@@ -60,8 +60,9 @@ def test_tiny_glm_answers_its_script_with_reasoning_and_stops(client: openai.Ope
 
 
 def _stream_text(client: openai.OpenAI, include_usage: bool, **request) -> tuple[str, dict, list]:
-    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": include_usage},
-                                                 **request))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": include_usage}, **request)
+    )
     assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = next(c.usage for c in chunks if c.usage is not None)
@@ -82,10 +83,12 @@ def test_streamed_text_and_usage_equal_non_streamed(client: openai.OpenAI, inclu
 def test_async_client_concurrent_requests(base_url: str) -> None:
     async def run() -> list[ChatCompletion]:
         client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-        requests = [client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0)
-                    for _ in range(6)]  # fmt: skip
-        stream = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0,
-                                                      stream=True)  # fmt: skip
+        requests = [
+            client.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0) for _ in range(6)
+        ]
+        stream = await client.chat.completions.create(
+            model="tiny", messages=USER, max_tokens=8, temperature=0, stream=True
+        )
         replies = await asyncio.gather(*requests)
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         await client.close()
@@ -97,20 +100,29 @@ def test_async_client_concurrent_requests(base_url: str) -> None:
 
 
 def test_completions_text_and_token_ids(client: openai.OpenAI) -> None:
-    first = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=6,
-                                      temperature=0, extra_body={"return_token_ids": True})  # fmt: skip
+    first = client.completions.create(
+        model="tiny",
+        prompt="The capital of France is",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
     assert isinstance(first, Completion)
     prompt_ids = first.choices[0].model_extra["prompt_token_ids"]
     again = client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=6, temperature=0)
     assert again.choices[0].text == first.choices[0].text
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="tiny", prompt=prompt_ids, max_tokens=6, temperature=0, stream=True) if c.choices)  # fmt: skip
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=6, temperature=0, stream=True)
+        if c.choices
+    )
     assert streamed == first.choices[0].text
 
 
 def test_tokenize_ids_equal_the_chat_routes_prompt_ids(client: openai.OpenAI, base_url: str) -> None:
-    reply = client.chat.completions.create(model="tiny", messages=USER, max_tokens=1,
-                                           extra_body={"return_token_ids": True})  # fmt: skip
+    reply = client.chat.completions.create(
+        model="tiny", messages=USER, max_tokens=1, extra_body={"return_token_ids": True}
+    )
     tokenized = httpx.post(f"{base_url}/tokenize", json={"messages": USER}).json()
     assert tokenized["tokens"] == reply.model_extra["prompt_token_ids"]
     assert httpx.post(f"{base_url}/v1/detokenize", json={"tokens": tokenized["tokens"]}).status_code == 200
@@ -192,10 +204,17 @@ def test_reasoning_and_tool_calls_through_the_sdk(client: openai.OpenAI, served_
     assert "".join(tc.function.arguments or "" for tc in streamed_calls) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # The round trip: the call and the tool's answer go back, the next turn answers from them.
-    turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()],
-            "reasoning_content": message.model_extra["reasoning_content"]}  # fmt: skip
-    result = {"role": "tool", "tool_call_id": call.id,
-              "content": '{"city": "Tokyo", "temperature": 12, "condition": "rainy"}'}  # fmt: skip
+    turn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call.model_dump()],
+        "reasoning_content": message.model_extra["reasoning_content"],
+    }
+    result = {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": '{"city": "Tokyo", "temperature": 12, "condition": "rainy"}',
+    }
     answer = client.chat.completions.create(model="tiny", messages=[*ask, turn, result], tools=TOOLS, temperature=0)
     assert answer.choices[0].message.content == "It is rainy in Tokyo, 12 °C."
     assert answer.choices[0].message.model_extra["reasoning_content"] == "The tool says it is rainy and 12 degrees."
@@ -203,18 +222,33 @@ def test_reasoning_and_tool_calls_through_the_sdk(client: openai.OpenAI, served_
 
 def test_structured_outputs_through_the_graph(client: openai.OpenAI) -> None:
     """A json_schema response_format (whole) and a guided choice (streamed) hold through Ray and the SDK."""
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-                                               "sunny": {"type": "boolean"}}, "required": ["city", "sunny"]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+    }
     reply = client.chat.completions.create(
-        model="tiny", messages=USER, temperature=0, max_tokens=80, extra_body={"chat_template_kwargs": NO_THINK},
+        model="tiny",
+        messages=USER,
+        temperature=0,
+        max_tokens=80,
+        extra_body={"chat_template_kwargs": NO_THINK},
         response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}},
-    )  # fmt: skip
+    )
     assert reply.choices[0].finish_reason == "stop"
     value = json.loads(reply.choices[0].message.content)
     assert set(value) == {"city", "sunny"} and len(value["city"]) <= 10 and isinstance(value["sunny"], bool)
     choices = ["Paris", "Rome", "Lyon"]
-    chunks = list(client.chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=80,
-                                                 stream=True, extra_body={"structured_outputs": {"choice": choices}}))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=USER,
+            temperature=0,
+            max_tokens=80,
+            stream=True,
+            extra_body={"structured_outputs": {"choice": choices}},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text in choices and chunks[-1].choices[0].finish_reason == "stop"
 
@@ -262,8 +296,11 @@ def test_memory_is_read_from_the_engine_process(base_url: str) -> None:
     assert reply.status_code == 200
     body = httpx.get(f"{base_url}/v1/memory", timeout=30).json()
     [replica] = body["replicas"]
-    [engine] = [child for child in _actor_process(f"ServeReplica:{APP}:Scheduler").children()
-                if "deployments.scheduler.transports.child" in " ".join(child.cmdline())]  # fmt: skip
+    [engine] = [
+        child
+        for child in _actor_process(f"ServeReplica:{APP}:Scheduler").children()
+        if "deployments.scheduler.transports.child" in " ".join(child.cmdline())
+    ]
     assert replica["replica"] and replica["kv_blocks_total"] > 0 and replica["prompt_cache_blocks"] > 0
     # The resident set is the engine process's, which holds the weights and the KV pool.
     assert abs(replica["process_rss_bytes"] - engine.memory_info().rss) < 64 << 20

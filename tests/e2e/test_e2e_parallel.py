@@ -9,8 +9,10 @@ import pytest
 from tests.support.serve_harness import delete_apps, deploy_apps, load_app_config
 
 pytestmark = pytest.mark.e2e
-PROMPTS = [[{"role": "user", "content": text}] for text in
-           ("What is the capital of France?", "Hello!", "Write a short answer.", "Tell me about Tokyo.")]  # fmt: skip
+PROMPTS = [
+    [{"role": "user", "content": text}]
+    for text in ("What is the capital of France?", "Hello!", "Write a short answer.", "Tell me about Tokyo.")
+]
 
 
 def _replies(base_url: str, prompts: list, **request) -> list[tuple[str, str]]:
@@ -18,8 +20,9 @@ def _replies(base_url: str, prompts: list, **request) -> list[tuple[str, str]]:
 
     async def run() -> list[tuple[str, str]]:
         client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=180)
-        replies = await asyncio.gather(*[client.chat.completions.create(model="m", messages=p, **request)
-                                         for p in prompts])  # fmt: skip
+        replies = await asyncio.gather(
+            *[client.chat.completions.create(model="m", messages=p, **request) for p in prompts]
+        )
         await client.close()
         messages = [r.choices[0].message for r in replies]
         return [(getattr(m, "reasoning_content", None) or "", m.content or "") for m in messages]
@@ -45,11 +48,13 @@ def test_data_parallel_config_answers_on_both_replicas(serve_url: str, served_mo
 
 
 def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, served_model: str) -> None:
-    deploy_apps([
-        load_app_config("glm.yaml", "e2e-tp1", "/tp1", model=served_model),
-        # Fixed draft lengths on TP2: the drafts asserted below do not depend on measured step times.
-        load_app_config("glm-tp2.yaml", "e2e-tp2", "/tp2", model=served_model, draft_policy="fixed"),
-    ])  # fmt: skip
+    deploy_apps(
+        [
+            load_app_config("glm.yaml", "e2e-tp1", "/tp1", model=served_model),
+            # Fixed draft lengths on TP2: the drafts asserted below do not depend on measured step times.
+            load_app_config("glm-tp2.yaml", "e2e-tp2", "/tp2", model=served_model, draft_policy="fixed"),
+        ]
+    )
     try:
         request = dict(max_tokens=24, temperature=0)
         tp1 = _replies(f"{serve_url}/tp1", PROMPTS, **request)
@@ -59,8 +64,9 @@ def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, serve
         assert _replies(f"{serve_url}/tp2", PROMPTS, **seeded) == _replies(f"{serve_url}/tp1", PROMPTS, **seeded)
         # Both ranks verify the same MTP drafts: drafted TP2 replies equal the serial reference's.
         assert _replies(f"{serve_url}/tp2", PROMPTS, **request, extra_body={"draft": False}) == tp1
-        block = httpx.post(f"{serve_url}/tp2/v1/chat/completions", timeout=120,
-                           json={"messages": PROMPTS[0], **request}).json()["tensorfold"]  # fmt: skip
+        block = httpx.post(
+            f"{serve_url}/tp2/v1/chat/completions", timeout=120, json={"messages": PROMPTS[0], **request}
+        ).json()["tensorfold"]
         assert block["drafts"] == "mtp" and block["drafted"] > 0
     finally:
         delete_apps(["e2e-tp1", "e2e-tp2"])

@@ -15,8 +15,13 @@ OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the ferry leaves at
 
 
 def _body(messages: list[dict]) -> dict:
-    return {"model": "m", "messages": messages, "max_tokens": 10, "temperature": 0,
-            "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+    return {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": 10,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
 
 
 def _chat(url: str, messages: list[dict]) -> dict:
@@ -26,12 +31,14 @@ def _chat(url: str, messages: list[dict]) -> dict:
 
 
 @pytest.mark.parametrize("config", ["glm.yaml", "glm-tp2.yaml"])
-def test_a_conversation_resumes_from_disk_after_its_replicas_restart(serve_url: str, served_model: str, config: str,
-                                                                      tmp_path_factory: pytest.TempPathFactory) -> None:  # fmt: skip
+def test_a_conversation_resumes_from_disk_after_its_replicas_restart(
+    serve_url: str, served_model: str, config: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """At tensor parallel 2 every rank's KV shard is stored and restored; the reply equals a TP1 fresh one."""
     learn_dir = str(tmp_path_factory.mktemp("learned"))
-    learned = load_app_config(config, "e2e-store", "/store", model=served_model, learn_conversations=True,
-                              learn_dir=learn_dir)  # fmt: skip
+    learned = load_app_config(
+        config, "e2e-store", "/store", model=served_model, learn_conversations=True, learn_dir=learn_dir
+    )
     url = f"{serve_url}/store"
     first_turn = [{"role": "user", "content": OPENING}]
     deploy_apps([learned])
@@ -39,8 +46,11 @@ def test_a_conversation_resumes_from_disk_after_its_replicas_restart(serve_url: 
         first = _chat(url, first_turn)
     finally:
         delete_apps(["e2e-store"])  # at once: the planned stop writes the state that is still waiting
-    second_turn = [*first_turn, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-                   {"role": "user", "content": "When does it leave?"}]  # fmt: skip
+    second_turn = [
+        *first_turn,
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "When does it leave?"},
+    ]
     deploy_apps([learned, load_app_config("glm.yaml", "e2e-fresh", "/fresh", model=served_model)])
     try:
         answer = httpx.post(f"{url}/v1/imprint/resume", json=_body(second_turn), timeout=60).json()

@@ -18,8 +18,14 @@ RAY_EXPORT_WAIT_S = 45.0
 def _usages(base: str, count: int) -> list[dict]:
     async def run() -> list[dict]:
         async with httpx.AsyncClient(base_url=base, timeout=180) as client:
-            bodies = [{"messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], "max_tokens": 8,
-                       "ignore_eos": True} for i in range(count)]  # fmt: skip
+            bodies = [
+                {
+                    "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                    "max_tokens": 8,
+                    "ignore_eos": True,
+                }
+                for i in range(count)
+            ]
             replies = await asyncio.gather(*[client.post("/v1/chat/completions", json=b) for b in bodies])
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
         return [r.json()["usage"] for r in replies]
@@ -29,8 +35,11 @@ def _usages(base: str, count: int) -> list[dict]:
 
 def _samples(text: str) -> dict[tuple[str, str | None], float]:
     """(name, the key/pool/le label) -> value."""
-    return {(s.name, s.labels.get("key", s.labels.get("pool", s.labels.get("le")))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, s.labels.get("key", s.labels.get("pool", s.labels.get("le")))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _ray_export(name: str) -> float | None:
@@ -39,8 +48,12 @@ def _ray_export(name: str) -> float | None:
 
     port = ray._private.worker.global_worker.node.metrics_export_port
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
-              if s.name == name and s.labels.get("application") == "e2e-metrics"]  # fmt: skip
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and s.labels.get("application") == "e2e-metrics"
+    ]
     return sum(values) if values else None
 
 
@@ -58,7 +71,8 @@ def test_dp2_metrics_aggregate_both_replicas(serve_url: str, served_model: str) 
         assert scraped[("tensorfold:generation_tokens_total", None)] == sum(u["completion_tokens"] for u in usages)
         assert scraped[("tensorfold:request_latency_seconds_bucket", "+Inf")] == 12
         assert scraped[("tensorfold:e2e_request_latency_seconds_sum", None)] == pytest.approx(
-            scraped[("tensorfold:request_latency_seconds_sum", None)])  # fmt: skip
+            scraped[("tensorfold:request_latency_seconds_sum", None)]
+        )
         pools = {pool for name, pool in scraped if name == "tensorfold:kv_cache_usage_ratio"}
         assert pools == {s.replica for s in statuses} and len(pools) == 2
         assert sum(s.counters.requests_total for s in statuses) == 12

@@ -27,7 +27,10 @@ START_TIMEOUT_S = 300
 def _config_on(port: int, out: Path) -> Path:
     config = yaml.safe_load((REPO / "configs" / "glm.yaml").read_text())
     env = config["controller_options"]["runtime_env"]["env_vars"]
-    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("8080", "8081")
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == (
+        "8080",
+        "8081",
+    )
     env.update(RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT=str(port), RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT=str(port + 1))
     (app,) = config["applications"]
     assert app["args"]["http_entry"] == "ingress" and app["args"]["port"] == 8080
@@ -45,7 +48,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
     serve = Path(sys.executable).with_name("serve")
     log = (tmp_path_factory.getbasetemp() / "serve-run.log").open("w")
-    process = subprocess.Popen([str(serve), "run", str(config)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [str(serve), "run", str(config)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -74,8 +79,12 @@ def test_the_ingress_replica_answers_on_the_yamls_port(served: str) -> None:
 
 
 def test_a_chat_reply_comes_back_through_the_direct_entry(served: str) -> None:
-    body = {"model": "tiny-glm", "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "temperature": 0, "max_tokens": 48}  # fmt: skip
+    body = {
+        "model": "tiny-glm",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 48,
+    }
     response = httpx.post(f"{served}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     reply = response.json()

@@ -90,8 +90,9 @@ def test_mtp_cost_keeps_a_mean_per_width() -> None:
 @pytest.fixture(scope="module")
 def tiny_glm_engine() -> Engine:
     model = str(resolve_model_dir("builtin:tiny-glm"))
-    return Engine(EngineConfig(model=model, kv_cache_gib=0.01, parallel=4, draft="mtp", engine_threads=1,
-                               draft_policy="fixed"))  # fmt: skip
+    return Engine(
+        EngineConfig(model=model, kv_cache_gib=0.01, parallel=4, draft="mtp", engine_threads=1, draft_policy="fixed")
+    )
 
 
 def test_grammar_cuts_drafts_and_stands_where_it_was(tiny_glm_engine: Engine) -> None:
@@ -116,8 +117,9 @@ def test_rejected_drafts_leave_no_kv_or_cached_block_behind(tiny_glm_engine: Eng
     holds only blocks of them: a rejected draft's slot is overwritten by the next round."""
     engine = tiny_glm_engine
     prompt = [(37 * i) % 700 + 10 for i in range(21)]  # no script: the model is unsure, drafts miss
-    request = EngineRequest("kv", prompt, sampling=SamplingParams(temperature=1.5, seed=3, ignore_eos=True),
-                            max_tokens=60)  # fmt: skip
+    request = EngineRequest(
+        "kv", prompt, sampling=SamplingParams(temperature=1.5, seed=3, ignore_eos=True), max_tokens=60
+    )
     engine.add_request(request)
     seq = engine.in_flight["kv"]
     drafted = 0

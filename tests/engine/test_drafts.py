@@ -48,8 +48,16 @@ BACKENDS = ["torch", pytest.param("mlx", marks=NO_MLX)]
 
 def _engine(model: str, dtype: str, draft: str, backend: str = "torch", **overrides) -> Engine:
     # Fixed lengths: the draft counts asserted below do not depend on measured step times.
-    settings = dict(model=model, dtype=dtype, kv_cache_gib=0.02, parallel=32, prefill_chunk_size=64, draft=draft,
-                    draft_policy="fixed", backend=backend)  # fmt: skip
+    settings = dict(
+        model=model,
+        dtype=dtype,
+        kv_cache_gib=0.02,
+        parallel=32,
+        prefill_chunk_size=64,
+        draft=draft,
+        draft_policy="fixed",
+        backend=backend,
+    )
     if backend == "torch":
         settings["engine_threads"] = 1  # MLX sizes its own threads
     settings.update(overrides)
@@ -78,14 +86,18 @@ def _assert_equal(drafted: dict[str, Completion], serial: dict[str, Completion])
 
 
 def _requests(prompts: list[list[int]], tag: str, **fields) -> list[EngineRequest]:
-    return [EngineRequest(f"{tag}{i}-{j}", p, sampling=replace(s), **fields)
-            for i, p in enumerate(prompts) for j, s in enumerate(SAMPLINGS)]  # fmt: skip
+    return [
+        EngineRequest(f"{tag}{i}-{j}", p, sampling=replace(s), **fields)
+        for i, p in enumerate(prompts)
+        for j, s in enumerate(SAMPLINGS)
+    ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_mtp_drafts_equal_serial_replies(tiny_glm: str, corpus_prompts: list[list[int]], dtype: str, backend: str
-                                         ) -> None:  # fmt: skip
+def test_mtp_drafts_equal_serial_replies(
+    tiny_glm: str, corpus_prompts: list[list[int]], dtype: str, backend: str
+) -> None:
     engine = _engine(tiny_glm, dtype, "mtp", backend)
     assert engine.draft_method == "mtp"
     requests = _requests(corpus_prompts[::2], "m", max_tokens=40)  # 16 prompts x 4 samplings
@@ -100,9 +112,12 @@ def test_ngram_drafts_equal_serial_replies(tiny_glm: str, corpus_prompts: list[l
     engine = _engine(tiny_glm, dtype, "ngram")
     assert engine.draft_method == "ngram"
     # A reply that repeats text of its prompt: the scripted prompt, its reply, and the prompt again.
-    greedy = engine.generate([EngineRequest(f"g{i}", p, max_tokens=40, draft=False,
-                                            sampling=SamplingParams(temperature=0.0))
-                              for i, p in enumerate(corpus_prompts[:8])])  # fmt: skip
+    greedy = engine.generate(
+        [
+            EngineRequest(f"g{i}", p, max_tokens=40, draft=False, sampling=SamplingParams(temperature=0.0))
+            for i, p in enumerate(corpus_prompts[:8])
+        ]
+    )
     copying = [p + greedy[f"g{i}"].token_ids + p for i, p in enumerate(corpus_prompts[:8])]
     requests = _requests(copying, "n", max_tokens=40)
     drafted, kept = _assert_equal(*_both(engine, requests))
@@ -134,17 +149,26 @@ def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[l
     engine = _engine(tiny_glm, "float32", "mtp", backend)
     tokenizer = engine.tokenizer
     prompts = corpus_prompts[::3]
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     from deployments.chat_format.forced_calls import forced_call_ebnf
     from deployments.chat_format.markups import GLM
     from serve_app.fixtures.tiny_glm.corpus import TOOLS
 
     think_open, think_close = tokenizer.encode("<think>"), tokenizer.encode("</think>")
-    forced = GrammarSpec("ebnf", forced_call_ebnf(TOOLS, GLM, parallel=True), think_opener_id=think_open[0],
-                         think_closer_id=think_close[0], param="tool_choice")  # fmt: skip
-    thinking = ThinkingControls(opener_id=think_open[0], closer_id=think_close[0], budget=6,
-                                close_ids=tokenizer.encode("\n</think>\n\n"))  # fmt: skip
+    forced = GrammarSpec(
+        "ebnf",
+        forced_call_ebnf(TOOLS, GLM, parallel=True),
+        think_opener_id=think_open[0],
+        think_closer_id=think_close[0],
+        param="tool_choice",
+    )
+    thinking = ThinkingControls(
+        opener_id=think_open[0], closer_id=think_close[0], budget=6, close_ids=tokenizer.encode("\n</think>\n\n")
+    )
     requests: list[EngineRequest] = []
     for i, prompt in enumerate(prompts):
         greedy = SamplingParams(temperature=0.0)
@@ -152,15 +176,27 @@ def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[l
             EngineRequest(f"stop{i}", prompt, sampling=replace(greedy, stop=["a", "e "]), max_tokens=40),
             EngineRequest(f"eos{i}", prompt, sampling=replace(greedy, ignore_eos=True), max_tokens=30),
             EngineRequest(f"short{i}", prompt, sampling=greedy, max_tokens=1 + i % 3),
-            EngineRequest(f"json{i}", prompt, sampling=SamplingParams(temperature=0.9, seed=i), max_tokens=48,
-                          grammar=GrammarSpec("json_schema", json.dumps(schema))),
-            EngineRequest(f"regex{i}", prompt, sampling=greedy, max_tokens=24,
-                          grammar=GrammarSpec("regex", r"(Paris|Red|[0-9]+)[.!]")),
+            EngineRequest(
+                f"json{i}",
+                prompt,
+                sampling=SamplingParams(temperature=0.9, seed=i),
+                max_tokens=48,
+                grammar=GrammarSpec("json_schema", json.dumps(schema)),
+            ),
+            EngineRequest(
+                f"regex{i}",
+                prompt,
+                sampling=greedy,
+                max_tokens=24,
+                grammar=GrammarSpec("regex", r"(Paris|Red|[0-9]+)[.!]"),
+            ),
             EngineRequest(f"think{i}", prompt, sampling=greedy, max_tokens=40, thinking=thinking),
-            EngineRequest(f"tool{i}", prompt, sampling=SamplingParams(temperature=0.6, seed=i), max_tokens=60,
-                          grammar=forced),
-            EngineRequest(f"logprobs{i}", prompt, sampling=SamplingParams(temperature=0.8, seed=i), max_tokens=24,
-                          logprobs=3),
+            EngineRequest(
+                f"tool{i}", prompt, sampling=SamplingParams(temperature=0.6, seed=i), max_tokens=60, grammar=forced
+            ),
+            EngineRequest(
+                f"logprobs{i}", prompt, sampling=SamplingParams(temperature=0.8, seed=i), max_tokens=24, logprobs=3
+            ),
         ]
     drafted, serial = _both(engine, requests)
     total, kept = _assert_equal(drafted, serial)
@@ -176,11 +212,14 @@ def test_cuts_and_constraints_equal_serial(tiny_glm: str, corpus_prompts: list[l
 def test_preempted_drafted_replies_equal_serial(tiny_glm: str, corpus_prompts: list[list[int]], backend: str) -> None:
     """A pool too small for every reply at once: drafted sequences are preempted, recomputed, and still equal."""
     block_bytes = _engine(tiny_glm, "float32", "mtp", backend).runner_info.kv_bytes_per_token * 16
-    engine = _engine(tiny_glm, "float32", "mtp", backend, kv_cache_gib=40.5 * block_bytes / 2**30, parallel=16,
-                     prefill_chunk_size=32)  # fmt: skip
+    engine = _engine(
+        tiny_glm, "float32", "mtp", backend, kv_cache_gib=40.5 * block_bytes / 2**30, parallel=16, prefill_chunk_size=32
+    )
     assert engine.blocks.num_blocks == 40
-    requests = [EngineRequest(f"p{i}", p, sampling=SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=60)
-                for i, p in enumerate(corpus_prompts[:12])]  # fmt: skip
+    requests = [
+        EngineRequest(f"p{i}", p, sampling=SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=60)
+        for i, p in enumerate(corpus_prompts[:12])
+    ]
     drafted, serial = _both(engine, requests)
     _assert_equal(drafted, serial)
     assert sum(r.stats.preemptions for r in drafted.values()) > 0

@@ -14,8 +14,12 @@ from deployments.scheduler.engine.core import Engine
 from tests.support.requests import greedy
 
 NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
-CASES = [("bfloat16", "torch"), ("float32", "torch"),
-         pytest.param(("bfloat16", "mlx"), marks=NO_MLX), pytest.param(("float32", "mlx"), marks=NO_MLX)]  # fmt: skip
+CASES = [
+    ("bfloat16", "torch"),
+    ("float32", "torch"),
+    pytest.param(("bfloat16", "mlx"), marks=NO_MLX),
+    pytest.param(("float32", "mlx"), marks=NO_MLX),
+]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
@@ -44,8 +48,10 @@ def _prompts(count: int, vocab: int = 400) -> list[list[int]]:
 def _requests(prompts: list[list[int]], tag: str, max_tokens: int = 24) -> list[EngineRequest]:
     requests = []
     for i, prompt in enumerate(prompts):
-        sampling = SamplingParams(temperature=0.0, ignore_eos=True) if i % 2 == 0 else SamplingParams(
-            temperature=0.8, top_p=0.95, seed=1000 + i, ignore_eos=True
+        sampling = (
+            SamplingParams(temperature=0.0, ignore_eos=True)
+            if i % 2 == 0
+            else SamplingParams(temperature=0.8, top_p=0.95, seed=1000 + i, ignore_eos=True)
         )
         requests.append(EngineRequest(f"{tag}-{i}", prompt, sampling=sampling, max_tokens=max_tokens))
     return requests
@@ -124,7 +130,11 @@ def test_limits_stop_ids_and_eos(checkpoint) -> None:
     stop_id = base.token_ids[3]
     first = base.token_ids.index(stop_id)
     stopped = engine.generate(
-        [EngineRequest("i", prompt, SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]), max_tokens=7)]
+        [
+            EngineRequest(
+                "i", prompt, SamplingParams(temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]), max_tokens=7
+            )
+        ]
     )["i"]
     assert stopped.finish_reason == FinishReason.STOP and stopped.token_ids == base.token_ids[: first + 1]
 

@@ -55,8 +55,10 @@ def _replies(driver: StreamHub, tag: str) -> list[tuple[list[int], str, FinishRe
         requests.append(_request(f"{tag}-seeded", PROMPTS[0], seed=7))
         return list(await asyncio.gather(*[_reply(driver, r) for r in requests]))
 
-    return [([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1].finish_reason)
-            for chunks in asyncio.run(run())]  # fmt: skip
+    return [
+        ([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1].finish_reason)
+        for chunks in asyncio.run(run())
+    ]
 
 
 def test_replies_equal_the_engine_on_a_thread(process: EngineProcess, thread: EngineLoop) -> None:
@@ -72,8 +74,9 @@ def _refusal(driver: StreamHub, request: EngineRequest) -> Refusal:
 
 
 @pytest.mark.parametrize("prompt, max_tokens", [([7] * 300, 4), ([7] * 200, 100), ([10**6], 4), ([], 4)])
-def test_refusals_are_the_ones_the_engine_on_a_thread_gives(process: EngineProcess, thread: EngineLoop,
-                                                            prompt: list[int], max_tokens: int) -> None:  # fmt: skip
+def test_refusals_are_the_ones_the_engine_on_a_thread_gives(
+    process: EngineProcess, thread: EngineLoop, prompt: list[int], max_tokens: int
+) -> None:
     from_process = _refusal(process, _request("refused", prompt, max_tokens=max_tokens))
     from_thread = _refusal(thread, _request("refused", prompt, max_tokens=max_tokens))
     assert from_process == from_thread  # message, param, code, status and type

@@ -58,26 +58,67 @@ def test_json_schema_replies_validate_and_batched_equals_solo(engine: Engine) ->
 
 
 PROOF_SCHEMAS: list[dict] = [  # nested objects, arrays with item bounds, enums, bounded numbers; each ends fast
-    {"type": "object", "properties": {"at": {"type": "object", "properties": {
-        "x": {"type": "integer", "minimum": -5, "maximum": 5}, "y": {"type": "integer", "minimum": 0, "maximum": 20}},
-        "required": ["x", "y"]}}, "required": ["at"]},
-    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
-                                               "minItems": 1, "maxItems": 3}}, "required": ["tags"]},
-    {"type": "object", "properties": {"mode": {"enum": ["fast", "slow"]}, "on": {"type": "boolean"},
-                                      "level": {"type": "integer", "minimum": 1, "maximum": 3}},
-     "required": ["mode", "on", "level"]},
-    {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["u", "v"]},
-     "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["k", "n"]}, "minItems": 1, "maxItems": 2},
-    {"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1},
-                                      "q": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 4},
-                                            "minItems": 2, "maxItems": 2}}, "required": ["p", "q"]},
-]  # fmt: skip
+    {
+        "type": "object",
+        "properties": {
+            "at": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "integer", "minimum": -5, "maximum": 5},
+                    "y": {"type": "integer", "minimum": 0, "maximum": 20},
+                },
+                "required": ["x", "y"],
+            }
+        },
+        "required": ["at"],
+    },
+    {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3}},
+        "required": ["tags"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "mode": {"enum": ["fast", "slow"]},
+            "on": {"type": "boolean"},
+            "level": {"type": "integer", "minimum": 1, "maximum": 3},
+        },
+        "required": ["mode", "on", "level"],
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"k": {"enum": ["u", "v"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["k", "n"],
+        },
+        "minItems": 1,
+        "maxItems": 2,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "p": {"type": "number", "minimum": 0, "maximum": 1},
+            "q": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 1, "maximum": 4},
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        },
+        "required": ["p", "q"],
+    },
+]
 
 
 def test_fifty_batched_schema_replies_all_validate(engine: Engine) -> None:
     """5 schemas x 10 seeds (greedy every third seed, sampled otherwise), all in the engine together."""
-    requests = [_request(f"s{k}-{seed}", GrammarSpec("json_schema", json.dumps(schema)), seed=seed, max_tokens=400)
-                for k, schema in enumerate(PROOF_SCHEMAS) for seed in range(10)]  # fmt: skip
+    requests = [
+        _request(f"s{k}-{seed}", GrammarSpec("json_schema", json.dumps(schema)), seed=seed, max_tokens=400)
+        for k, schema in enumerate(PROOF_SCHEMAS)
+        for seed in range(10)
+    ]
     replies = engine.generate(requests)
     assert len(replies) == 50
     for k, schema in enumerate(PROOF_SCHEMAS):
@@ -184,8 +225,10 @@ def test_rows_of_a_wide_vocabulary_stay_in_their_grammar(wide_vocab_dir: Path) -
     spec = GrammarSpec("json_schema", json.dumps(BENCH_SCHEMA))
     prompts = torch.randint(0, engine.runner_info.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0))
     sampling = SamplingParams(temperature=0.0, ignore_eos=True)
-    requests = [EngineRequest(f"w{i}", p.tolist(), sampling=sampling, max_tokens=64, grammar=spec)
-                for i, p in enumerate(prompts)]  # fmt: skip
+    requests = [
+        EngineRequest(f"w{i}", p.tolist(), sampling=sampling, max_tokens=64, grammar=spec)
+        for i, p in enumerate(prompts)
+    ]
     replies = engine.generate(requests)
     assert {rid: r.finish_reason for rid, r in replies.items()} == {r.request_id: FinishReason.LENGTH for r in requests}
     assert text_end_ids(engine.tokenizer, sorted(engine.eos_ids)) == []  # `"` is no end token

@@ -10,7 +10,9 @@ _order = iter(range(10**6))
 
 
 def _seq(prompt_len: int, priority: Priority = Priority.FOREGROUND, name: str = "") -> Sequence:
-    request = EngineRequest(request_id=name or f"r{prompt_len}", prompt_token_ids=list(range(1, prompt_len + 1)), priority=priority)
+    request = EngineRequest(
+        request_id=name or f"r{prompt_len}", prompt_token_ids=list(range(1, prompt_len + 1)), priority=priority
+    )
     return Sequence(
         request=request,
         seed=0,

@@ -131,9 +131,14 @@ def test_never_resumes_from_the_prompt_cache(whole: Engine) -> None:
 
 def test_recomputation_after_preemption_adds_no_rows(whole: Engine) -> None:
     seq = Sequence(
-        request=_request("pre", PROMPT), seed=0, max_tokens=2, text=IncrementalText(whole.tokenizer.decode, []),
-        arrival_order=0, token_ids=PROMPT + [5], prompt_rows=[],
-    )  # fmt: skip
+        request=_request("pre", PROMPT),
+        seed=0,
+        max_tokens=2,
+        text=IncrementalText(whole.tokenizer.decode, []),
+        arrival_order=0,
+        token_ids=PROMPT + [5],
+        prompt_rows=[],
+    )
     wanted = seq.prompt_rows_wanted(0, 10)
     assert wanted is not None and (wanted.first, wanted.next_ids) == (0, PROMPT[1:11])
     seq.prompt_rows = [PromptLogprobRow(t, 0.0, 1) for t in PROMPT[1:11]]  # positions 0..9 collected
@@ -239,8 +244,9 @@ def test_route_never_reads_the_prompt_cache(client: TestClient) -> None:
 
 def test_official_sdk_reads_prompt_logprobs(client: TestClient) -> None:
     sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
-    completion = sdk.completions.create(model="tiny", prompt=TEXT, max_tokens=2, temperature=0,
-                                        extra_body={"prompt_logprobs": 1})  # fmt: skip
+    completion = sdk.completions.create(
+        model="tiny", prompt=TEXT, max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 1}
+    )
     entries = completion.choices[0].model_extra["prompt_logprobs"]
     assert entries[0] is None and len(entries) == completion.usage.prompt_tokens
 

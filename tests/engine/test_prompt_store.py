@@ -80,8 +80,9 @@ def test_caps_skip_writes_and_evict_other_sets_first(tmp_path: Path) -> None:
     probe.open_set("p")
     probe.write(_piece("p", list(range(8))))
     piece_size = probe.stats("p").bytes_held
-    store = PromptStoreFiles(tmp_path, StoreCaps(max_bytes=int(2.5 * piece_size), min_free_bytes=0,
-                                                 daily_bytes=1 << 40))  # fmt: skip
+    store = PromptStoreFiles(
+        tmp_path, StoreCaps(max_bytes=int(2.5 * piece_size), min_free_bytes=0, daily_bytes=1 << 40)
+    )
     store.open_set("old")
     store.write(_piece("old", list(range(8))))
     store.open_set("new")
@@ -92,7 +93,9 @@ def test_caps_skip_writes_and_evict_other_sets_first(tmp_path: Path) -> None:
     daily = PromptStoreFiles(tmp_path / "d", StoreCaps(max_bytes=1 << 40, min_free_bytes=0, daily_bytes=10))
     daily.open_set("s")
     assert daily.write(_piece("s", list(range(8)))) == [] and daily.stats("s").writes_skipped == 1
-    no_room = PromptStoreFiles(tmp_path / "f", StoreCaps(max_bytes=1 << 40, min_free_bytes=1 << 60, daily_bytes=1 << 40))
+    no_room = PromptStoreFiles(
+        tmp_path / "f", StoreCaps(max_bytes=1 << 40, min_free_bytes=1 << 60, daily_bytes=1 << 40)
+    )
     no_room.open_set("s")  # the disk would keep less free space than asked: RAM only
     assert no_room.write(_piece("s", list(range(8)))) == [] and not list((tmp_path / "f").rglob("*.piece"))
     written = json.loads((tmp_path / "written").read_text())  # today's bytes, every set's (three pieces)
@@ -101,8 +104,15 @@ def test_caps_skip_writes_and_evict_other_sets_first(tmp_path: Path) -> None:
 
 def _config(served_model: str, learn_dir: Path, **extra: object) -> EngineConfig:
     model_dir = str(AppArgs(model=served_model).model_dir)
-    return EngineConfig(model=model_dir, context=1024, kv_cache_gib=0.05, device="cpu", learn_dir=str(learn_dir),
-                        learn_conversations=True, **extra)  # fmt: skip
+    return EngineConfig(
+        model=model_dir,
+        context=1024,
+        kv_cache_gib=0.05,
+        device="cpu",
+        learn_dir=str(learn_dir),
+        learn_conversations=True,
+        **extra,
+    )
 
 
 def _run(engine: object, prompt: list[int], request_id: str) -> tuple[list[int], object]:

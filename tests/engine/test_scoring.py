@@ -28,8 +28,9 @@ def model_dir(served_model: str) -> str:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: str) -> Engine:
-    return Engine(EngineConfig(model=model_dir, context=256, kv_cache_gib=0.02, parallel=8, device="cpu",
-                               prefill_chunk_size=24))  # fmt: skip
+    return Engine(
+        EngineConfig(model=model_dir, context=256, kv_cache_gib=0.02, parallel=8, device="cpu", prefill_chunk_size=24)
+    )
 
 
 def _prompt(length: int, offset: int = 0) -> list[int]:

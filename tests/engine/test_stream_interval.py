@@ -27,8 +27,10 @@ def loop_and_prompt(served_model: str):
     loop = EngineLoop(Engine(EngineConfig(model=str(model_dir), context=256, kv_cache_gib=0.05, device="cpu")))
     loop.start()
     prompt = PromptRenderer.from_checkpoint(model_dir).render_chat(
-        ChatRenderRequest([{"role": "user", "content": "Count from 1 to 20."}],
-                          chat_template_kwargs={"enable_thinking": False}))  # fmt: skip
+        ChatRenderRequest(
+            [{"role": "user", "content": "Count from 1 to 20."}], chat_template_kwargs={"enable_thinking": False}
+        )
+    )
     yield loop, prompt.prompt_token_ids
     loop.shutdown()
 
@@ -58,13 +60,20 @@ def test_paced_chunks_carry_the_same_reply(loop_and_prompt) -> None:
 def test_the_events_cap_stretches_each_streams_interval_with_the_number_of_streams(served_model: str) -> None:
     """Two streams under a cap of 20 chunks/s together: each waits at least 2 / 20 s between chunks."""
     model_dir = AppArgs(model=served_model).model_dir
-    config = EngineConfig(model=str(model_dir), context=512, kv_cache_gib=0.05, device="cpu",
-                          stream_events_per_second=20.0)  # fmt: skip
+    config = EngineConfig(
+        model=str(model_dir), context=512, kv_cache_gib=0.05, device="cpu", stream_events_per_second=20.0
+    )
     loop = EngineLoop(Engine(config))
     loop.start()
-    prompt = PromptRenderer.from_checkpoint(model_dir).render_chat(
-        ChatRenderRequest([{"role": "user", "content": "Count from 1 to 20."}],
-                          chat_template_kwargs={"enable_thinking": False})).prompt_token_ids  # fmt: skip
+    prompt = (
+        PromptRenderer.from_checkpoint(model_dir)
+        .render_chat(
+            ChatRenderRequest(
+                [{"role": "user", "content": "Count from 1 to 20."}], chat_template_kwargs={"enable_thinking": False}
+            )
+        )
+        .prompt_token_ids
+    )
     assert loop.stream_interval() == 0.0  # no stream running: nothing to pace
 
     async def stream(tag: str) -> list[float]:

@@ -102,11 +102,12 @@ def test_engine_forces_the_close_identically_solo_and_batched(glm) -> None:
         return EngineRequest(tag, prompt, SamplingParams(temperature=0.0), max_tokens=12, thinking=thinking)
 
     solo = engine.generate([request("solo", rendered.prompt_token_ids, watch)])["solo"]
-    batch = engine.generate([request("story", other.prompt_token_ids, None),
-                             request("batched", rendered.prompt_token_ids, watch)])  # fmt: skip
+    batch = engine.generate(
+        [request("story", other.prompt_token_ids, None), request("batched", rendered.prompt_token_ids, watch)]
+    )
     assert solo.token_ids == batch["batched"].token_ids and solo.text == batch["batched"].text
     close = rendered.reply.think_close_ids
-    assert solo.token_ids[0] == rendered.reply.think_opener_id and solo.token_ids[4:4 + len(close)] == close
+    assert solo.token_ids[0] == rendered.reply.think_opener_id and solo.token_ids[4 : 4 + len(close)] == close
     # The corpus's "17 * 3 = 10..." starts "1", "7", " *": with <think>, four of the budget's five tokens;
     # the fifth is the forced "\n".
     assert solo.text.startswith("<think>17 *\n</think>\n\n")
@@ -158,7 +159,8 @@ def loop_runs(looping_dir: Path) -> LoopRuns:
     from deployments.scheduler.engine.core import Engine
 
     rendered = PromptRenderer.from_checkpoint(looping_dir).render_chat(
-        ChatRenderRequest([{"role": "user", "content": LOOP_PROMPT}]))  # fmt: skip
+        ChatRenderRequest([{"role": "user", "content": LOOP_PROMPT}])
+    )
     guard = thinking_controls(rendered.reply, None, 0, loop_guard=True)
     assert guard is not None and guard.loop_guard and guard.budget == 0
     context = len(rendered.prompt_token_ids) + LOOP_MAX_TOKENS + 16
@@ -192,13 +194,13 @@ def test_engine_loop_guard_closes_a_real_loop_where_the_rule_says(loop_runs: Loo
     fire, period = _rule_fires(free.token_ids)
     assert period <= MAX_PERIOD and fire >= LOOP_START + period + LOOP_MATCHES - 1
     close = reply.think_close_ids
-    assert batched.token_ids[:fire] == free.token_ids[:fire] and batched.token_ids[fire:fire + len(close)] == close
+    assert batched.token_ids[:fire] == free.token_ids[:fire] and batched.token_ids[fire : fire + len(close)] == close
     assert batched.stats is not None and batched.stats.loop_period == period
     assert free.stats is not None and free.stats.loop_period is None
     # The answer continues after the forced close, up to the reply limit.
     assert batched.finish_reason == FinishReason.LENGTH
     assert len(batched.token_ids) == LOOP_MAX_TOKENS > fire + len(close)
-    assert "\n</think>\n\n" in batched.text and reply.think_closer_id not in batched.token_ids[fire + len(close):]
+    assert "\n</think>\n\n" in batched.text and reply.think_closer_id not in batched.token_ids[fire + len(close) :]
 
 
 def test_the_route_reports_the_loop_period(looping_dir: Path, loop_runs: LoopRuns) -> None:
@@ -212,8 +214,12 @@ def test_the_route_reports_the_loop_period(looping_dir: Path, loop_runs: LoopRun
     settings = IngressSettings(served_name="looping", model_ids=["looping"], loop_guard=True)
     window = len(loop_runs.prompt_token_ids) + LOOP_MAX_TOKENS + 16
     with local_backend(str(looping_dir), window=window) as backend, TestClient(build_api(backend, settings)) as client:
-        body = {"model": "looping", "messages": [{"role": "user", "content": LOOP_PROMPT}], "temperature": 0,
-                "max_tokens": LOOP_MAX_TOKENS}  # fmt: skip
+        body = {
+            "model": "looping",
+            "messages": [{"role": "user", "content": LOOP_PROMPT}],
+            "temperature": 0,
+            "max_tokens": LOOP_MAX_TOKENS,
+        }
         response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     answer = response.json()

@@ -118,7 +118,9 @@ def test_attention_matches_a_float64_reference(dtype: torch.dtype) -> None:
     for s, first, count in [(0, 30, 7), (1, 4, 1), (2, 0, 70)]:
         keys = attention_torch.gather_cache(step.k, step.tables[s], first + count).double()
         values = attention_torch.gather_cache(step.v, step.tables[s], first + count).double()
-        reference.append(attention_torch.causal_attention(step.q[s][first : first + count].double(), keys, values, 0.125))
+        reference.append(
+            attention_torch.causal_attention(step.q[s][first : first + count].double(), keys, values, 0.125)
+        )
     expected = torch.cat(reference)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert (ours - expected).abs().max() < tolerance
@@ -128,8 +130,9 @@ def test_attention_matches_a_float64_reference(dtype: torch.dtype) -> None:
 # (3 heads per KV head, 4 rows a tile), fill whole tiles (8) or give one head per KV head.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(6, 2, 64), (8, 1, 128), (4, 4, 96)])
-def test_attention_rows_do_not_depend_on_the_step(dtype: torch.dtype, heads: int, kv_heads: int, dim: int,
-                                                  threads) -> None:  # fmt: skip
+def test_attention_rows_do_not_depend_on_the_step(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, threads
+) -> None:
     step = Step([50, 23, 90], dtype, heads, kv_heads, dim)
     whole = step.run([(0, 0, 50)])
     for chunk in (1, 7, 16):  # prefill in chunks: each chunk's rows equal the whole pass's
@@ -149,7 +152,7 @@ def _close_in_dtype(ours: torch.Tensor, theirs: torch.Tensor, steps: int = 1) ->
     """Every element within `steps` relative steps of its dtype (our sum of squares and exp are our own;
     silu_mul rounds twice, so a step in silu can become two in the product)."""
     gap = (ours.float() - theirs.float()).abs()
-    step = theirs.float().abs() * (2.0 ** -7 if theirs.dtype == torch.bfloat16 else 2.0 ** -10)
+    step = theirs.float().abs() * (2.0**-7 if theirs.dtype == torch.bfloat16 else 2.0**-10)
     return bool((gap <= steps * step + 1e-30).all())
 
 
@@ -163,10 +166,11 @@ def test_rms_norm_rows_are_their_own_and_match_torch(dtype: torch.dtype, threads
     assert torch.equal(summed, expected_sum) and _close_in_dtype(normed, expected)
     assert (normed == expected).float().mean() > 0.999
     for rows in (1, 3, 17, 64):  # a row's bits are the same in any call (threads fork at 64 rows)
-        part, _ = cpu_layer_ops.rms_norm(x[rows:2 * rows], weight, 1e-6, residual[rows:2 * rows])
-        assert torch.equal(part, normed[rows:2 * rows]), rows
-    assert torch.equal(threads(1, cpu_layer_ops.rms_norm, x, weight, 1e-6)[0],
-                       threads(2, cpu_layer_ops.rms_norm, x, weight, 1e-6)[0])  # fmt: skip
+        part, _ = cpu_layer_ops.rms_norm(x[rows : 2 * rows], weight, 1e-6, residual[rows : 2 * rows])
+        assert torch.equal(part, normed[rows : 2 * rows]), rows
+    assert torch.equal(
+        threads(1, cpu_layer_ops.rms_norm, x, weight, 1e-6)[0], threads(2, cpu_layer_ops.rms_norm, x, weight, 1e-6)[0]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *NARROW])

@@ -166,17 +166,18 @@ def test_cpu_mla_is_the_layer_path(no_triton):
     )
     q = torch.cat([q_nope, q_rot], dim=-1)
 
-
     def expand(latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # The layer's own math: kv_b_proj expands the latent; the rope key is shared by every head.
         kv_nope, k_rot = latent.split([16, 4], dim=-1)
         k_nope, values = layer.kv_b_proj(kv_nope).view(latent.shape[0], 2, 16).split([8, 8], dim=-1)
         return torch.cat([k_nope, k_rot[:, None, :].expand(-1, 2, -1)], dim=-1), values
 
-    expected = torch.cat([
-        attention_torch.causal_attention(q[s:e], *expand(attention_torch.gather_cache(cache, t, n)), 0.3)
-        for (s, e), n, t in zip(attention_torch.sequence_spans(batch.query_lens), lens, tables)
-    ])  # fmt: skip
+    expected = torch.cat(
+        [
+            attention_torch.causal_attention(q[s:e], *expand(attention_torch.gather_cache(cache, t, n)), 0.3)
+            for (s, e), n, t in zip(attention_torch.sequence_spans(batch.query_lens), lens, tables)
+        ]
+    )
     got = dispatch.mla_attention(q_nope, q_rot, cache, batch, 0.3, layer.kv_b_proj.weight, 8, kv_b=layer.kv_b_proj)
     assert torch.equal(got, expected)
 

@@ -36,8 +36,9 @@ def _transformers_greedy(path: Path, prompt: list[int]) -> list[int]:
     transformers.utils.logging.set_verbosity_error()
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
-        out = model.eval().generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                    eos_token_id=None)  # fmt: skip
+        out = model.eval().generate(
+            torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None
+        )
     return out[0, len(prompt) :].tolist()
 
 
@@ -45,11 +46,18 @@ def _transformers_greedy(path: Path, prompt: list[int]) -> list[int]:
 def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[str, Path]) -> None:
     prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
     expected = _transformers_greedy(checkpoints[arch], prompt)
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     for chunk in (512, 7):  # the prompt whole, and in 7-token chunks
-        with local_client(str(checkpoints[arch]), window=256, backend="mlx", dtype="float32",
-                          prefill_chunk_size=chunk) as client:  # fmt: skip
+        with local_client(
+            str(checkpoints[arch]), window=256, backend="mlx", dtype="float32", prefill_chunk_size=chunk
+        ) as client:
             reply = client.post("/v1/completions", json=body)
             assert reply.status_code == 200, reply.text
             assert reply.json()["choices"][0]["token_ids"] == expected
@@ -70,8 +78,10 @@ def test_tiny_glm_writes_its_scripted_replies(served_model: str) -> None:
             rendered = client.post("/tokenize", json=tokenize)
             assert rendered.status_code == 200, rendered.text
             prompt = rendered.json()["tokens"]
-            reply = client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 96,
-                                                          "temperature": 0, "return_token_ids": True}).json()  # fmt: skip
+            reply = client.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": prompt, "max_tokens": 96, "temperature": 0, "return_token_ids": True},
+            ).json()
             if reply["choices"][0]["token_ids"] != bundle.encode(conversation.reply):
                 wrong[conversation.name] = bundle.decode(reply["choices"][0]["token_ids"])
         assert not wrong
@@ -79,7 +89,10 @@ def test_tiny_glm_writes_its_scripted_replies(served_model: str) -> None:
 
 def test_memory_health_and_metrics_show_the_mlx_figures(served_model: str) -> None:
     with local_client(served_model, backend="mlx") as client:
-        assert client.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 4}).status_code == 200
+        assert (
+            client.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 4}).status_code
+            == 200
+        )
         health = client.get("/health").json()
         assert health["backend"] == "mlx" and health["memory"]["active"] > 0
         assert set(health["memory"]) == {"active", "cache", "peak"}
@@ -116,11 +129,14 @@ def _config(**settings) -> EngineConfig:
     return EngineConfig(model="unused", backend="mlx", **settings)
 
 
-@pytest.mark.parametrize(("settings", "fix"), [
-    (dict(tensor_parallel_size=2), "--tensor-parallel-size 1"),
-    (dict(engine_threads=2), "drop --engine-threads"),
-    (dict(device="cuda"), "--device auto"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("settings", "fix"),
+    [
+        (dict(tensor_parallel_size=2), "--tensor-parallel-size 1"),
+        (dict(engine_threads=2), "drop --engine-threads"),
+        (dict(device="cuda"), "--device auto"),
+    ],
+)
 def test_mlx_refuses_what_it_cannot_honour(settings: dict, fix: str) -> None:
     with pytest.raises(StartupError, match="backend mlx does not support") as info:
         resolve_backend(_config(**settings))
@@ -144,17 +160,46 @@ def test_auto_takes_mlx_on_apple_silicon_only(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_the_cli_refuses_before_starting_anything() -> None:
-    command = [sys.executable, "-m", "serve_app", "serve", "builtin:tiny-glm", "--backend", "mlx", "--engine-threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "serve_app",
+        "serve",
+        "builtin:tiny-glm",
+        "--backend",
+        "mlx",
+        "--engine-threads",
+        "1",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("tensorfold serve: backend mlx does not support engine_threads")
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith("tensorfold serve: backend mlx does not support engine_threads")
+    )
 
 
 def test_bench_engine_measures_mlx_beside_torch(checkpoints: dict[str, Path]) -> None:
     """`tensorfold bench engine --backend mlx` runs both ranks on one checkpoint in one run, a column each."""
-    command = [sys.executable, "-m", "serve_app", "bench", "engine", "--checkpoint", str(checkpoints["qwen3"]),
-               "--backend", "mlx", "--skip-transformers", "--prompt-tokens", "24", "--decode-tokens", "4",
-               "--concurrency", "2", "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "serve_app",
+        "bench",
+        "engine",
+        "--checkpoint",
+        str(checkpoints["qwen3"]),
+        "--backend",
+        "mlx",
+        "--skip-transformers",
+        "--prompt-tokens",
+        "24",
+        "--decode-tokens",
+        "4",
+        "--concurrency",
+        "2",
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()

@@ -64,18 +64,44 @@ def test_logits_and_greedy_match_transformers(arch: str, checkpoints: dict[str, 
 VARIANTS = {
     "llama-rope-llama3": (
         "llama",
-        dict(rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
-                                  high_freq_factor=4.0, original_max_position_embeddings=32)),
+        dict(
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            )
+        ),
     ),
     "llama-rope-linear": ("llama", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
     "qwen3_moe-no-norm-topk": ("qwen3_moe", dict(norm_topk_prob=False, mlp_only_layers=[])),
-    "glm4_moe-plain": ("glm4_moe", dict(use_qk_norm=False, attention_bias=False, n_group=1, topk_group=1,
-                                        num_nextn_predict_layers=0, partial_rotary_factor=1.0)),
+    "glm4_moe-plain": (
+        "glm4_moe",
+        dict(
+            use_qk_norm=False,
+            attention_bias=False,
+            n_group=1,
+            topk_group=1,
+            num_nextn_predict_layers=0,
+            partial_rotary_factor=1.0,
+        ),
+    ),
     "glm4_moe_lite-no-q-lora-yarn": (
         "glm4_moe_lite",
-        dict(q_lora_rank=None, rope_interleave=False,
-             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, mscale=1.0, mscale_all_dim=1.0,
-                                  original_max_position_embeddings=256)),
+        dict(
+            q_lora_rank=None,
+            rope_interleave=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                original_max_position_embeddings=256,
+            ),
+        ),
     ),
 }
 
@@ -148,8 +174,9 @@ def test_last_token_logits_are_batch_invariant(
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_verify_rows_equal_serial_decode_rows(arch: str, dtype: str, checkpoints: dict[str, Path],
-                                              prompt: list[int]) -> None:  # fmt: skip
+def test_verify_rows_equal_serial_decode_rows(
+    arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
+) -> None:
     """A verify round's rows over [last, d1..d4] are bitwise the rows serial decoding computes at those
     positions, alone or beside other sequences' decode and prefill rows (the drafts' exactness argument)."""
     model = load_model(checkpoints[arch], dtype=dtype)

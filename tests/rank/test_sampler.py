@@ -64,10 +64,16 @@ def test_derived_seed_follows_prompt_and_salt() -> None:
     assert derive_seed([1, 2, 3], salt=5) != derive_seed([1, 2, 3])
 
 
-@pytest.mark.parametrize("settings", [
-    dict(temperature=0.7), dict(temperature=1.0, top_p=0.9), dict(temperature=0.5, top_p=0.95, top_k=50),
-    dict(temperature=1.3, min_p=0.05), dict(temperature=1.0, top_k=3000),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=0.7),
+        dict(temperature=1.0, top_p=0.9),
+        dict(temperature=0.5, top_p=0.95, top_k=50),
+        dict(temperature=1.3, min_p=0.05),
+        dict(temperature=1.0, top_k=3000),
+    ],
+)
 def test_the_walk_over_the_head_draws_what_the_whole_order_draws(settings: dict, monkeypatch) -> None:
     """The draw reads the head of the rank order and widens it while it must: a token never depends on
     how far it read (flat rows reach deep, peaked ones stop in the head; ties and masked ids included)."""

@@ -15,8 +15,9 @@ WINDOW = 160
 
 
 @contextmanager
-def local_backend(served_model: str, window: int = WINDOW, learn_dir: str | None = None,
-                  **engine: object) -> Iterator[LocalBackend]:  # fmt: skip
+def local_backend(
+    served_model: str, window: int = WINDOW, learn_dir: str | None = None, **engine: object
+) -> Iterator[LocalBackend]:
     """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process); `engine`:
     other EngineConfig settings."""
     from deployments.prompt_store.links import LocalStoreLink

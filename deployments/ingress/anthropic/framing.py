@@ -67,8 +67,15 @@ class MessagesFramer:
         self.reader = run.reader()
 
     def _message(self, content: list[dict[str, Any]], reason: str | None, sequence: str | None) -> dict[str, Any]:
-        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
-                "content": content, "stop_reason": reason, "stop_sequence": sequence}  # fmt: skip
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+        }
 
     # ---- whole ------------------------------------------------------------------------------------------
     async def body(self) -> dict[str, Any]:
@@ -96,8 +103,12 @@ class MessagesFramer:
         try:
             start = self._message([], None, None)
             prompt = len(generation.request.prompt_token_ids)
-            start["usage"] = {"input_tokens": prompt, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                              "output_tokens": 0}  # fmt: skip
+            start["usage"] = {
+                "input_tokens": prompt,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+                "output_tokens": 0,
+            }
             yield sse("message_start", {"type": "message_start", "message": start})
             yield sse("ping", {"type": "ping"})
             async for chunk in generation.chunks():
@@ -109,8 +120,12 @@ class MessagesFramer:
                     for event in blocks.feed(self.reader.read_end(finish, summary.token_ids)) + blocks.close():
                         yield event
                     reason, sequence = stop_reason(finish, blocks.has_calls, summary)
-                    delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                             "usage": usage(summary), "tensorfold": summary.runtime_block()}  # fmt: skip
+                    delta = {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                        "usage": usage(summary),
+                        "tensorfold": summary.runtime_block(),
+                    }
                     yield sse("message_delta", delta)
                     yield sse("message_stop", {"type": "message_stop"})
         except GenerationFailed as exc:
@@ -131,8 +146,9 @@ class _BlockStream:
         events = self.close()
         self.index += 1
         self.open_kind = block["type"]
-        events.append(sse("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                  "content_block": block}))  # fmt: skip
+        events.append(
+            sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
+        )
         return events
 
     def _delta(self, delta: dict[str, Any]) -> bytes:

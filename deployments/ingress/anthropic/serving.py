@@ -19,8 +19,13 @@ from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from deployments.messages.replies import Refusal
 
 # Chat fields an error may name, as the Messages field the client sent.
-_FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "response_format": "output_config.format",
-           "reasoning_effort": "output_config.effort", "thinking_budget": "thinking.budget_tokens"}  # fmt: skip
+_FIELDS = {
+    "max_completion_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "response_format": "output_config.format",
+    "reasoning_effort": "output_config.effort",
+    "thinking_budget": "thinking.budget_tokens",
+}
 
 
 def anthropic_error(exc: APIError) -> JSONResponse:

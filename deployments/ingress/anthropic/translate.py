@@ -16,16 +16,26 @@ from deployments.ingress.chat_request import ChatCompletionRequest, chat_request
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.tool_checks import MESSAGES, check_tools
 
-_SERVER_BLOCKS = ("server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
-                  "bash_code_execution_tool_result", "text_editor_code_execution_tool_result", "mcp_tool_use",
-                  "mcp_tool_result", "container_upload", "tool_search_tool_result")  # fmt: skip
+_SERVER_BLOCKS = (
+    "server_tool_use",
+    "web_search_tool_result",
+    "web_fetch_tool_result",
+    "code_execution_tool_result",
+    "bash_code_execution_tool_result",
+    "text_editor_code_execution_tool_result",
+    "mcp_tool_use",
+    "mcp_tool_result",
+    "container_upload",
+    "tool_search_tool_result",
+)
 _FILE_BLOCKS = ("document", "search_result", "file")
 
 
 def _refuse_block(kind: Any, where: str) -> None:
     if kind == "image":
-        raise bad_request(f"{where}: image blocks need a vision model served with --vision; this model reads text only",
-                          "messages")  # fmt: skip
+        raise bad_request(
+            f"{where}: image blocks need a vision model served with --vision; this model reads text only", "messages"
+        )
     if kind in _FILE_BLOCKS:
         raise bad_request(f"{where}: {kind} blocks (documents and file ids) are not supported", "messages")
     if kind == "redacted_thinking":
@@ -140,8 +150,9 @@ def chat_messages(body: MessagesBody) -> list[dict[str, Any]]:
         where = f"messages[{index}]"
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ("user", "assistant", "system"):
-            raise bad_request(f"{where}.role must be user or assistant (or system, kept in place), got {role!r}",
-                              "messages")  # fmt: skip
+            raise bad_request(
+                f"{where}.role must be user or assistant (or system, kept in place), got {role!r}", "messages"
+            )
         blocks = _blocks(message.get("content"), where)
         if role == "user":
             out.extend(_user_messages(blocks, where))
@@ -159,8 +170,9 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for index, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or kind not in (None, "custom"):
-            raise bad_request(f"tools[{index}]: only custom tools are supported (server-side tools such as {kind!r} "
-                              "are not)", "tools")  # fmt: skip
+            raise bad_request(
+                f"tools[{index}]: only custom tools are supported (server-side tools such as {kind!r} are not)", "tools"
+            )
     check_tools(tools, MESSAGES)
     out = []
     for tool in tools:
@@ -202,8 +214,10 @@ def keeps_all_thinking(management: dict[str, Any] | None) -> bool:
         keep = edit.get("keep") if isinstance(edit, dict) else None
         keep_all = keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all")
         if not (isinstance(edit, dict) and str(edit.get("type", "")).startswith("clear_thinking") and keep_all):
-            raise bad_request(f"context_management.edits[{index}]: only the keep-all thinking directive is supported",
-                              "context_management")  # fmt: skip
+            raise bad_request(
+                f"context_management.edits[{index}]: only the keep-all thinking directive is supported",
+                "context_management",
+            )
     return bool(edits)
 
 
@@ -239,8 +253,15 @@ def prompt_request(body: MessagesBody) -> ChatCompletionRequest:
 def messages_chat(body: MessagesRequest) -> ChatCompletionRequest:
     """The whole chat completion the Messages request runs as."""
     chat = prompt_fields(body)
-    chat.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
-                top_p=body.top_p, top_k=body.top_k, seed=body.seed, draft=body.draft)  # fmt: skip
+    chat.update(
+        max_tokens=body.max_tokens,
+        stop=body.stop_sequences,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        draft=body.draft,
+    )
     if body.thinking is not None and body.thinking.type == "enabled":
         chat["thinking_budget"] = body.thinking.budget_tokens
     output = body.output_config

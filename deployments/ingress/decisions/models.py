@@ -150,7 +150,8 @@ def parse_decisions(body: dict[str, Any]) -> DecisionRequest:
     for index, question in enumerate(fields.questions):
         if question.id in seen:
             param = f"questions[{index}].id"
-            raise bad_request(f"{param}: the id {question.id!r} is already used by questions[{seen[question.id]}]",
-                              param)  # fmt: skip
+            raise bad_request(
+                f"{param}: the id {question.id!r} is already used by questions[{seen[question.id]}]", param
+            )
         seen[question.id] = index
     return fields

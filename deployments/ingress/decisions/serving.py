@@ -51,22 +51,27 @@ async def _label_ids(ctx: ServingContext, labels: list[str], cache: dict[str, li
             cache[label] = await ctx.backend.tokenize(label, False)
         tokens = cache[label]
         if len(tokens) != 1:
-            raise bad_request(f"{param}: the answer label {label!r} is {len(tokens)} tokens in this model's "
-                              f"vocabulary, not one, so it cannot be scored as the next token", param)  # fmt: skip
+            raise bad_request(
+                f"{param}: the answer label {label!r} is {len(tokens)} tokens in this model's "
+                f"vocabulary, not one, so it cannot be scored as the next token",
+                param,
+            )
         ids.append(tokens[0])
     if len(set(ids)) != len(ids):
         raise bad_request(f"{param}: two answer labels are the same token in this model's vocabulary", param)
     return ids
 
 
-async def _ask(ctx: ServingContext, fields: DecisionRequest, index: int, window: int,
-               cache: dict[str, list[int]]) -> AskedQuestion:  # fmt: skip
+async def _ask(
+    ctx: ServingContext, fields: DecisionRequest, index: int, window: int, cache: dict[str, list[int]]
+) -> AskedQuestion:
     """Word, render and check one question (a 400 naming `questions[index]` when it cannot be scored)."""
     param = f"questions[{index}]"
     question = fields.questions[index]
     prompt = question_prompt(fields.input, question)
-    render = ChatRenderRequest(messages=[{"role": "user", "content": prompt.text}],
-                               chat_template_kwargs=dict(THINKING_OFF))  # fmt: skip
+    render = ChatRenderRequest(
+        messages=[{"role": "user", "content": prompt.text}], chat_template_kwargs=dict(THINKING_OFF)
+    )
     rendered = await ctx.backend.render_chat(render)
     if isinstance(rendered, Refusal):
         raise bad_request(f"{param}: {rendered.message}", param)
@@ -74,15 +79,19 @@ async def _ask(ctx: ServingContext, fields: DecisionRequest, index: int, window:
         raise bad_request(f"{param}: this model's chat template cannot turn thinking off", param)
     ids = rendered.prompt_token_ids
     if len(ids) >= window:
-        raise bad_request(f"{param}: this server's maximum context length is {window} tokens, and this question's "
-                          f"prompt has {len(ids)}, leaving no position for the answer", param,
-                          "context_length_exceeded")  # fmt: skip
+        raise bad_request(
+            f"{param}: this server's maximum context length is {window} tokens, and this question's "
+            f"prompt has {len(ids)}, leaving no position for the answer",
+            param,
+            "context_length_exceeded",
+        )
     label_ids = await _label_ids(ctx, prompt.labels, cache, param)
     return AskedQuestion(index, question, prompt, ids, label_ids, rendered.reply)
 
 
-async def _score(ctx: ServingContext, asked: AskedQuestion, request_id: str, arrival: float, engine: str,
-                 key_label: str) -> Scored:  # fmt: skip
+async def _score(
+    ctx: ServingContext, asked: AskedQuestion, request_id: str, arrival: float, engine: str, key_label: str
+) -> Scored:
     request = EngineRequest(
         request_id=f"{request_id}-{asked.index}",
         prompt_token_ids=asked.prompt_token_ids,
@@ -117,7 +126,6 @@ async def _score_all(ctx: ServingContext, asked: list[AskedQuestion], request_id
     if failure is not None:
         raise failure
     return [r for r in results if isinstance(r, Scored)]
-
 
 
 async def decide(

@@ -96,5 +96,11 @@ class AuthMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             label = scope["state"].get("key_label") or "-"
-            log.info("%s %s status=%s key=%s elapsed=%.3fs", scope.get("method"), path, status or "-", label,
-                     time.monotonic() - started)  # fmt: skip
+            log.info(
+                "%s %s status=%s key=%s elapsed=%.3fs",
+                scope.get("method"),
+                path,
+                status or "-",
+                label,
+                time.monotonic() - started,
+            )

@@ -23,8 +23,14 @@ M = TypeVar("M", bound=BaseModel)
 class APIError(Exception):
     """An error answered in OpenAI's envelope with its HTTP status."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -98,9 +104,16 @@ def parse_body(model: type[M], body: dict[str, Any]) -> M:
 
 
 # Anthropic's error type for each status (any other status is an api_error).
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                   429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def anthropic_response(status: int, message: str) -> JSONResponse:

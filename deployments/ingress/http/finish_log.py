@@ -48,5 +48,4 @@ def log_refused(request_id: str, status: int, message: str) -> None:
 
 def log_ended(request_id: str, reason: str, prompt_tokens: int, tokens: int, arrival_time: float) -> None:
     elapsed = max(0.0, time.time() - arrival_time)
-    log.info("ended %s reason=%s prompt=%d tokens=%d elapsed=%.3fs", request_id, reason, prompt_tokens, tokens,
-             elapsed)  # fmt: skip
+    log.info("ended %s reason=%s prompt=%d tokens=%d elapsed=%.3fs", request_id, reason, prompt_tokens, tokens, elapsed)

@@ -100,8 +100,9 @@ def read_key_file(path: Path) -> list[KeyEntry]:
         with open(path, "rb") as handle:
             mode = os.fstat(handle.fileno()).st_mode
             if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeyFileError(f"{path} is accessible by group or others (mode {stat.S_IMODE(mode):04o}); "
-                                   f"run: chmod 600 {path}")  # fmt: skip
+                raise KeyFileError(
+                    f"{path} is accessible by group or others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}"
+                )
             data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
         raise KeyFileError(f"{path}: cannot read the key file ({exc.strerror or exc})") from None
@@ -136,8 +137,7 @@ class KeySet:
         return found
 
 
-def auth_settings(api_keys: list[str], key_file: str | None, metrics_open: bool,
-                  env_value: str | None) -> AuthSettings:  # fmt: skip
+def auth_settings(api_keys: list[str], key_file: str | None, metrics_open: bool, env_value: str | None) -> AuthSettings:
     """Startup: digest the fixed keys and check the key file now, so a bad file refuses to start."""
     fixed = entries_from_cli(api_keys) + entries_from_env(env_value)
     path: str | None = None

@@ -144,8 +144,10 @@ async def messages_over_window(messages: list[Any] | None, facts: Callable[[], A
         return None
     window: int = (await facts()).window
     if len(messages) > window:
-        return (f"This server's maximum context length is {window} tokens, and a conversation of "
-                f"{len(messages)} messages cannot fit in it")  # fmt: skip
+        return (
+            f"This server's maximum context length is {window} tokens, and a conversation of "
+            f"{len(messages)} messages cannot fit in it"
+        )
     return None
 
 

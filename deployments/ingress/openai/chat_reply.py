@@ -46,8 +46,12 @@ class ChatReply(ReplyReader):
             out.append({"content": delta.content})
         for index, call in delta.calls:
             self.has_calls = True
-            head = {"index": index, "id": _call_id(), "type": "function",
-                    "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+            head = {
+                "index": index,
+                "id": _call_id(),
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
             out.append({"tool_calls": [head]})
             out.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
         return out

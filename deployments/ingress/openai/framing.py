@@ -59,8 +59,13 @@ class _Framer(abc.ABC):
     # ---- chunks -----------------------------------------------------------------------------------------
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         meta = self.meta
-        body: dict[str, Any] = {"id": meta.request_id, "object": self.chunk_object, "created": meta.created,
-                                "model": meta.model, "choices": choices}  # fmt: skip
+        body: dict[str, Any] = {
+            "id": meta.request_id,
+            "object": self.chunk_object,
+            "created": meta.created,
+            "model": meta.model,
+            "choices": choices,
+        }
         if meta.include_usage:
             body["usage"] = None
         return body
@@ -116,8 +121,13 @@ class _Framer(abc.ABC):
     def response(self, text: str, finish: str, summary: ReplySummary) -> dict[str, Any]:
         meta = self.meta
         choice = self._final_choice(text, finish, summary.token_ids)
-        body: dict[str, Any] = {"id": meta.request_id, "object": self.response_object, "created": meta.created,
-                                "model": meta.model, "choices": [choice]}  # fmt: skip
+        body: dict[str, Any] = {
+            "id": meta.request_id,
+            "object": self.response_object,
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [choice],
+        }
         if meta.return_token_ids and self._prompt_ids_at_top():
             body["prompt_token_ids"] = list(meta.prompt_token_ids)
         body["usage"] = summary.usage()
@@ -164,8 +174,12 @@ class ChatFramer(_Framer):
 
     def _final_choice(self, text: str, finish: str, token_ids: list[int]) -> dict[str, Any]:
         message = self.reply.message(text, finish, token_ids)
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": self.reply.finish_reason(finish)}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": self.reply.finish_reason(finish),
+        }
         if self.meta.return_token_ids:
             choice["token_ids"] = list(token_ids)
         return choice

@@ -58,8 +58,9 @@ def legacy_alternatives(text: str, data: bytes, logprob: float, top: list[tuple[
     return alternatives
 
 
-def legacy_body(texts: list[str], logprobs: list[float | None], tops: list[dict[str, float] | None],
-                offset: int) -> dict[str, Any]:  # fmt: skip
+def legacy_body(
+    texts: list[str], logprobs: list[float | None], tops: list[dict[str, float] | None], offset: int
+) -> dict[str, Any]:
     """The legacy `logprobs` object of consecutive tokens whose first character is at `offset`."""
     offsets = []
     for text in texts:
@@ -100,8 +101,7 @@ class LogprobFramer:
     async def _rows(self, rows: list[LogprobRow]) -> list[_Row]:
         ids = sorted({r.token_id for r in rows} | {t for r in rows for t, _ in r.top})
         strs = dict(zip(ids, await self.backend.token_strs(ids)))
-        return [_Row(r, token_bytes(strs[r.token_id]), [(token_bytes(strs[t]), lp) for t, lp in r.top])
-                for r in rows]  # fmt: skip
+        return [_Row(r, token_bytes(strs[r.token_id]), [(token_bytes(strs[t]), lp) for t, lp in r.top]) for r in rows]
 
     def _shown(self, row: _Row, first: bool) -> bool:
         """Whether a row belongs to the answer (think block, its closer and the blanks after it do not)."""
@@ -157,8 +157,9 @@ class LogprobFramer:
     def _legacy(self, rows: list[_Row], final: bool) -> dict[str, Any]:
         texts = [self._texts.text(r.data, final and i == len(rows) - 1) for i, r in enumerate(rows)]
         logprobs: list[float | None] = [r.row.logprob for r in rows]
-        tops: list[dict[str, float] | None] = [legacy_alternatives(t, r.data, r.row.logprob, r.top)
-                                               for t, r in zip(texts, rows)]  # fmt: skip
+        tops: list[dict[str, float] | None] = [
+            legacy_alternatives(t, r.data, r.row.logprob, r.top) for t, r in zip(texts, rows)
+        ]
         body = legacy_body(texts, logprobs, tops, self.text_offset)
         self.text_offset += sum(len(t) for t in texts)
         return body

@@ -95,6 +95,9 @@ def _drafts_json(replicas: list[ReplicaStatus], counters: EngineCounters) -> dic
     if not methods:
         return None
     drafted, accepted = counters.drafted_total, counters.accepted_total
-    return {"method": ",".join(methods), "drafted_total": drafted, "accepted_total": accepted,
-            "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}  # fmt: skip
-
+    return {
+        "method": ",".join(methods),
+        "drafted_total": drafted,
+        "accepted_total": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+    }

@@ -42,12 +42,16 @@ def _counters(replicas: list[ReplicaStatus]) -> dict[str, Any]:
 
     running = sum(r.running for r in replicas)
     drafting = draft_methods(replicas)
-    drafts: dict[str, Any] = {} if not drafting else {
-        "drafts": ",".join(drafting),
-        "draft_tokens": max(r.draft_tokens for r in replicas),
-        "drafted_total": total("drafted_total"),
-        "accepted_total": total("accepted_total"),
-    }  # fmt: skip
+    drafts: dict[str, Any] = (
+        {}
+        if not drafting
+        else {
+            "drafts": ",".join(drafting),
+            "draft_tokens": max(r.draft_tokens for r in replicas),
+            "drafted_total": total("drafted_total"),
+            "accepted_total": total("accepted_total"),
+        }
+    )
     return drafts | {
         "busy": running > 0,
         "requests_running": running,
@@ -67,8 +71,14 @@ def loading_body(settings: IngressSettings, minimal: bool) -> dict[str, Any]:
     """The body while no Scheduler replica has answered yet: the model is still loading."""
     if minimal:  # keys configured: the status alone
         return {"status": "loading"}
-    return {"status": "loading", "model": settings.served_name, "model_ids": list(settings.model_ids),
-            "warming": True, "version": settings.version, "message": "Loading model"}  # fmt: skip
+    return {
+        "status": "loading",
+        "model": settings.served_name,
+        "model_ids": list(settings.model_ids),
+        "warming": True,
+        "version": settings.version,
+        "message": "Loading model",
+    }
 
 
 def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dict[str, Any]:

@@ -25,4 +25,3 @@ def memory_body(model: str, replicas: list[ReplicaMemory]) -> dict[str, Any]:
         },
         "replicas": [r.as_json() for r in ordered],
     }
-

@@ -36,7 +36,7 @@ HISTOGRAM_FAMILIES: dict[str, tuple[str, str | None, str]] = {
     "decode": ("request_decode_seconds", "request_decode_time_seconds", "End of the prompt pass to the last token."),
     "tpot": ("request_time_per_output_token_seconds", None, "Decode time over the reply tokens after the first."),
     "prefill": ("request_prefill_seconds", "request_prefill_time_seconds", "Time in the request's prompt chunks."),
-}  # fmt: skip
+}
 
 
 def _add_counts(total: dict, counts: dict) -> None:
@@ -94,11 +94,16 @@ class ReplicasCollector(Collector):
         in_flight = counters.completion_tokens_total - counters.generation_tokens_total
         yield self._gauge("generation_tokens_running", "Reply tokens of requests still running.", in_flight)
         footprint = sum(r.memory.get("footprint", 0) for r in self._replicas)
-        yield self._gauge("process_footprint_bytes", "Memory footprint of the engine processes (phys_footprint on "
-                          "macOS, MLX's unified memory included; resident set elsewhere).", footprint)  # fmt: skip
+        yield self._gauge(
+            "process_footprint_bytes",
+            "Memory footprint of the engine processes (phys_footprint on "
+            "macOS, MLX's unified memory included; resident set elsewhere).",
+            footprint,
+        )
         for name in ("kv_cache_usage_ratio", "kv_cache_usage_perc"):
-            family = GaugeMetricFamily(PREFIX + name, "KV blocks in use over the pool (0-1), per replica pool.",
-                                       labels=["model_name", "pool"])  # fmt: skip
+            family = GaugeMetricFamily(
+                PREFIX + name, "KV blocks in use over the pool (0-1), per replica pool.", labels=["model_name", "pool"]
+            )
             for replica in self._replicas:
                 family.add_metric([self._model, replica.replica], replica.kv_usage)
             yield family
@@ -112,18 +117,21 @@ class ReplicasCollector(Collector):
         cached = counters.cached_tokens_total
         yield self._counter("prompt_tokens_cached", "Prompt tokens of finished requests found cached.", cached)
         yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", cached)
-        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                            counters.prompt_tokens_total)  # fmt: skip
+        yield self._counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", counters.prompt_tokens_total
+        )
 
     def _event_counters(self) -> Iterator[Metric]:
         counters = self._counters
-        family = CounterMetricFamily(PREFIX + "requests", "Finished requests, by API-key label.",
-                                     labels=["model_name", "key"])  # fmt: skip
+        family = CounterMetricFamily(
+            PREFIX + "requests", "Finished requests, by API-key label.", labels=["model_name", "key"]
+        )
         for key, count in sorted(counters.requests_by_key.items()):
             family.add_metric([self._model, key], count)
         yield family
-        yield self._counter("client_disconnections", "Requests the client walked away from.",
-                            counters.requests_aborted_total)  # fmt: skip
+        yield self._counter(
+            "client_disconnections", "Requests the client walked away from.", counters.requests_aborted_total
+        )
         for name in ("preemptions", "num_preemptions"):
             yield self._counter(name, "Requests that gave up their lane to another.", counters.preemptions_total)
         yield self._counter("decode_rounds", "Decode rounds run.", counters.rounds_total)
@@ -141,9 +149,11 @@ class ReplicasCollector(Collector):
         for name in ("mtp_accepted", "spec_decode_num_accepted_tokens"):
             yield self._counter(name, "Draft tokens kept (equal to the draw at their row).", counters.accepted_total)
         yield self._counter("spec_decode_num_drafts", "Verify rounds that carried drafts.", counters.draft_rounds_total)
-        family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                                     "Draft tokens kept, by their position in the round's drafts.",
-                                     labels=["model_name", "position"])  # fmt: skip
+        family = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens kept, by their position in the round's drafts.",
+            labels=["model_name", "position"],
+        )
         for position, count in sorted(counters.accepted_by_position.items()):
             family.add_metric([self._model, str(position)], count)
         yield family
@@ -159,8 +169,9 @@ class ReplicasCollector(Collector):
 
     def _routing_decisions(self) -> Metric:
         """Finished requests by the prefix-affinity router's reason (all zero when Serve's router chose)."""
-        family = CounterMetricFamily(PREFIX + "routing_decisions", "Requests routed, by the router's reason.",
-                                     labels=["model_name", "reason"])  # fmt: skip
+        family = CounterMetricFamily(
+            PREFIX + "routing_decisions", "Requests routed, by the router's reason.", labels=["model_name", "reason"]
+        )
         counts = {reason: 0 for reason in ROUTE_REASONS} | self._counters.requests_by_route
         for reason, count in sorted(counts.items()):
             family.add_metric([self._model, reason], count)
@@ -179,4 +190,3 @@ def exposition(model_name: str, replicas: list[ReplicaStatus]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReplicasCollector(model_name, replicas))
     return generate_latest(registry)
-

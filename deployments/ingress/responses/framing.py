@@ -53,8 +53,14 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
 
 
 def call_item(call: ParsedCall, arguments: str, status: str, item_id: str, call_id: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": call.name,
-            "arguments": arguments, "status": status}  # fmt: skip
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 def _new_call(call: ParsedCall) -> dict[str, Any]:
@@ -83,11 +89,25 @@ class ResponseHead:
     model: str
     echo: dict[str, Any]
 
-    def body(self, status: str, output: list[dict[str, Any]], summary: ReplySummary | None = None,
-             error: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-        body: dict[str, Any] = {"id": self.response_id, "object": "response", "created_at": self.created_at,
-                                "status": status, "error": error, "incomplete_details": None, "model": self.model,
-                                "output": output, **self.echo, "usage": None}  # fmt: skip
+    def body(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        summary: ReplySummary | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": error,
+            "incomplete_details": None,
+            "model": self.model,
+            "output": output,
+            **self.echo,
+            "usage": None,
+        }
         if status == "incomplete":
             body["incomplete_details"] = {"reason": "max_output_tokens"}
         if status == "completed":
@@ -136,13 +156,17 @@ class ResponseEvents:
 
     def opening(self) -> list[dict[str, Any]]:
         pending = self.head.body("in_progress", [])
-        return [self._event("response.created", response=pending), self._event("response.in_progress", response=pending)]
+        return [
+            self._event("response.created", response=pending),
+            self._event("response.in_progress", response=pending),
+        ]
 
     def _open_item(self, kind: str) -> list[dict[str, Any]]:
         events = self.close_item("completed")
         item = self._open = _OpenItem(kind, len(self.output))
-        events.append(self._event("response.output_item.added", output_index=item.index,
-                                  item=item.item("in_progress", None)))  # fmt: skip
+        events.append(
+            self._event("response.output_item.added", output_index=item.index, item=item.item("in_progress", None))
+        )
         events.append(self._event("response.content_part.added", **self._where(item), part=item.part("")))
         return events
 
@@ -164,9 +188,11 @@ class ResponseEvents:
         extra = {} if item.kind == "reasoning" else {"logprobs": []}
         done = item.item(status, item.text)
         self.output.append(done)
-        return [self._event(name, **self._where(item), text=item.text, **extra),
-                self._event("response.content_part.done", **self._where(item), part=item.part(item.text)),
-                self._event("response.output_item.done", output_index=item.index, item=done)]  # fmt: skip
+        return [
+            self._event(name, **self._where(item), text=item.text, **extra),
+            self._event("response.content_part.done", **self._where(item), part=item.part(item.text)),
+            self._event("response.output_item.done", output_index=item.index, item=done),
+        ]
 
     def _call(self, call: ParsedCall) -> list[dict[str, Any]]:
         events = self.close_item("completed")
@@ -174,10 +200,12 @@ class ResponseEvents:
         where = {"item_id": done["id"], "output_index": index}
         opened = call_item(call, "", "in_progress", done["id"], done["call_id"])
         self.output.append(done)
-        return events + [self._event("response.output_item.added", output_index=index, item=opened),
-                         self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
-                         self._event("response.function_call_arguments.done", **where, arguments=call.arguments),
-                         self._event("response.output_item.done", output_index=index, item=done)]  # fmt: skip
+        return events + [
+            self._event("response.output_item.added", output_index=index, item=opened),
+            self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
+            self._event("response.function_call_arguments.done", **where, arguments=call.arguments),
+            self._event("response.output_item.done", output_index=index, item=done),
+        ]
 
     def feed(self, delta: ReplyDelta) -> list[dict[str, Any]]:
         """The events one parser step produces, in reply order: reasoning, content, calls."""

@@ -16,16 +16,18 @@ METADATA_PAIRS = 16
 METADATA_KEY_CHARS = 64
 METADATA_VALUE_CHARS = 512
 # OpenAI's `include` names: accepted and ignored, since this server has nothing to add for any of them.
-INCLUDE_NAMES = frozenset({
-    "code_interpreter_call.outputs",
-    "computer_call_output.output.image_url",
-    "file_search_call.results",
-    "message.input_image.image_url",
-    "message.output_text.logprobs",
-    "reasoning.encrypted_content",
-    "web_search_call.action.sources",
-    "web_search_call.results",
-})  # fmt: skip
+INCLUDE_NAMES = frozenset(
+    {
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+        "file_search_call.results",
+        "message.input_image.image_url",
+        "message.output_text.logprobs",
+        "reasoning.encrypted_content",
+        "web_search_call.action.sources",
+        "web_search_call.results",
+    }
+)
 _HOSTED = (  # field -> why, refused when present with a value that asks for something
     ("background", "background responses are not supported: the reply runs while the request is open"),
     ("conversation", "conversations are not supported: continue with previous_response_id"),

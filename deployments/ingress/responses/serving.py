@@ -47,8 +47,14 @@ def _echo(fields: ResponsesRequest, run: ChatRun) -> dict[str, Any]:
 class _Exchange:
     """One request after validation: its started chat run, its framing head and what storing needs."""
 
-    def __init__(self, ctx: ServingContext, fields: ResponsesRequest, run: ChatRun, head: ResponseHead,
-                 conversation: list[dict[str, Any]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ctx: ServingContext,
+        fields: ResponsesRequest,
+        run: ChatRun,
+        head: ResponseHead,
+        conversation: list[dict[str, Any]],
+    ) -> None:
         self.ctx, self.fields, self.run, self.head = ctx, fields, run, head
         self.conversation = conversation
         self.reader = run.reader()
@@ -103,8 +109,12 @@ async def _history(ctx: ServingContext, fields: ResponsesRequest) -> list[dict[s
         return []
     stored = await ctx.backend.load_response(fields.previous_response_id)
     if stored is None:
-        raise APIError(400, f"previous_response_id: no stored response {fields.previous_response_id!r}",
-                       param="previous_response_id", code="previous_response_not_found")  # fmt: skip
+        raise APIError(
+            400,
+            f"previous_response_id: no stored response {fields.previous_response_id!r}",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
     return stored.messages
 
 

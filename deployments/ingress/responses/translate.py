@@ -24,8 +24,21 @@ _CHAT_TO_RESPONSES = {
     "response_format": "text",
     "reasoning_effort": "reasoning",
 }
-_PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos", "thinking_budget",
-           "chat_template_kwargs", "priority", "draft", "parallel_tool_calls")  # fmt: skip
+_PASSED = (
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "thinking_budget",
+    "chat_template_kwargs",
+    "priority",
+    "draft",
+    "parallel_tool_calls",
+)
 
 
 def _refuse(where: str, why: str, param: str = "input") -> APIError:
@@ -102,8 +115,11 @@ class _Messages:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise _refuse(f"{where}.{key}", "must be a string")
-        call = {"id": item["call_id"], "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
         message = self.messages[-1] if self.joinable else self._assistant("")
         message.setdefault("tool_calls", []).append(call)
 
@@ -143,12 +159,15 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for index, tool in enumerate(tools):
         kind = tool.get("type")
         if kind != "function":
-            raise _refuse(f"tools[{index}]", f"built-in tools ({kind!r}) are not supported; send function tools",
-                          "tools")  # fmt: skip
+            raise _refuse(
+                f"tools[{index}]", f"built-in tools ({kind!r}) are not supported; send function tools", "tools"
+            )
     check_tools(tools, RESPONSES)
     keys = ("name", "description", "parameters", "strict")
-    return [{"type": "function", "function": {key: tool[key] for key in keys if tool.get(key) is not None}}
-            for tool in tools]  # fmt: skip
+    return [
+        {"type": "function", "function": {key: tool[key] for key in keys if tool.get(key) is not None}}
+        for tool in tools
+    ]
 
 
 def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
@@ -158,8 +177,9 @@ def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tupl
     names = set()
     for tool in allowed:
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise _refuse("tool_choice.tools", 'only {"type": "function", "name": ...} entries are supported',
-                          "tool_choice")  # fmt: skip
+            raise _refuse(
+                "tool_choice.tools", 'only {"type": "function", "name": ...} entries are supported', "tool_choice"
+            )
         names.add(tool["name"])
     return mode, [t for t in tools or [] if t["function"]["name"] in names]
 
@@ -175,8 +195,11 @@ def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[A
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         return _allowed(choice, tools)
     what = choice.get("type") if isinstance(choice, dict) else choice
-    raise _refuse("tool_choice", f'{what!r} is not supported: use "none", "auto", "required", a function or '
-                  "allowed_tools", "tool_choice")  # fmt: skip
+    raise _refuse(
+        "tool_choice",
+        f'{what!r} is not supported: use "none", "auto", "required", a function or allowed_tools',
+        "tool_choice",
+    )
 
 
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -240,8 +263,13 @@ def assistant_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
         elif item["type"] == "message":
             message["content"] += "".join(part["text"] for part in item["content"])
         elif item["type"] == "function_call":
-            calls.append({"id": item["call_id"], "type": "function",
-                          "function": {"name": item["name"], "arguments": item["arguments"]}})  # fmt: skip
+            calls.append(
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                }
+            )
     if calls:
         message["tool_calls"] = calls
     return message

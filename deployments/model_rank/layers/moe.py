@@ -59,9 +59,14 @@ class Router(nn.Module):
         r = self.routing
         logits = invariant_linear(x.float(), self.weight.float())  # [T, E] float32
         return dispatch.grouped_topk(
-            logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group, r.norm_topk_prob,
+            logits,
+            self.e_score_correction_bias,
+            r.top_k,
+            r.n_group,
+            r.topk_group,
+            r.norm_topk_prob,
             r.routed_scaling_factor,
-        )  # fmt: skip
+        )
 
 
 class Experts(nn.Module):

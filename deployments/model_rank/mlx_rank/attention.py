@@ -44,8 +44,20 @@ def causal_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.
 class SelfAttention:
     """GQA: q/k/v projections, optional per-head QK-norm before RoPE, paged attention, o_proj."""
 
-    def __init__(self, q: Linear, k: Linear, v: Linear, o: Linear, q_norm: RMSNorm | None, k_norm: RMSNorm | None,
-                 rotary: Rotary, heads: int, kv_heads: int, head_dim: int, scale: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        o: Linear,
+        q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None,
+        rotary: Rotary,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        scale: float,
+    ) -> None:
         self.q, self.k, self.v, self.o = q, k, v, o
         self.q_norm, self.k_norm = q_norm, k_norm
         self.rotary = rotary
@@ -74,13 +86,35 @@ class SelfAttention:
 class MLAAttention:
     """Multi-head latent attention: one cached row per token (normalised KV latent, then the rope key)."""
 
-    def __init__(self, q_proj: Linear | None, q_a: Linear | None, q_a_norm: RMSNorm | None, q_b: Linear | None,
-                 kv_a: Linear, kv_a_norm: RMSNorm, kv_b: Linear, o: Linear, rotary: Rotary, heads: int,
-                 nope: int, rope: int, v_dim: int, kv_lora_rank: int, scale: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        q_proj: Linear | None,
+        q_a: Linear | None,
+        q_a_norm: RMSNorm | None,
+        q_b: Linear | None,
+        kv_a: Linear,
+        kv_a_norm: RMSNorm,
+        kv_b: Linear,
+        o: Linear,
+        rotary: Rotary,
+        heads: int,
+        nope: int,
+        rope: int,
+        v_dim: int,
+        kv_lora_rank: int,
+        scale: float,
+    ) -> None:
         self.q_proj, self.q_a, self.q_a_norm, self.q_b = q_proj, q_a, q_a_norm, q_b
         self.kv_a, self.kv_a_norm, self.kv_b, self.o = kv_a, kv_a_norm, kv_b, o
         self.rotary = rotary
-        self.heads, self.nope, self.rope, self.v_dim, self.lora, self.scale = heads, nope, rope, v_dim, kv_lora_rank, scale
+        self.heads, self.nope, self.rope, self.v_dim, self.lora, self.scale = (
+            heads,
+            nope,
+            rope,
+            v_dim,
+            kv_lora_rank,
+            scale,
+        )
         self.cache = PagedCache()
 
     def _queries(self, hidden: mx.array) -> mx.array:

@@ -66,8 +66,10 @@ class Rotary:
         if cached is None or cached[0].dtype != dtype:
             freqs = batch.positions[:, None] * self.inv_freq  # [T, rot/2]
             emb = mx.concatenate([freqs, freqs], axis=-1)  # [T, rot]
-            cached = ((mx.cos(emb) * self.scaling).astype(dtype)[:, None, :],
-                      (mx.sin(emb) * self.scaling).astype(dtype)[:, None, :])  # fmt: skip
+            cached = (
+                (mx.cos(emb) * self.scaling).astype(dtype)[:, None, :],
+                (mx.sin(emb) * self.scaling).astype(dtype)[:, None, :],
+            )
             batch.rope[id(self)] = cached
         return cached
 

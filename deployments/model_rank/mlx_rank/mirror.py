@@ -56,8 +56,13 @@ class Mirror:
             experts = module.experts
             shared = self.mlp(module.shared_experts) if module.shared_experts is not None else None
             assert shared is None or isinstance(shared, GatedMLP)
-            return SparseMoE(router, self.array(experts.gate_proj), self.array(experts.up_proj),
-                             self.array(experts.down_proj), shared)  # fmt: skip
+            return SparseMoE(
+                router,
+                self.array(experts.gate_proj),
+                self.array(experts.up_proj),
+                self.array(experts.down_proj),
+                shared,
+            )
         raise TypeError(f"no MLX mirror for {type(module).__name__}")
 
     def attention(self, module: nn.Module) -> SelfAttention | MLAAttention:
@@ -65,10 +70,18 @@ class Mirror:
             q_norm = self.norm(module.q_norm) if module.q_norm is not None else None
             k_norm = self.norm(module.k_norm) if module.k_norm is not None else None
             return SelfAttention(
-                self.linear(module.q_proj), self.linear(module.k_proj), self.linear(module.v_proj),
-                self.linear(module.o_proj), q_norm, k_norm, self.rotary(module.rotary), module.local_heads,
-                module.local_kv_heads, module.head_dim, module.attn.scale,
-            )  # fmt: skip
+                self.linear(module.q_proj),
+                self.linear(module.k_proj),
+                self.linear(module.v_proj),
+                self.linear(module.o_proj),
+                q_norm,
+                k_norm,
+                self.rotary(module.rotary),
+                module.local_heads,
+                module.local_kv_heads,
+                module.head_dim,
+                module.attn.scale,
+            )
         if isinstance(module, TorchMLA):
             d = module.dims
             direct = d.q_lora_rank is None
@@ -77,15 +90,27 @@ class Mirror:
                 None if direct else self.linear(module.q_a_proj),
                 None if direct else self.norm(module.q_a_layernorm),
                 None if direct else self.linear(module.q_b_proj),
-                self.linear(module.kv_a_proj_with_mqa), self.norm(module.kv_a_layernorm), self.linear(module.kv_b_proj),
-                self.linear(module.o_proj), self.rotary(module.rotary), module.local_heads, d.qk_nope_head_dim,
-                d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank, module.scale,
-            )  # fmt: skip
+                self.linear(module.kv_a_proj_with_mqa),
+                self.norm(module.kv_a_layernorm),
+                self.linear(module.kv_b_proj),
+                self.linear(module.o_proj),
+                self.rotary(module.rotary),
+                module.local_heads,
+                d.qk_nope_head_dim,
+                d.qk_rope_head_dim,
+                d.v_head_dim,
+                d.kv_lora_rank,
+                module.scale,
+            )
         raise TypeError(f"no MLX mirror for {type(module).__name__}")
 
     def layer(self, module: TorchDecoderLayer) -> DecoderLayer:
-        return DecoderLayer(self.norm(module.input_layernorm), self.attention(module.self_attn),
-                            self.norm(module.post_attention_layernorm), self.mlp(module.mlp))  # fmt: skip
+        return DecoderLayer(
+            self.norm(module.input_layernorm),
+            self.attention(module.self_attn),
+            self.norm(module.post_attention_layernorm),
+            self.mlp(module.mlp),
+        )
 
 
 def mirror_model(model: CausalLM, mtp: bool) -> tuple[DecoderStack, MtpLayer | None]:
@@ -101,7 +126,13 @@ def mirror_model(model: CausalLM, mtp: bool) -> tuple[DecoderStack, MtpLayer | N
     if not mtp or torch_mtp is None:
         return decoder, None
     shared = torch_mtp.shared_head
-    layer = MtpLayer(mirror.array(torch_mtp.embed_tokens.weight), mirror.norm(torch_mtp.enorm),
-                     mirror.norm(torch_mtp.hnorm), mirror.linear(torch_mtp.eh_proj), mirror.layer(torch_mtp.layer),
-                     mirror.norm(shared.norm), Linear(mirror.array(shared.head.weight), None))  # fmt: skip
+    layer = MtpLayer(
+        mirror.array(torch_mtp.embed_tokens.weight),
+        mirror.norm(torch_mtp.enorm),
+        mirror.norm(torch_mtp.hnorm),
+        mirror.linear(torch_mtp.eh_proj),
+        mirror.layer(torch_mtp.layer),
+        mirror.norm(shared.norm),
+        Linear(mirror.array(shared.head.weight), None),
+    )
     return decoder, layer

@@ -11,8 +11,16 @@ from deployments.model_rank.step_rows import StepRows
 class MtpLayer:
     """models/glm4_moe.py's Glm4MoeMTP: embed the next token, fuse it with the trunk's state, one decoder layer."""
 
-    def __init__(self, embed: mx.array, enorm: RMSNorm, hnorm: RMSNorm, eh_proj: Linear, layer: DecoderLayer,
-                 norm: RMSNorm, head: Linear) -> None:  # fmt: skip
+    def __init__(
+        self,
+        embed: mx.array,
+        enorm: RMSNorm,
+        hnorm: RMSNorm,
+        eh_proj: Linear,
+        layer: DecoderLayer,
+        norm: RMSNorm,
+        head: Linear,
+    ) -> None:
         self.embed, self.enorm, self.hnorm, self.eh_proj = embed, enorm, hnorm, eh_proj
         self.layer, self.norm, self.head = layer, norm, head
 

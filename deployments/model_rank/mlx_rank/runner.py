@@ -39,7 +39,8 @@ class MlxRunner:
         self.mtp_on = mtp and self.config.has_mtp
         # The main layers' specs, then the MTP layer's: the order of the caches (and of a stored block's bytes).
         self.specs: list[LayerCacheSpec] = torch_model.kv_cache_specs() + (
-            torch_model.mtp_kv_cache_specs() if self.mtp_on else [])  # fmt: skip
+            torch_model.mtp_kv_cache_specs() if self.mtp_on else []
+        )
         self.weight_bytes = torch_model.weight_bytes()
         self.dtype = TORCH_TO_MX[self.config.dtype]
         self.model, self.mtp = mirror_model(torch_model, self.mtp_on)  # frees the torch tensors as it copies them
@@ -74,8 +75,10 @@ class MlxRunner:
                 arrays = [mx.zeros((slots, spec.latent_dim), self.dtype)]
             else:
                 v_dim = spec.v_head_dim or spec.head_dim
-                arrays = [mx.zeros((slots, spec.num_kv_heads, spec.head_dim), self.dtype),
-                          mx.zeros((slots, spec.num_kv_heads, v_dim), self.dtype)]  # fmt: skip
+                arrays = [
+                    mx.zeros((slots, spec.num_kv_heads, spec.head_dim), self.dtype),
+                    mx.zeros((slots, spec.num_kv_heads, v_dim), self.dtype),
+                ]
             mx.eval(arrays)
             layer.attn.cache.arrays = arrays
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -101,7 +104,9 @@ class MlxRunner:
             for index, array in enumerate(cache.arrays):
                 row_shape = array.shape[1:]
                 width = int(np.prod(row_shape)) * array.itemsize * self.block_size
-                part = from_bytes(rows[:, start : start + width], array.dtype, (len(block_ids) * self.block_size, *row_shape))
+                part = from_bytes(
+                    rows[:, start : start + width], array.dtype, (len(block_ids) * self.block_size, *row_shape)
+                )
                 cache.write(index, part, slots)
                 start += width
         mx.eval(self._current_caches())
@@ -128,5 +133,6 @@ class MlxRunner:
         return output
 
     def _prompt_rows(self, plan: StepPlan, hidden: mx.array) -> dict[int, list[PromptLogprobRow]]:
-        return prompt_logprob_rows(plan, lambda first, count: to_torch(self.model.logits(hidden[first : first + count])))
-
+        return prompt_logprob_rows(
+            plan, lambda first, count: to_torch(self.model.logits(hidden[first : first + count]))
+        )

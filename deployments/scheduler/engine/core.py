@@ -48,12 +48,16 @@ class Engine:
         pool = self._allocate_pool()
         self.window, self.max_batch_size = pool.window, pool.max_seqs
         self.counters = EngineCounters()
-        self.disk = None if not config.learning else DiskStates.open(
-            config, store_link, self.blocks, self.executor, self.runner_info.dtype
+        self.disk = (
+            None
+            if not config.learning
+            else DiskStates.open(config, store_link, self.blocks, self.executor, self.runner_info.dtype)
         )
         self.draft_method = draft_method(config.draft, self.runner_info)
-        self.drafts = None if self.draft_method == "off" else DraftRounds(
-            self.draft_method, config.draft_tokens, fixed=config.draft_policy == "fixed"
+        self.drafts = (
+            None
+            if self.draft_method == "off"
+            else DraftRounds(self.draft_method, config.draft_tokens, fixed=config.draft_policy == "fixed")
         )
         self.policy = (
             f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "

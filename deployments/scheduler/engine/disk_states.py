@@ -193,8 +193,14 @@ class DiskStates:
         if not run:
             return
         payload = self.rows.read_block_rows([block_id for _, _, block_id, _ in run]).reshape(-1)
-        piece = PieceWrite(self.set_id, run[0][0], [name for _, name, _, _ in run],
-                           [list(tokens) for *_, tokens in run], self.block_bytes, payload)  # fmt: skip
+        piece = PieceWrite(
+            self.set_id,
+            run[0][0],
+            [name for _, name, _, _ in run],
+            [list(tokens) for *_, tokens in run],
+            self.block_bytes,
+            payload,
+        )
         self.link.write(piece)
         self.stats_stale = True
         self.on_disk.update(piece.hashes)  # optimistic: a cap may refuse it, and a later read then misses
@@ -210,8 +216,14 @@ class DiskStates:
         while disk < usable and hashes.hashes[disk] in self.on_disk:
             disk += 1
         extra = max(0, disk - ram)
-        return Resumable(len(prompt), ram * bs, disk * bs, extra * self.block_bytes,
-                         extra * self.block_bytes / self.read_rate, extra * bs / self.prefill_rate)  # fmt: skip
+        return Resumable(
+            len(prompt),
+            ram * bs,
+            disk * bs,
+            extra * self.block_bytes,
+            extra * self.block_bytes / self.read_rate,
+            extra * bs / self.prefill_rate,
+        )
 
     def restore(self, prompt: list[int], hashes: PromptHashes) -> int:
         """Read the prompt's disk state past RAM's into the cache when that pays; returns tokens restored."""
@@ -270,8 +282,15 @@ class DiskStates:
         resumed = plan.disk_tokens if from_disk else plan.ram_tokens
         wait = (plan.read_seconds if from_disk else 0.0) + (plan.tokens - resumed) / self.prefill_rate
         source = "disk" if from_disk else ("ram" if plan.ram_tokens else "none")
-        return ImprintAnswer(plan.tokens, plan.ram_tokens, plan.disk_tokens, plan.disk_bytes if from_disk else 0,
-                             source, round(wait, 6), disk=True)  # fmt: skip
+        return ImprintAnswer(
+            plan.tokens,
+            plan.ram_tokens,
+            plan.disk_tokens,
+            plan.disk_bytes if from_disk else 0,
+            source,
+            round(wait, 6),
+            disk=True,
+        )
 
     def forget_all(self) -> int:
         """DELETE /v1/imprint: the set's states on disk go (RAM's stay until evicted)."""

@@ -44,8 +44,14 @@ class _Phase(enum.Enum):
 class ReplyGrammar:
     """One sequence's matcher plus the think-block gate in front of it."""
 
-    def __init__(self, compiled: "xgr.CompiledGrammar", spec: GrammarSpec, vocab_size: int, stop_ids: list[int],
-                 blank_widths: dict[int, int]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        compiled: "xgr.CompiledGrammar",
+        spec: GrammarSpec,
+        vocab_size: int,
+        stop_ids: list[int],
+        blank_widths: dict[int, int],
+    ) -> None:
         import xgrammar as xgr  # imported on first use: it pulls in transformers
 
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
@@ -117,8 +123,10 @@ class ReplyGrammar:
             self.matcher_steps += 1
         else:
             if self.dead_end:  # nothing was allowed (e.g. the only continuation is an end id): say so
-                raise GrammarFailure(f"the grammar allows no token here (end ids {self.matcher.stop_token_ids} "
-                                     f"are never text to it); token {token} was drawn unconstrained")
+                raise GrammarFailure(
+                    f"the grammar allows no token here (end ids {self.matcher.stop_token_ids} "
+                    f"are never text to it); token {token} was drawn unconstrained"
+                )
             raise GrammarFailure(f"the grammar refused token {token} while decoding")
 
     def checkpoint(self) -> tuple:
@@ -135,8 +143,11 @@ class ReplyGrammar:
     def _blank_fits(self, token: int) -> bool:
         """Whether a blank token still fits the gap after the think closer (tokens and characters)."""
         width = self.blank_widths.get(token)
-        return (width is not None and self.blanks_after_think < MAX_BLANKS_AFTER_THINK
-                and self.blank_chars_after_think + width <= MAX_JSON_BLANKS)  # fmt: skip
+        return (
+            width is not None
+            and self.blanks_after_think < MAX_BLANKS_AFTER_THINK
+            and self.blank_chars_after_think + width <= MAX_JSON_BLANKS
+        )
 
 
 def allows(words: torch.Tensor, token: int) -> bool:
@@ -166,8 +177,12 @@ class GrammarBackend:
         self.compiles = 0  # grammars compiled so far (a cache hit does not count)
         textual = text_end_ids(tokenizer, self.stop_ids)
         if textual:  # a misconfigured checkpoint: grammars cannot write these, and a reply ends on them
-            log.warning("end token ids %s are ordinary text tokens %s of the tokenizer: constrained replies "
-                        "can never write them", textual, [tokenizer.decode([i]) for i in textual])
+            log.warning(
+                "end token ids %s are ordinary text tokens %s of the tokenizer: constrained replies "
+                "can never write them",
+                textual,
+                [tokenizer.decode([i]) for i in textual],
+            )
 
     def _compiler_for_tokenizer(self) -> "xgr.GrammarCompiler":
         if self._compiler is None:
@@ -238,4 +253,3 @@ def text_end_ids(tokenizer: TokenizerBundle, end_ids: list[int]) -> list[int]:
     added = set(tokenizer.tokenizer.get_added_tokens_decoder())
     size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=False)
     return [i for i in end_ids if i < size and i not in added]
-

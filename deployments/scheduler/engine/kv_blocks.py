@@ -73,8 +73,9 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def adopt_prefix(self, table: BlockTable, token_ids: list[int], max_tokens: int,
-                     known: PromptHashes | None = None) -> int:  # fmt: skip
+    def adopt_prefix(
+        self, table: BlockTable, token_ids: list[int], max_tokens: int, known: PromptHashes | None = None
+    ) -> int:
         """Give an empty table the cached blocks that start `token_ids`; returns the tokens covered."""
         assert not table.block_ids, "prefix adoption happens before a sequence holds blocks"
         if self.max_cached_blocks == 0:

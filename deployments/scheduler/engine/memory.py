@@ -63,8 +63,9 @@ def read_mlx_memory() -> MemoryReading:
     if working_set is None:
         return host
     available = min(host.available_bytes, int(working_set) - mx.get_active_memory())
-    return MemoryReading(available_bytes=max(available, 0), total_bytes=int(info.get("memory_size", host.total_bytes)),
-                         unified=True)  # fmt: skip
+    return MemoryReading(
+        available_bytes=max(available, 0), total_bytes=int(info.get("memory_size", host.total_bytes)), unified=True
+    )
 
 
 def reserve_bytes(reading: MemoryReading) -> int:

@@ -116,8 +116,9 @@ class Planner:
         # Prompt logprobs need every prompt position computed, so such a request never resumes from the cache.
         covered = 0
         if seq.request.prompt_logprobs is None:
-            covered = self.blocks.adopt_prefix(seq.block_table, seq.token_ids, len(seq.token_ids) - 1,
-                                              seq.request.prompt_hashes)  # fmt: skip
+            covered = self.blocks.adopt_prefix(
+                seq.block_table, seq.token_ids, len(seq.token_ids) - 1, seq.request.prompt_hashes
+            )
         seq.num_computed = covered
         if seq.stats.preemptions == 0:
             seq.stats.cached_tokens = min(covered, seq.num_prompt_tokens)

@@ -81,4 +81,3 @@ class Snapshots:
         if self.disk is not None:  # what the node's disk store holds counts as a partial match
             digest.disk_keys = self.disk.disk_keys()
         return digest
-

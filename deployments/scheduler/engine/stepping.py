@@ -118,7 +118,11 @@ def _take_proposal(seq: Sequence, proposal: Proposal | None) -> None:
     state = seq.draft
     if state is None or state.method != "mtp":
         return
-    fits = (proposal is not None and seq.finish_reason is None and proposal.after == len(seq.token_ids) - 1
-            and seq.token_ids[-1] == proposal.last_token)  # fmt: skip
+    fits = (
+        proposal is not None
+        and seq.finish_reason is None
+        and proposal.after == len(seq.token_ids) - 1
+        and seq.token_ids[-1] == proposal.last_token
+    )
     state.proposed = proposal.token_ids if fits and proposal is not None else []
     state.proposed_after = proposal.after if fits and proposal is not None else -1

@@ -118,8 +118,11 @@ def _start_child() -> tuple[Connection, subprocess.Popen]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
     try:
-        process = subprocess.Popen([sys.executable, "-m", "deployments.scheduler.transports.child", str(child_fd)],
-                                   pass_fds=(child_fd,), env=env)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "deployments.scheduler.transports.child", str(child_fd)],
+            pass_fds=(child_fd,),
+            env=env,
+        )
     finally:
         os.close(child_fd)
     return Connection(ours.detach()), process
