@@ -20,17 +20,20 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
 
     Weights packed at load (bf16 on an AMX CPU, layers/packing.py) run on kernels/cpu_gemm's fixed-order
-    tiles. CPU GEMMs pick kernels by row count (float32: M=1..3 differ from M>=4; bf16 on a CPU without AMX:
-    a 64x64 projection's M=1 rows differ from M=64's), so every CPU GEMM and float32 anywhere runs in
-    zero-padded 16-row tiles, one call each. The bias is added separately: a fused addmm is another kernel
-    with its own row-count behaviour.
+    tiles. float32 GEMMs pick kernels by row count (M=1..3 differ from M>=4 on this CPU), so float32 runs in
+    zero-padded 16-row tiles, one call each. CPU bf16/fp16 GEMMs give every M >= 2 the same row bits, but a
+    single row takes a GEMV with its own order (seen on a CPU without AMX), so a lone row is padded to two:
+    measured as fast as the GEMV, where 16-row tiles cost up to twice as much. The bias is added separately:
+    a fused addmm is another kernel with its own row-count behaviour.
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
     if cpu_gemm.is_packed(weight):
         out = cpu_gemm.matmul(x2, weight)  # [M, N]
-    elif (x2.dtype == torch.float32 or x2.device.type == "cpu") and x2.shape[0] > 0:
+    elif x2.dtype == torch.float32 and x2.shape[0] > 0:
         out = _tiled_matmul(x2, weight)  # [M, N]
+    elif x2.device.type == "cpu" and x2.shape[0] == 1:
+        out = F.linear(F.pad(x2, (0, 0, 0, 1)), weight)[:1]  # [1, N]: the GEMM every other row count takes
     else:
         out = F.linear(x2, weight)  # [M, N]
     if bias is not None:
