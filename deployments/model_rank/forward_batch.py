@@ -4,7 +4,7 @@ The runner builds a `ForwardBatch` from the scheduler's step plan; model files r
 attention layers. Sequences are laid out one after another in the flat token dimension T.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,12 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [T] int64: cache slot (block * block_size + offset) of each new token
     logits_indices: torch.Tensor  # [R] int64: rows of the flat hidden states whose logits are wanted
     block_size: int  # tokens per cache block
+    # Hybrid models (recurrent layers beside attention): each sequence's state slot, whose states cover the
+    # tokens before this step and are advanced in place; empty for attention-only models.
+    state_slots: list[int] = field(default_factory=list)  # [S]
+    # [S]: (row offset within the sequence's new tokens, slot): the states after that row are copied there
+    # (a prefix-cache snapshot at a block boundary, or a verify round's per-position states).
+    state_captures: list[list[tuple[int, int]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +66,27 @@ class LayerCacheSpec:
             num_blocks, block_size, self.num_kv_heads, self.v_head_dim or self.head_dim, dtype=dtype, device=device
         )
         return (k, v)
+
+
+@dataclass(frozen=True)
+class LayerStateSpec:
+    """What one recurrent layer (Gated DeltaNet, Mamba2) keeps per sequence, in a state slot: the causal
+    conv's last inputs and the recurrent state (declared by the model, allocated by the runner).
+
+    A slot's states are a pure function of the tokens they cover, so copying a slot is restoring a prefix.
+    """
+
+    conv_shape: tuple[int, ...]  # (kernel - 1, channels): the inputs the next tokens' conv still reads
+    recurrent_shape: tuple[int, ...]  # e.g. (heads, key_dim, value_dim): kept in float32
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        conv = torch.Size(self.conv_shape).numel() * torch.empty((), dtype=dtype).element_size()
+        return conv + torch.Size(self.recurrent_shape).numel() * 4
+
+    def allocate(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv [slots, kernel - 1, channels] in the model's dtype, recurrent [slots, ...] float32), zeroed."""
+        conv = torch.zeros(num_slots, *self.conv_shape, dtype=dtype, device=device)
+        return conv, torch.zeros(num_slots, *self.recurrent_shape, dtype=torch.float32, device=device)
 
 
 @dataclass(frozen=True)

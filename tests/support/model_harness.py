@@ -1,5 +1,6 @@
-"""A small test-side driver for `CausalLM`: allocates paged caches from the model's specs, hands out blocks
-sequentially, and builds `ForwardBatch`es for one or several sequences (whole, chunked or decoding)."""
+"""A small test-side driver for `CausalLM`: allocates paged caches (and a hybrid model's state slots) from
+the model's specs, hands out blocks sequentially, and builds `ForwardBatch`es for one or several sequences
+(whole, chunked or decoding); each sequence gets a zeroed state slot of its own."""
 
 from dataclasses import dataclass, field
 
@@ -13,16 +14,20 @@ from deployments.model_rank.models import CausalLM
 class Sequence:
     tokens: list[int] = field(default_factory=list)  # tokens already in the cache
     blocks: list[int] = field(default_factory=list)
+    slot: int = 0  # its recurrent layers' state slot (hybrid models)
 
 
 class PagedHarness:
-    def __init__(self, model: CausalLM, block_size: int = 16, num_blocks: int = 128) -> None:
+    def __init__(self, model: CausalLM, block_size: int = 16, num_blocks: int = 128, num_slots: int = 16) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.next_block = 0
         self.seqs: dict[int, Sequence] = {}
         model.bind_kv_caches(self.allocate(model.kv_cache_specs()))
+        device = next(model.parameters()).device
+        self.state_pools = [s.allocate(num_slots, model.config.dtype, device) for s in model.state_specs()]
+        model.bind_state_pools(self.state_pools)
 
     def allocate(self, specs: list[LayerCacheSpec]) -> list[tuple[torch.Tensor, ...]]:
         device = next(self.model.parameters()).device
@@ -40,7 +45,7 @@ class PagedHarness:
         ids, positions, slots, rows = [], [], [], []
         query_lens, context_lens, tables = [], [], []
         for seq_id, new in chunks:
-            seq = self.seqs.setdefault(seq_id, Sequence())
+            seq = self.seqs.setdefault(seq_id, Sequence(slot=len(self.seqs)))
             start = len(seq.tokens)
             self._blocks_for(seq, start + len(new))
             for offset, token in enumerate(new):
@@ -53,6 +58,7 @@ class PagedHarness:
             query_lens.append(len(new))
             context_lens.append(len(seq.tokens))
             tables.append(list(seq.blocks))
+        states = [self.seqs[seq_id].slot for seq_id, _ in chunks] if self.state_pools else []
         return ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
@@ -62,6 +68,7 @@ class PagedHarness:
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             logits_indices=torch.tensor(rows, dtype=torch.long),
             block_size=self.block_size,
+            state_slots=states,
         )
 
     def step(self, chunks: list[tuple[int, list[int]]], all_logits: bool = False) -> torch.Tensor:

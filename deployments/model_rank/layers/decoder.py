@@ -23,6 +23,11 @@ class DecoderLayer(nn.Module):
         normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)  # [T, H] each
         return hidden + self.mlp(normed)  # [T, H]
 
+    @property
+    def mixer(self) -> nn.Module:
+        """What mixes tokens in this layer (attention here; hybrid models' layers may hold a recurrent one)."""
+        return self.self_attn
+
     def cache_spec(self) -> LayerCacheSpec:
         return self.self_attn.cache_spec()
 

@@ -6,9 +6,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec
+from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, LayerStateSpec
 from deployments.model_rank.layers.decoder import DecoderStack
 from deployments.model_rank.layers.embedding import LMHead
+from deployments.model_rank.layers.recurrent import RecurrentMixer
 from deployments.model_rank.layers.rotary import RopeConfig
 from deployments.model_rank.weights import WeightTarget, expert_target
 
@@ -118,7 +119,25 @@ class CausalLM(nn.Module):
 
     def kv_cache_specs(self) -> list[LayerCacheSpec]:
         """One spec per attention layer, sized for this tensor-parallel rank."""
-        return [layer.cache_spec() for layer in self.model.layers]
+        return [layer.cache_spec() for layer in self._attention_layers()]
+
+    def state_specs(self) -> list[LayerStateSpec]:
+        """One spec per recurrent layer ([]: an attention-only model keeps no per-sequence state)."""
+        return [mixer.state_spec() for mixer in self._recurrent_mixers()]
+
+    def bind_state_pools(self, pools: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Hand each recurrent layer its (conv, recurrent) slot pools, as allocated from `state_specs()`."""
+        mixers = self._recurrent_mixers()
+        if len(pools) != len(mixers):
+            raise ValueError(f"got {len(pools)} state pools for {len(mixers)} recurrent layers")
+        for mixer, pool in zip(mixers, pools):
+            mixer.bind_state(pool)
+
+    def _attention_layers(self) -> list[nn.Module]:
+        return [layer for layer in self.model.layers if not isinstance(layer.mixer, RecurrentMixer)]
+
+    def _recurrent_mixers(self) -> list[RecurrentMixer]:
+        return [layer.mixer for layer in self.model.layers if isinstance(layer.mixer, RecurrentMixer)]
 
     def mtp_kv_cache_specs(self) -> list[LayerCacheSpec]:
         """The MTP layer's cache specs ([]: the model has no MTP layer to draft with)."""
@@ -126,9 +145,10 @@ class CausalLM(nn.Module):
 
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
         """Hand each attention layer its cache tensors (as allocated from `kv_cache_specs()`)."""
-        if len(caches) != len(self.model.layers):
-            raise ValueError(f"got {len(caches)} layer caches for {len(self.model.layers)} attention layers")
-        for layer, cache in zip(self.model.layers, caches):
+        layers = self._attention_layers()
+        if len(caches) != len(layers):
+            raise ValueError(f"got {len(caches)} layer caches for {len(layers)} attention layers")
+        for layer, cache in zip(layers, caches):
             layer.bind_cache(cache)
 
     @torch.no_grad()
