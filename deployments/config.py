@@ -112,6 +112,14 @@ class EngineSettings(Section):
         ge=1,
         description="intra-op threads of the forward pass; unset: the node's cores less Ingress's and the Renderer's",
     )
+    # Hybrid models: besides the end of every prompt pass and reply, a long prompt's recurrent states join
+    # the prefix cache at least this often (each snapshot costs a state slot: docs/engine.md, Hybrid models).
+    state_snapshot_tokens: Annotated[int, NO_FLAG] = Field(
+        default=1024,
+        ge=16,
+        description="hybrid models: a long prompt's recurrent states are kept for the prefix cache at least "
+        "every this many tokens (besides each prompt's and reply's end)",
+    )
 
     @field_validator("parallel")
     @classmethod

@@ -33,6 +33,7 @@ class RankMemory:
     rank: int
     weights_bytes: int  # this rank's shard of the weights
     kv_pool_bytes: int  # this rank's KV tensors
+    state_pool_bytes: int = 0  # this rank's recurrent-state slots (hybrid models)
     process_rss_bytes: int | None = None  # only for the rank running in this replica's process
     device: DeviceMemory | None = None
     mlx: MlxMemory | None = None  # only for an MLX rank
@@ -48,6 +49,12 @@ class ReplicaMemory:
     kv_bytes_per_block: int  # per rank
     process_rss_bytes: int
     ranks: list[RankMemory] = field(default_factory=list)
+    # Hybrid models (0 otherwise): recurrent-state slots per rank, their size, held by running requests, kept
+    # as prefix-cache snapshots.
+    state_slots_total: int = 0
+    state_bytes_per_slot: int = 0
+    state_slots_used: int = 0
+    state_snapshots: int = 0
 
     def as_json(self) -> dict[str, Any]:
         from dataclasses import asdict

@@ -37,6 +37,10 @@ class EngineInfo:
     store: StoreStats | None = None  # the disk store's figures for this replica's set (None: the store is off)
     drafts: str = "off"  # the engine's drafter: "mtp", "ngram" or "off" (then the draft families are left out)
     draft_tokens: int = 0  # the most drafts a round verifies per sequence
+    # Hybrid models (0 otherwise): recurrent-state slots in all, those running sequences hold, snapshots kept.
+    state_slots: int = 0
+    state_slots_used: int = 0
+    state_snapshots: int = 0
 
 
 @dataclass

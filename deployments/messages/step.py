@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import torch
 
 
+ZERO_STATE = -1  # a SeqStep.state_from: the sequence starts from zeroed states (nothing computed yet)
+
+
 @dataclass
 class SeqDraw:
     """How to draw one sequence's next token (set by the scheduler from the request's sampling params)."""
@@ -105,6 +108,12 @@ class SeqStep:
     mtp: bool = False
     propose: int = 0
     next_token_id: int | None = None  # the token after the step's last row when that row draws nothing
+    # Hybrid models (recurrent layers): the sequence's running state slot; a copy into it before the step
+    # (ZERO_STATE: start from the first token; another slot: a cached prefix's snapshot, or the state a
+    # verify round kept); and the slots given the states after rows of this step (row offset, slot).
+    state_slot: int = -1
+    state_from: int | None = None
+    state_captures: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def draws(self) -> list[SeqDraw]:

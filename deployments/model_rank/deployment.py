@@ -54,9 +54,9 @@ class ModelRank:
         assert self.runner is not None
         return self.runner.info()
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
         assert self.runner is not None
-        self.runner.allocate_kv(num_blocks, block_size)
+        self.runner.allocate_kv(num_blocks, block_size, num_state_slots)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         assert self.runner is not None

@@ -21,7 +21,7 @@ from deployments.model_rank.threads import use_engine_threads
 class Executor(Protocol):
     def info(self) -> RunnerInfo: ...
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None: ...
+    def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None: ...
 
     def execute(self, plan: StepPlan) -> StepOutput: ...
 
@@ -42,8 +42,8 @@ class InProcessExecutor:
     def info(self) -> RunnerInfo:
         return self.runner.info()
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        self.runner.allocate_kv(num_blocks, block_size)
+    def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
+        self.runner.allocate_kv(num_blocks, block_size, num_state_slots)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         return self.runner.execute(plan)
@@ -76,8 +76,8 @@ class RayRanksExecutor:
     def info(self) -> RunnerInfo:
         return self._all("info")[0]
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        self._all("allocate_kv", num_blocks, block_size)
+    def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
+        self._all("allocate_kv", num_blocks, block_size, num_state_slots)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         return self._all("execute", plan)[0]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from deployments.messages.replies import PromptLogprobRow
-from deployments.messages.step import StepOutput, StepPlan
+from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
@@ -35,6 +35,7 @@ class RunnerInfo:
     threads: int = 1  # intra-op threads the forward pass computes with on this rank
     mtp: bool = False  # the rank drafts with the checkpoint's MTP layer (its cache is in kv_bytes_per_token)
     backend: str = "torch"  # "torch" or "mlx": what computes the forward pass
+    state_bytes_per_slot: int = 0  # hybrid models: one sequence's recurrent states on this rank (0: none)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -57,8 +58,10 @@ class ModelRunner:
         self.mtp_on = mtp and self.model.config.has_mtp
         self.mtp_specs = self.model.mtp_kv_cache_specs() if self.mtp_on else []
         self.specs = self.model.kv_cache_specs()
+        self.state_specs = self.model.state_specs()
         self.block_size = 0
         self.num_blocks = 0
+        self.state_pools: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.drafter: MtpDrafter | None = None
 
     def info(self) -> RunnerInfo:
@@ -77,10 +80,15 @@ class ModelRunner:
             device_name=name,
             threads=torch.get_num_threads(),
             mtp=self.mtp_on,
+            state_bytes_per_slot=sum(s.bytes_per_slot(cfg.dtype) for s in self.state_specs),
         )
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
+        """The paged KV pool, and a hybrid model's state slots (zeroed)."""
         dtype = self.model.config.dtype
+        if self.state_specs:
+            self.state_pools = [s.allocate(num_state_slots, dtype, self.device) for s in self.state_specs]
+            self.model.bind_state_pools(self.state_pools)
         caches = [spec.allocate(num_blocks, block_size, dtype, self.device) for spec in self.specs]
         self.model.bind_kv_caches(caches)
         if self.mtp_on:
@@ -120,13 +128,26 @@ class ModelRunner:
             slot_mapping=as_long(rows.slots),
             logits_indices=as_long(rows.logits_rows),
             block_size=self.block_size,
+            state_slots=rows.state_slots,
+            state_captures=rows.state_captures,
         )
+
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """Before a step: each (source, destination) slot copy in every recurrent layer (ZERO_STATE: zeroed)."""
+        for source, destination in copies:
+            for pool in self.state_pools:
+                for tensor in pool:
+                    if source == ZERO_STATE:
+                        tensor[destination].zero_()
+                    else:
+                        tensor[destination].copy_(tensor[source])
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
         """Run one step: the drawn row (token, logprobs) of each sequence whose step ends at its last token,
         and the prompt rows of sequences that asked for them."""
         rows = step_rows(plan, self.block_size)
+        self.copy_states(rows.state_copies)
         batch = self.forward_batch(rows)
         hidden = self.model.forward(batch)  # [T, H]
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))

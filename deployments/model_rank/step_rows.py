@@ -4,7 +4,7 @@ Sequences are laid out one after another: each new token's id, position and cach
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,10 +26,16 @@ class StepRows:
     query_lens: list[int]  # [S] new tokens per sequence
     context_lens: list[int]  # [S] tokens of each sequence in the cache after this step
     block_tables: list[list[int]]  # [S][n] each sequence's cache blocks, in order
+    # Hybrid models only (empty otherwise): each sequence's state slot and captures, and the copies into
+    # state slots due before the forward pass (source slot or ZERO_STATE, destination slot).
+    state_slots: list[int] = field(default_factory=list)  # [S]
+    state_captures: list[list[tuple[int, int]]] = field(default_factory=list)  # [S]: (row offset, slot)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 def step_rows(plan: StepPlan, block_size: int) -> StepRows:
     rows = StepRows([], [], [], [], [], [], [])
+    hybrid = any(seq.state_slot >= 0 for seq in plan.seqs)
     for seq in plan.seqs:
         start = seq.num_computed
         for offset, token in enumerate(seq.new_token_ids):
@@ -42,6 +48,11 @@ def step_rows(plan: StepPlan, block_size: int) -> StepRows:
         rows.query_lens.append(len(seq.new_token_ids))
         rows.context_lens.append(seq.num_computed + len(seq.new_token_ids))
         rows.block_tables.append(seq.block_ids)
+        if hybrid:
+            rows.state_slots.append(seq.state_slot)
+            rows.state_captures.append(list(seq.state_captures))
+            if seq.state_from is not None:
+                rows.state_copies.append((seq.state_from, seq.state_slot))
     return rows
 
 

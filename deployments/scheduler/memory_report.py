@@ -115,6 +115,7 @@ def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> Repli
             rank=rank,
             weights_bytes=runner.weight_bytes,
             kv_pool_bytes=per_block * blocks.num_blocks,
+            state_pool_bytes=runner.state_bytes_per_slot * (0 if engine.states is None else engine.states.num_slots),
             process_rss_bytes=rss if tp_size == 1 else None,
             device=device if tp_size == 1 else None,
             mlx=mlx,
@@ -130,4 +131,8 @@ def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> Repli
         kv_bytes_per_block=per_block,
         process_rss_bytes=rss,
         ranks=ranks,
+        state_slots_total=0 if engine.states is None else engine.states.num_slots,
+        state_bytes_per_slot=runner.state_bytes_per_slot,
+        state_slots_used=0 if engine.states is None else engine.states.num_used,
+        state_snapshots=0 if engine.states is None else len(engine.states.snapshots),
     )

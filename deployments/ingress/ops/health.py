@@ -103,6 +103,12 @@ def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dic
     store = store_summary(replicas)
     if store is not None:
         body["store"] = store
+    if any(r.state_slots for r in replicas):  # a hybrid model: its recurrent-state slots
+        body["state_slots"] = {
+            "total": sum(r.state_slots for r in replicas),
+            "used": sum(r.state_slots_used for r in replicas),
+            "snapshots": sum(r.state_snapshots for r in replicas),
+        }
     return body
 
 

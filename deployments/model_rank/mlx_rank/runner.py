@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import torch
 
+from deployments.config import StartupError
 from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.forward_batch import LayerCacheSpec, ParallelContext
@@ -35,6 +36,11 @@ class MlxRunner:
         """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
         mx.set_default_device(mx.gpu if mlx_device_name() == "gpu" else mx.cpu)
         torch_model = load_model(model_dir, dtype=dtype, device="cpu", parallel=ParallelContext(), pack=False)
+        if torch_model.state_specs():
+            raise StartupError(
+                f"backend mlx does not run recurrent layers yet ({torch_model.config.model_type} is a hybrid "
+                "model): use --backend torch"
+            )
         self.config = torch_model.config
         self.mtp_on = mtp and self.config.has_mtp
         # The main layers' specs, then the MTP layer's: the order of the caches (and of a stored block's bytes).
@@ -68,7 +74,7 @@ class MlxRunner:
             backend="mlx",
         )
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+    def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
         slots = num_blocks * block_size
         for layer, spec in zip(self.attention_layers, self.specs):
             if spec.kind == "latent":

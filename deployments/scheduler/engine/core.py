@@ -9,7 +9,7 @@ when there is work, else one piece of idle work (disk writes), and returns what 
 import logging
 from collections.abc import Callable, Iterable
 
-from deployments.config import EngineConfig
+from deployments.config import EngineConfig, StartupError
 from deployments.messages.counters import EngineCounters
 from deployments.messages.engine_process import ENGINE_CALLS, CallAnswer, EngineCall, Inbox, Stepped
 from deployments.messages.memory import ReplicaMemory
@@ -23,11 +23,19 @@ from deployments.scheduler.engine.disk_states import DiskStates, StoreLink
 from deployments.scheduler.engine.draft_rounds import DraftRounds, draft_method
 from deployments.scheduler.engine.grammar import GrammarBackend
 from deployments.scheduler.engine.kv_blocks import BlockManager
-from deployments.scheduler.engine.memory import GIB, PoolPlan, check_checkpoint_fits, kv_budget, plan_pool
+from deployments.scheduler.engine.memory import (
+    GIB,
+    PoolPlan,
+    check_checkpoint_fits,
+    kv_budget,
+    plan_pool,
+    plan_states,
+)
 from deployments.scheduler.engine.planner import Planner
 from deployments.scheduler.engine.reply_writer import ReplyWriter
 from deployments.scheduler.engine.sequence import Sequence
 from deployments.scheduler.engine.snapshots import Snapshots
+from deployments.scheduler.engine.state_slots import StateSlots
 from deployments.scheduler.engine.stepping import StepRunner
 from deployments.scheduler.memory_report import replica_memory
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
@@ -45,6 +53,17 @@ class Engine:
         self.executor: Executor = make_executor(config)
         self.runner_info = self.executor.info()
         self.kv_budget_bytes = kv_budget(config, self.runner_info)  # what the pool may come out of (/memory)
+        if config.learning and self.runner_info.state_bytes_per_slot:
+            raise StartupError(
+                f"learn and learn_conversations keep KV rows on disk, not recurrent states yet, and this "
+                f"{self.runner_info.model_type} checkpoint is a hybrid model: start it without them"
+            )
+        self.draft_method = draft_method(config.draft, self.runner_info)
+        self.drafts = (
+            None
+            if self.draft_method == "off"
+            else DraftRounds(self.draft_method, config.draft_tokens, fixed=config.draft_policy == "fixed")
+        )
         pool = self._allocate_pool()
         self.window, self.max_batch_size = pool.window, pool.max_seqs
         self.counters = EngineCounters()
@@ -52,12 +71,6 @@ class Engine:
             None
             if not config.learning
             else DiskStates.open(config, store_link, self.blocks, self.executor, self.runner_info.dtype)
-        )
-        self.draft_method = draft_method(config.draft, self.runner_info)
-        self.drafts = (
-            None
-            if self.draft_method == "off"
-            else DraftRounds(self.draft_method, config.draft_tokens, fixed=config.draft_policy == "fixed")
         )
         self.policy = (
             f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
@@ -68,21 +81,42 @@ class Engine:
         log.info("engine ready: window=%d %s", self.window, self.policy)
 
     def _allocate_pool(self) -> PoolPlan:
-        """The KV pool on every rank and its block manager, as many blocks as the budget holds."""
+        """The KV pool on every rank and its block manager, as many blocks as the budget holds (after a
+        hybrid model's state slots, which `self.states` keeps; None for an attention-only model)."""
         config, runner = self.config, self.runner_info
         model_window = runner.max_position_embeddings
+        window = min(model_window, config.context) if config.context else model_window
         bytes_per_block = runner.kv_bytes_per_token * config.block_size
+        cache_cap = None if config.prompt_cache_gib is None else int(config.prompt_cache_gib * GIB)
+        budget, parallel, slots = self.kv_budget_bytes, config.parallel, None
+        if runner.state_bytes_per_slot:
+            slots = plan_states(
+                budget_bytes=budget,
+                slot_bytes=runner.state_bytes_per_slot,
+                slots_per_lane=2 + (0 if self.drafts is None else self.drafts.max_drafts),
+                kv_bytes_per_token=runner.kv_bytes_per_token,
+                window=window,
+                parallel=config.parallel,
+                max_parallel_auto=config.max_parallel_auto,
+                snapshot_cap_bytes=cache_cap,
+            )
+            budget, parallel = slots.kv_budget_bytes, slots.lanes
         pool = plan_pool(
-            budget_bytes=self.kv_budget_bytes,
+            budget_bytes=budget,
             bytes_per_block=bytes_per_block,
             block_size=config.block_size,
-            window=min(model_window, config.context) if config.context else model_window,
-            parallel=config.parallel,
+            window=window,
+            parallel=parallel,
             max_parallel_auto=config.max_parallel_auto,
         )
-        self.executor.allocate_kv(pool.num_blocks, config.block_size)
-        cached_cap = None if config.prompt_cache_gib is None else int(config.prompt_cache_gib * GIB) // bytes_per_block
-        self.blocks = BlockManager(pool.num_blocks, config.block_size, cached_cap)
+        self.executor.allocate_kv(pool.num_blocks, config.block_size, 0 if slots is None else slots.num_slots)
+        self.blocks = BlockManager(
+            pool.num_blocks, config.block_size, None if cache_cap is None else cache_cap // bytes_per_block
+        )
+        self.states = None
+        if slots is not None:
+            snapshots = min(slots.max_snapshots, pool.num_blocks)  # each names at least one block
+            self.states = StateSlots(slots.num_slots, config.block_size, snapshots, config.state_snapshot_tokens)
         return pool
 
     def _build_parts(self) -> None:
@@ -95,6 +129,7 @@ class Engine:
             config.decode_share,
             on_preempt=self._count_preemption,
             drafts=self.drafts,
+            states=self.states,
         )
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.runner_info.eos_token_ids)
         self.grammars = GrammarBackend(self.tokenizer, vocab_size, sorted(self.eos_ids))
@@ -103,7 +138,9 @@ class Engine:
         self.writer = ReplyWriter(config, self.eos_ids, self.blocks, self.planner, self.counters, self.in_flight, disk)
         counters, drafts = self.counters, self.drafts
         self.stepper = StepRunner(self.planner, self.executor, self.blocks, self.writer, drafts, counters, disk)
-        self.snapshots = Snapshots(self._fixed_info(), self.blocks, self.planner, self.stepper.rates, counters, disk)
+        self.snapshots = Snapshots(
+            self._fixed_info(), self.blocks, self.planner, self.stepper.rates, counters, disk, self.states
+        )
 
     # ---- admission ------------------------------------------------------------------------------------
     def check(self, request: EngineRequest) -> Refusal | None:
@@ -256,6 +293,7 @@ class Engine:
             prompt_cache=self.blocks.max_cached_blocks > 0,
             drafts=self.draft_method,
             draft_tokens=0 if self.drafts is None else self.drafts.max_drafts,
+            state_slots=0 if self.states is None else self.states.num_slots,
         )
 
     def _count_preemption(self, seq: Sequence) -> None:

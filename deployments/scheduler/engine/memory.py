@@ -128,6 +128,51 @@ def plan_pool(
     )
 
 
+@dataclass
+class StatePlan:
+    """A hybrid model's state slots, sized before its KV pool (which takes what they leave)."""
+
+    lanes: int  # concurrent sequences the slots are sized for
+    num_slots: int  # slots_per_lane per lane, then the snapshots
+    max_snapshots: int  # state snapshots the prefix cache may keep
+    kv_budget_bytes: int  # what is left for the KV pool
+
+
+SNAPSHOT_SHARE = 0.25  # of the budget, for state snapshots when prompt_cache_gib sets no other cap
+
+
+def plan_states(
+    *,
+    budget_bytes: int,
+    slot_bytes: int,
+    slots_per_lane: int,
+    kv_bytes_per_token: int,
+    window: int,
+    parallel: int | str,
+    max_parallel_auto: int,
+    snapshot_cap_bytes: int | None,
+) -> StatePlan:
+    """Slots for every lane (running, rolling, a verify round's rows) and for the snapshots; `parallel:
+    auto` counts a lane as a full window of KV plus its slots."""
+    snapshot_bytes = int(budget_bytes * SNAPSHOT_SHARE)
+    if snapshot_cap_bytes is not None:
+        snapshot_bytes = min(snapshot_bytes, snapshot_cap_bytes)
+    lane_bytes = slots_per_lane * slot_bytes
+    usable = budget_bytes - snapshot_bytes
+    if parallel == "auto":
+        lanes = max(1, min(max_parallel_auto, usable // (window * kv_bytes_per_token + lane_bytes)))
+    else:
+        lanes = int(parallel)
+    kv_budget = usable - lanes * lane_bytes
+    if kv_budget <= 0:
+        raise StartupError(
+            f"no memory left for the KV cache after {lanes} lanes' recurrent states "
+            f"({lanes * lane_bytes / GIB:.2f} GiB): lower parallel or raise kv_cache_gib"
+        )
+    snapshots = snapshot_bytes // slot_bytes
+    return StatePlan(lanes, lanes * slots_per_lane + snapshots, snapshots, kv_budget)
+
+
 def check_weights_fit(weight_bytes: int, device: torch.device, tp_size: int = 1) -> None:
     """Refuse to start when the weights alone would not fit, before loading a byte of them."""
     reading = read_memory(device)

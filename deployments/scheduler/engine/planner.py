@@ -10,10 +10,11 @@ order. When blocks run out, the latest (background first) running sequence is pr
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deployments.messages.step import SeqStep, StepPlan
+from deployments.messages.step import ZERO_STATE, SeqStep, StepPlan
 from deployments.scheduler.engine.draft_rounds import DraftRounds
 from deployments.scheduler.engine.kv_blocks import BlockManager
 from deployments.scheduler.engine.sequence import SeqStatus, Sequence
+from deployments.scheduler.engine.state_slots import StateSlots
 
 PASSED_OVER_LIMIT = 8
 
@@ -35,8 +36,10 @@ class Planner:
         decode_share: float,
         on_preempt: Callable[[Sequence], None] | None = None,
         drafts: DraftRounds | None = None,
+        states: StateSlots | None = None,
     ) -> None:
         self.blocks = blocks
+        self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.drafts = drafts  # None: every round decodes one token per sequence
         self.max_seqs = max_seqs
         self.chunk_size = chunk_size
@@ -57,7 +60,7 @@ class Planner:
             self.running.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.release(seq.block_table)
+        self._release(seq)
         seq.status = SeqStatus.FINISHED
 
     def has_work(self) -> bool:
@@ -114,22 +117,42 @@ class Planner:
     def _start(self, seq: Sequence) -> None:
         # Leave at least one token to compute so the step that reaches the end yields logits.
         # Prompt logprobs need every prompt position computed, so such a request never resumes from the cache.
-        covered = 0
-        if seq.request.prompt_logprobs is None:
-            covered = self.blocks.adopt_prefix(
-                seq.block_table, seq.token_ids, len(seq.token_ids) - 1, seq.request.prompt_hashes
-            )
+        covered, limit = 0, len(seq.token_ids) - 1
+        restore = None
+        if seq.request.prompt_logprobs is None and self.states is not None:
+            limit, restore = self._resumable(seq, limit)
+        if seq.request.prompt_logprobs is None and limit > 0:
+            covered = self.blocks.adopt_prefix(seq.block_table, seq.token_ids, limit, seq.request.prompt_hashes)
+        if self.states is not None:
+            seq.states = self.states.start(restore)
         seq.num_computed = covered
         if seq.stats.preemptions == 0:
             seq.stats.cached_tokens = min(covered, seq.num_prompt_tokens)
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
 
+    def _resumable(self, seq: Sequence, limit: int) -> tuple[int, int | None]:
+        """A hybrid prompt resumes only where a state snapshot exists: the tokens its longest cached block
+        prefix with a snapshot covers, and that snapshot's slot (0, None: from the first token)."""
+        assert self.states is not None
+        hits = self.blocks.match_prefix(seq.token_ids, limit, seq.request.prompt_hashes)
+        for count in range(len(hits), 0, -1):
+            slot = self.states.snapshot(self.blocks.blocks[hits[count - 1]].block_hash)
+            if slot is not None:
+                return count * self.blocks.block_size, slot
+        return 0, None
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.release(seq.block_table)
+        if self.states is not None and seq.states is not None:
+            self.states.release(seq.states)
+            seq.states = None
+
     # ---- preemption -----------------------------------------------------------------------------------
     def _preempt(self, seq: Sequence) -> None:
         """Drop a sequence's blocks; it keeps its tokens and recomputes them when readmitted."""
         self.running.remove(seq)
-        self.blocks.release(seq.block_table)
+        self._release(seq)
         seq.num_computed = 0
         seq.stats.preemptions += 1
         self.add(seq)
@@ -237,4 +260,25 @@ class Planner:
             step.mtp = True
             step.propose = self.drafts.to_propose(seq, decode) if reaches_end else 0
         step.block_ids = list(seq.block_table.block_ids)  # after any growth for drafts
+        if seq.states is not None:
+            self._plan_states(seq, step, count)
         return step
+
+    def _plan_states(self, seq: Sequence, step: SeqStep, count: int) -> None:
+        """The step's state slot, the copy due before it, and its captures: the rolling slot takes the last
+        block boundary its first `count` rows reach; a verify round keeps every row's states but the last."""
+        states = seq.states
+        assert states is not None and self.states is not None
+        step.state_slot, step.state_from, states.restore_from = states.running, states.restore_from, None
+        if step.state_from is not None and step.state_from != ZERO_STATE:
+            self.states.pinned.add(step.state_from)
+        boundary = (step.num_computed + count) // self.blocks.block_size * self.blocks.block_size
+        if boundary > step.num_computed and states.rolling is not None:
+            step.state_captures.append((boundary - step.num_computed - 1, states.rolling))
+            states.rolling_tokens = boundary
+        for row in range(count - 1, len(step.new_token_ids) - 1):  # rows a later row's rejection may return to
+            slot = states.row_slots.get(row)
+            if slot is None:
+                slot = states.row_slots[row] = self.states.take()
+            if slot is not None:
+                step.state_captures.append((row, slot))

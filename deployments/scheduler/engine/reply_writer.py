@@ -154,6 +154,12 @@ class ReplyWriter:
             if not self.config.learn_conversations:  # --learn: only the prefix it shared with earlier requests
                 chain = chain[: seq.stats.cached_tokens // self.config.block_size]
             self.disk.remember(chain)
+        if (
+            seq.states is not None
+            and self.planner.states is not None
+            and reason in (FinishReason.STOP, FinishReason.LENGTH)
+        ):
+            self.planner.states.name_if_due(seq.states, seq.token_ids, now=True)  # the next turn resumes here
         self.planner.remove(seq)
         self.in_flight.pop(seq.request_id, None)
         stats = seq.stats

@@ -9,6 +9,7 @@ from deployments.messages.step import PromptRowsWanted, SeqDraw
 from deployments.scheduler.engine.drafts import DraftState
 from deployments.scheduler.engine.grammar import GrammarFailure, ReplyGrammar, allows
 from deployments.scheduler.engine.kv_blocks import BlockTable
+from deployments.scheduler.engine.state_slots import SeqStates
 from deployments.scheduler.engine.text_output import IncrementalText
 
 
@@ -40,6 +41,7 @@ class Sequence:
     prompt_rows: list[PromptLogprobRow] | None = None  # row j: prompt token j + 1 (prompt_logprobs requests)
     prompt_rows_sent: bool = False  # the rows went out with the first chunk after the prompt pass
     draft: DraftState | None = None  # None: this reply decodes serially (`draft: false`, or no drafter)
+    states: SeqStates | None = None  # hybrid models: its state slots while it runs (state_slots.py)
 
     @property
     def request_id(self) -> str:

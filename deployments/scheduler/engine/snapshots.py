@@ -17,6 +17,7 @@ from deployments.messages.store import StoreStats
 from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.kv_blocks import BlockManager
 from deployments.scheduler.engine.planner import Planner
+from deployments.scheduler.engine.state_slots import StateSlots
 from deployments.scheduler.engine.stats import LiveRates
 from deployments.scheduler.memory_report import memory_figures_of
 
@@ -33,8 +34,10 @@ class Snapshots:
         rates: LiveRates,
         counters: EngineCounters,
         disk: DiskStates | None,
+        states: StateSlots | None = None,
     ) -> None:
         self.fixed = fixed  # what never changes (the model, the pool, the policy); live figures are filled in
+        self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.blocks = blocks
         self.planner = planner
         self.rates = rates
@@ -54,6 +57,8 @@ class Snapshots:
             prefill_tokens_per_second=self.rates.prefill_rate(),
             counters=self.counters.snapshot(),
             store=None if self.disk is None else self.disk.latest or StoreStats(),
+            state_slots_used=0 if self.states is None else self.states.num_used,
+            state_snapshots=0 if self.states is None else len(self.states.snapshots),
         )
 
     def memory_figures(self) -> dict[str, int]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from deployments.messages.counters import EngineCounters
 from deployments.messages.replies import FinishReason
-from deployments.messages.step import Proposal, StepOutput
+from deployments.messages.step import Proposal, SeqStep, StepOutput
 from deployments.model_rank.executor import Executor
 from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.draft_rounds import DraftRounds
@@ -58,6 +58,13 @@ class StepRunner:
         planned = self.planner.schedule()
         if planned is None:
             return None
+        try:
+            return self._run(planned, started)
+        finally:
+            if self.planner.states is not None:
+                self.planner.states.step_ran()  # its state copies are done: the snapshots it read may go
+
+    def _run(self, planned: PlannedStep, started: float) -> StepRun:
         executed = time.perf_counter()
         try:
             output = self.executor.execute(planned.plan)
@@ -104,6 +111,9 @@ class StepRunner:
             if self.drafts is not None:
                 self.drafts.record(seq, step.num_drafts, kept)
                 _take_proposal(seq, output.proposals.get(index))
+        for seq, step in zip(planned.seqs, planned.plan.seqs):
+            if seq.states is not None:
+                self._move_states(seq, step)
         if is_prefill:
             self.rates.prefill_pass(new_tokens, seconds)
             if self.disk is not None:
@@ -111,6 +121,16 @@ class StepRunner:
         else:
             self.counters.rounds_total += 1
             self.rates.decoded(written)
+
+    def _move_states(self, seq: Sequence, step: SeqStep) -> None:
+        """After a hybrid sequence's step: a verify round that kept fewer rows than it computed resumes from
+        the last kept row's captured states; the rolling snapshot joins the cache when it is due."""
+        assert seq.states is not None and self.planner.states is not None
+        kept = seq.num_computed - step.num_computed
+        if 0 < kept < len(step.new_token_ids):
+            seq.states.restore_from = seq.states.row_slots[kept - 1]
+        ends_prompt = step.num_computed < seq.num_prompt_tokens <= seq.num_computed
+        self.planner.states.name_if_due(seq.states, seq.token_ids, now=ends_prompt)
 
 
 def _take_proposal(seq: Sequence, proposal: Proposal | None) -> None:

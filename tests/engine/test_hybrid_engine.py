@@ -1,0 +1,132 @@
+"""Hybrid models in the engine (recurrent layers beside attention, on tiny random checkpoints): replies are
+the same solo and batched, whole and chunked, fresh and resumed from a state snapshot, preempted or not,
+drafted or serial; a conversation's next turn finds its previous prompt cached; snapshots obey their cap."""
+
+import pytest
+
+from deployments.config import EngineConfig
+from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.scheduler.engine.core import Engine
+from serve_app.fixtures.archs import HYBRID_ARCHS
+from tests.support.requests import greedy
+
+CASES = [(arch, dtype) for arch in HYBRID_ARCHS for dtype in ("float32", "bfloat16")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
+def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+    arch, dtype = request.param
+    out = tmp_path_factory.mktemp(f"{arch}-{dtype}")
+    build_random_checkpoint(arch, out, seed=5, dtype=dtype)
+    build_tokenizer(out, family="qwen")
+    return str(out), dtype
+
+
+def _engine(checkpoint: tuple[str, str], **overrides) -> Engine:
+    path, dtype = checkpoint
+    settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off")
+    settings.update(overrides)
+    return Engine(EngineConfig(**settings))
+
+
+def _prompts(count: int) -> list[list[int]]:
+    return [[(11 * i + 7 * j) % 400 + 20 for j in range(9 + 6 * i)] for i in range(count)]
+
+
+def _requests(prompts: list[list[int]], tag: str, max_tokens: int = 20) -> list[EngineRequest]:
+    out = []
+    for i, prompt in enumerate(prompts):
+        sampling = (
+            SamplingParams(temperature=0.0, ignore_eos=True)
+            if i % 2 == 0
+            else SamplingParams(temperature=0.8, top_p=0.9, seed=77 + i, ignore_eos=True)
+        )
+        out.append(EngineRequest(f"{tag}-{i}", prompt, sampling=sampling, max_tokens=max_tokens))
+    return out
+
+
+def _tokens(replies: dict, tag: str, count: int) -> list[list[int]]:
+    return [replies[f"{tag}-{i}"].token_ids for i in range(count)]
+
+
+def test_concurrent_equals_solo(checkpoint) -> None:
+    engine = _engine(checkpoint)
+    prompts = _prompts(8)
+    together = _tokens(engine.generate(_requests(prompts, "c")), "c", 8)
+    fresh = _engine(checkpoint, prompt_cache_gib=0)
+    solo = [fresh.generate([r])[r.request_id].token_ids for r in _requests(prompts, "s")]
+    assert together == solo and all(len(t) == 20 for t in together)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_chunked_prefill_equals_whole(checkpoint, chunk: int) -> None:
+    prompts = _prompts(6)[3:6]
+    whole = _engine(checkpoint, prefill_chunk_size=512).generate(_requests(prompts, "w"))
+    chunked = _engine(checkpoint, prefill_chunk_size=chunk).generate(_requests(prompts, "w"))
+    assert _tokens(whole, "w", 3) == _tokens(chunked, "w", 3)
+    assert max(chunked["w-2"].stats.prefill_widths) <= chunk
+
+
+def test_a_resumed_prefix_equals_a_fresh_prompt_and_the_next_turn_finds_the_last_cached(checkpoint) -> None:
+    engine = _engine(checkpoint)
+    fresh_engine = _engine(checkpoint, prompt_cache_gib=0)
+    prompt = [(13 * j) % 400 + 20 for j in range(150)]
+    first = engine.generate([greedy("t1", prompt, 40, to_limit=True)])["t1"]
+    again = engine.generate([greedy("t1b", prompt, 40, to_limit=True)])["t1b"]
+    assert first.stats.cached_tokens == 0 and again.stats.cached_tokens == 144  # the prompt's last boundary
+    assert again.token_ids == first.token_ids
+    # The next turn: the conversation so far (prompt and reply) and a new question.
+    turn2 = prompt + first.token_ids + [30, 31, 32, 33, 34]
+    resumed = engine.generate([greedy("t2", turn2, 16, to_limit=True)])["t2"]
+    fresh = fresh_engine.generate([greedy("t2f", turn2, 16, to_limit=True)])["t2f"]
+    assert resumed.token_ids == fresh.token_ids
+    assert resumed.stats.cached_tokens == (len(prompt) + len(first.token_ids) - 1) // 16 * 16  # the reply's end
+    assert resumed.stats.cached_tokens >= 0.9 * len(turn2)
+
+
+def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
+    prompts = _prompts(6)
+    roomy = _engine(checkpoint).generate(_requests(prompts, "p", max_tokens=40))
+    probe = _engine(checkpoint)
+    block_bytes = probe.runner_info.kv_bytes_per_token * 16
+    state_bytes = probe.runner_info.state_bytes_per_slot * 2 * 6
+    # No snapshots (prompt_cache_gib 0): the budget is six lanes' slots and 12 blocks of 16 tokens, too few
+    # for six replies growing to ~80 tokens, so later ones get preempted.
+    budget = (12.5 * block_bytes + state_bytes) / 2**30
+    tight_engine = _engine(checkpoint, kv_cache_gib=budget, parallel=6, prompt_cache_gib=0)
+    assert tight_engine.blocks.num_blocks == 12
+    tight = tight_engine.generate(_requests(prompts, "p", max_tokens=40))
+    assert tight_engine.counters.preemptions_total > 0
+    assert _tokens(roomy, "p", 6) == _tokens(tight, "p", 6)
+
+
+def test_drafted_replies_equal_serial_ones(checkpoint) -> None:
+    engine = _engine(checkpoint, draft="ngram", draft_policy="fixed", draft_tokens=3)
+    loop = [40, 41, 42, 43, 44, 45] * 6  # a repetitive prompt: n-gram lookup proposes, some drafts are kept
+    requests = [
+        greedy("d0", loop, 30, to_limit=True),
+        EngineRequest("d1", loop[3:], SamplingParams(temperature=0.7, seed=9, ignore_eos=True), max_tokens=30),
+    ]
+    serial = [
+        EngineRequest(r.request_id + "s", r.prompt_token_ids, r.sampling, max_tokens=30, draft=False) for r in requests
+    ]
+    drafted = engine.generate(requests)
+    plain = engine.generate(serial)
+    assert drafted["d0"].token_ids == plain["d0s"].token_ids
+    assert drafted["d1"].token_ids == plain["d1s"].token_ids
+    assert drafted["d0"].stats.drafted > 0
+
+
+def test_snapshots_stay_under_a_small_cap_and_replies_stay_exact(checkpoint) -> None:
+    probe = _engine(checkpoint)
+    cap = 2.5 * probe.runner_info.state_bytes_per_slot / 2**30  # room for two snapshots
+    engine = _engine(checkpoint, prompt_cache_gib=cap)
+    assert engine.states is not None and engine.states.max_snapshots == 2
+    prompts = _prompts(8)[4:8]
+    first = engine.generate(_requests(prompts, "a"))
+    assert len(engine.states.snapshots) <= 2
+    again = engine.generate(_requests(prompts, "b"))
+    assert _tokens(first, "a", 4) == _tokens(again, "b", 4)
