@@ -1,5 +1,7 @@
-"""Model code against transformers on tiny random checkpoints, batch invariance, and tensor parallelism."""
+"""Model code against transformers on tiny random checkpoints, batch invariance, and tensor parallelism;
+for hybrid models (HYBRID_ARCHS) also their recurrent states captured after a row and resumed elsewhere."""
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,11 +11,12 @@ import torch.multiprocessing as mp
 
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
-from serve_app.fixtures.checkpoints import ARCHS, build_random_checkpoint
+from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, build_random_checkpoint
 from tests.support.model_harness import PagedHarness, tp_worker
 
 transformers = pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 64, 32
+ALL_ARCHS = ARCHS + HYBRID_ARCHS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,7 +32,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("parity")
-    return {arch: build_random_checkpoint(arch, root / arch) for arch in ARCHS}
+    return {arch: build_random_checkpoint(arch, root / arch) for arch in ALL_ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,9 @@ def prompt() -> list[int]:
 
 
 def hf_model(path: Path) -> torch.nn.Module:
-    auto = transformers.AutoModelForCausalLM
+    """transformers' model; for a checkpoint with a vision tower the multimodal one (text-only input)."""
+    multimodal = "vision_config" in json.loads((path / "config.json").read_text())
+    auto = transformers.AutoModelForImageTextToText if multimodal else transformers.AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
@@ -47,7 +52,7 @@ def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()  # [T, V]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_logits_and_greedy_match_transformers(arch: str, checkpoints: dict[str, Path], prompt: list[int]) -> None:
     reference = hf_model(checkpoints[arch])
     model = load_model(checkpoints[arch], dtype="float32")
@@ -103,6 +108,28 @@ VARIANTS = {
             ),
         ),
     ),
+    # Hybrids. One value head per key head, routing without renormalisation, MoE every second layer, biased
+    # attention projections, a 2-tap conv.
+    "qwen3_next-plain-heads": (
+        "qwen3_next",
+        dict(
+            linear_num_value_heads=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            mlp_only_layers=[],
+            attention_bias=True,
+            linear_conv_kernel_dim=2,
+        ),
+    ),
+    "qwen3_5_text-tied-full-rope-attention-first": (
+        "qwen3_5_text",
+        dict(
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=1.0),
+            layer_types=["full_attention", "linear_attention", "linear_attention"],
+        ),
+    ),
+    "qwen3_5_moe-three-value-heads-per-key": ("qwen3_5_moe", dict(linear_num_value_heads=6, linear_value_head_dim=8)),
 }
 
 
@@ -156,7 +183,7 @@ def test_invariant_linear_rows_do_not_depend_on_row_count(dtype: torch.dtype, sh
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_last_token_logits_are_batch_invariant(
     arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
 ) -> None:
@@ -175,7 +202,7 @@ def test_last_token_logits_are_batch_invariant(
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_verify_rows_equal_serial_decode_rows(
     arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
 ) -> None:
@@ -193,6 +220,33 @@ def test_verify_rows_equal_serial_decode_rows(
     mixed.step([(1, prompt[:9]), (0, prompt)])
     verified = mixed.step([(1, [3]), (0, continuation), (2, prompt[5:30])], all_logits=True)  # [1 + 5 + 25, V]
     assert torch.equal(verified[1:6], rows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+def test_captured_states_resume_bit_identically(
+    arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
+) -> None:
+    """States captured after rows 15 and 31 of a prefill chunk (block boundaries, beside another sequence),
+    copied into fresh sequences' slots, continue exactly as the run that never stopped; a capture after the
+    chunk's last row equals the state the slot itself advanced to."""
+    model = load_model(checkpoints[arch], dtype=dtype)
+    uncut = PagedHarness(model).step([(0, prompt)], all_logits=True)  # [64, V]
+    harness = PagedHarness(model)  # 16 slots: the sequences here take the first ones
+    at_16, at_32, at_40 = 13, 14, 15
+    captures = [[], [(15, at_16), (31, at_32), (39, at_40)]]
+    harness.step([(1, prompt[::-1][:23]), (0, prompt[:40])], captures=captures)
+    slot = harness.seqs[0].slot
+    for conv, state in harness.state_pools:
+        assert torch.equal(conv[at_40], conv[slot]) and torch.equal(state[at_40], state[slot])
+    assert torch.equal(harness.step([(0, prompt[40:])], all_logits=True), uncut[40:])
+
+    harness.resume(2, source_id=0, length=32, slot=at_32)
+    assert torch.equal(harness.step([(2, prompt[32:])], all_logits=True), uncut[32:])
+    harness.resume(3, source_id=0, length=16, slot=at_16)
+    for start in range(16, PROMPT_LEN, 7):  # in chunks of 7, beside sequence 1's decode
+        rows = harness.step([(1, [7]), (3, prompt[start : start + 7])], all_logits=True)[1:]
+        assert torch.equal(rows, uncut[start : start + 7])
 
 
 def test_tensor_parallel_matches_single_rank(checkpoints: dict[str, Path], prompt: list[int], tmp_path: Path) -> None:

@@ -269,3 +269,80 @@ def test_malformed_files_name_the_file(case: str, glm: Path, tmp_path: Path) -> 
     edit(bad)
     with pytest.raises(CheckpointError, match=pattern):
         load_model(bad)
+
+
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hybrids")
+    return {arch: build_random_checkpoint(arch, root / arch) for arch in ("qwen3_next", "qwen3_5")}
+
+
+def test_multimodal_checkpoint_serves_its_language_model(hybrids: dict[str, Path], tmp_path: Path) -> None:
+    """qwen3_5 reads `text_config` and `model.language_model.*` and leaves the vision tower unread: the same
+    model as the language model saved on its own (qwen3_5_text, `model.*`)."""
+    qwen3_5 = hybrids["qwen3_5"]
+    vision = [n for n in load_file(str(qwen3_5 / "model.safetensors")) if n.startswith("model.visual.")]
+    assert vision  # the fixture saves the tower
+    model = load_model(qwen3_5)
+    assert model.config.model_type == "qwen3_5" and not any("visual" in n for n, _ in model.named_parameters())
+
+    def text_only(tensors: dict[str, torch.Tensor]) -> None:
+        for name in list(tensors):
+            tensor = tensors.pop(name)
+            if not name.startswith("model.visual."):
+                tensors[name.replace("model.language_model.", "model.")] = tensor
+
+    def text_config_only(config: dict) -> None:
+        config.update(config.pop("text_config"))  # its model_type: qwen3_5_text
+        config.pop("vision_config")
+
+    alone = copy(qwen3_5, tmp_path / "text")
+    edit_tensors(alone, text_only)
+    edit_config(alone, text_config_only)
+    text_model = load_model(alone)
+    assert text_model.config.model_type == "qwen3_5_text"
+    assert_same_weights(model, text_model)
+    assert torch.equal(last_logits(model), last_logits(text_model))
+
+    named = copy(qwen3_5, tmp_path / "named")  # a text config over the multimodal names, as transformers loads
+    edit_config(named, text_config_only)
+    assert_same_weights(model, load_model(named))
+
+
+def test_multimodal_tie_word_embeddings_is_the_outer_configs(hybrids: dict[str, Path], tmp_path: Path) -> None:
+    tied = copy(hybrids["qwen3_5"], tmp_path / "tied")
+    edit_config(tied, lambda c: c.update(tie_word_embeddings=True))
+    edit_tensors(tied, _drop("lm_head.weight"))
+    model = load_model(tied)
+    assert model.lm_head.tied and model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_hybrid_layer_types_state_specs_and_ignored_tensors(hybrids: dict[str, Path], tmp_path: Path) -> None:
+    qwen3_next = hybrids["qwen3_next"]
+    model = load_model(qwen3_next)
+    assert [type(layer.mixer).__name__ for layer in model.model.layers] == [
+        "GroupedProjectionDeltaNet",
+        "GatedSelfAttention",
+        "GroupedProjectionDeltaNet",
+    ]
+    assert [(s.num_kv_heads, s.head_dim) for s in model.kv_cache_specs()] == [(2, 32)]  # attention layers only
+    conv_channels = 2 * 2 * 16 + 4 * 16  # q and k (2 key heads of 16), v (4 value heads of 16)
+    assert [(s.conv_shape, s.recurrent_shape) for s in model.state_specs()] == [((3, conv_channels), (4, 16, 16))] * 2
+
+    def interval_of_two(config: dict) -> None:  # older configs: full attention every N layers
+        config.pop("layer_types")
+        config["full_attention_interval"] = 2
+
+    interval = copy(qwen3_next, tmp_path / "interval")
+    edit_config(interval, interval_of_two)
+    assert torch.equal(last_logits(model), last_logits(load_model(interval)))
+    with_mtp = copy(qwen3_next, tmp_path / "mtp")  # hub checkpoints carry their MTP layer: not loaded
+    edit_tensors(with_mtp, _set("mtp.fc.weight", torch.ones(64, 128)))
+    assert_same_weights(model, load_model(with_mtp))
+
+    with pytest.raises(ValueError, match=r"tensor parallelism \(tp_size=2\) is not supported"):
+        load_model(qwen3_next, parallel=ParallelContext(tp_rank=0, tp_size=2))
+    bad = copy(qwen3_next, tmp_path / "bad-types")
+    edit_config(bad, lambda c: c.update(layer_types=["linear_attention", "sliding_attention", "full_attention"]))
+    with pytest.raises(CheckpointError, match=r"config\.json: layer_types \['sliding_attention'\]"):
+        load_model(bad)

@@ -40,8 +40,14 @@ class PagedHarness:
             seq.blocks.append(self.next_block)
             self.next_block += 1
 
-    def batch(self, chunks: list[tuple[int, list[int]]], all_logits: bool = False) -> ForwardBatch:
-        """One step: for each (sequence id, new tokens), in order. Logits rows: each chunk's last token."""
+    def batch(
+        self,
+        chunks: list[tuple[int, list[int]]],
+        all_logits: bool = False,
+        captures: list[list[tuple[int, int]]] | None = None,
+    ) -> ForwardBatch:
+        """One step: for each (sequence id, new tokens), in order. Logits rows: each chunk's last token.
+        `captures`: per chunk, the (row offset, slot) pairs whose slot gets the states after that row."""
         ids, positions, slots, rows = [], [], [], []
         query_lens, context_lens, tables = [], [], []
         for seq_id, new in chunks:
@@ -69,13 +75,28 @@ class PagedHarness:
             logits_indices=torch.tensor(rows, dtype=torch.long),
             block_size=self.block_size,
             state_slots=states,
+            state_captures=captures or [],
         )
 
-    def step(self, chunks: list[tuple[int, list[int]]], all_logits: bool = False) -> torch.Tensor:
+    def step(
+        self,
+        chunks: list[tuple[int, list[int]]],
+        all_logits: bool = False,
+        captures: list[list[tuple[int, int]]] | None = None,
+    ) -> torch.Tensor:
         """Run one forward; returns logits [R, V] for the rows `batch` selects."""
-        batch = self.batch(chunks, all_logits)
+        batch = self.batch(chunks, all_logits, captures)
         hidden = self.model(batch)
         return self.model.compute_logits(hidden[batch.logits_indices])
+
+    def resume(self, seq_id: int, source_id: int, length: int, slot: int) -> None:
+        """Start `seq_id` as the first `length` tokens of `source_id` (a whole number of its blocks, shared)
+        with its recurrent states in `slot`, as a prefix-cache hit restores a captured snapshot."""
+        if length % self.block_size:
+            raise ValueError(f"a resumed prefix covers whole blocks of {self.block_size} tokens, not {length}")
+        source = self.seqs[source_id]
+        blocks = source.blocks[: length // self.block_size]
+        self.seqs[seq_id] = Sequence(tokens=source.tokens[:length], blocks=list(blocks), slot=slot)
 
     def prefill(self, seq_id: int, prompt: list[int], chunk: int | None = None) -> torch.Tensor:
         """Feed a prompt whole or in chunks; returns the last token's logits [V]."""

@@ -9,10 +9,11 @@ from torch import nn
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.layers.linear import ColumnParallelLinear, FusedProjection, RowParallelLinear
-from deployments.model_rank.layers.norm import RMSNorm
+from deployments.model_rank.layers.norm import RMSNorm, ZeroCentredRMSNorm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RotaryEmbedding
 from kernels import dispatch
+from kernels.activation import sigmoid
 
 
 class PagedAttention(nn.Module):
@@ -55,6 +56,9 @@ class SelfAttention(nn.Module):
     """GQA self-attention: q/k/v projections (column-parallel by heads), optional per-head QK-norm
     before RoPE (Qwen3, GLM `use_qk_norm`), paged attention, o_proj (row-parallel)."""
 
+    query_width = 1  # q_proj features per query feature (2: each head's query is followed by its output gate)
+    qk_norm_type: type[RMSNorm] = RMSNorm
+
     def __init__(
         self,
         hidden_size: int,
@@ -71,13 +75,13 @@ class SelfAttention(nn.Module):
         self.head_dim = head_dim
         self.local_heads = divide(num_heads, parallel.tp_size, "attention heads")
         self.local_kv_heads, kv_index, kv_shards = kv_head_sharding(num_kv_heads, parallel)
-        self.q_proj = ColumnParallelLinear(hidden_size, num_heads * head_dim, parallel, bias=qkv_bias)
+        self.q_proj = ColumnParallelLinear(hidden_size, self.query_width * num_heads * head_dim, parallel, qkv_bias)
         kv_out = num_kv_heads * head_dim
         self.k_proj = ColumnParallelLinear(hidden_size, kv_out, parallel, qkv_bias, kv_index, kv_shards)
         self.v_proj = ColumnParallelLinear(hidden_size, kv_out, parallel, qkv_bias, kv_index, kv_shards)
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, parallel, bias=o_bias)
-        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
-        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.q_norm = self.qk_norm_type(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = self.qk_norm_type(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = rotary
         self.attn = PagedAttention(self.local_heads, self.local_kv_heads, head_dim, head_dim**-0.5)
         self.qkv: FusedProjection | None = None  # set after packing (layers/packing.py)
@@ -95,13 +99,16 @@ class SelfAttention(nn.Module):
     def bind_cache(self, cache: tuple[torch.Tensor, ...]) -> None:
         self.attn.bind_cache(cache)
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        tokens = hidden.shape[0]
+    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [T, features of this rank]."""
         if self.qkv is not None:  # q and k contiguous for the norm and RoPE kernels; v only goes to the cache
             q, k, v = self.qkv(hidden)
-            q, k = q.contiguous(), k.contiguous()
-        else:
-            q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+            return q.contiguous(), k.contiguous(), v
+        return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.project(hidden)
         q = q.view(tokens, self.local_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -110,3 +117,25 @@ class SelfAttention(nn.Module):
         q, k = self.rotary(batch.positions, q, k)
         out = self.attn(q, k, v, batch)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.local_heads * self.head_dim))  # [T, H]
+
+
+class GatedSelfAttention(SelfAttention):
+    """Qwen3-Next / Qwen3.5 full attention: q_proj gives each head its query followed by an output gate of
+    the same width (whole heads' rows stay together when it is split across ranks), and the attention output
+    is scaled by sigmoid(gate) before o_proj; the QK-norm (pass `qk_norm_eps`) is zero-centred."""
+
+    query_width = 2
+    qk_norm_type = ZeroCentredRMSNorm
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        tokens, width = hidden.shape[0], self.local_heads * self.head_dim
+        query_gate, k, v = self.project(hidden)
+        query_gate = query_gate.view(tokens, self.local_heads, 2 * self.head_dim)  # [T, Hq, 2D]
+        q = query_gate[..., : self.head_dim]  # [T, Hq, D]
+        k = k.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(batch.positions, q.contiguous(), k)
+        out = self.attn(q, k, v.view(tokens, self.local_kv_heads, self.head_dim), batch)  # [T, Hq, D]
+        gate = sigmoid(query_gate[..., self.head_dim :].reshape(tokens, width))
+        return self.o_proj(out.reshape(tokens, width) * gate)  # [T, H]

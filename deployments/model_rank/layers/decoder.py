@@ -9,40 +9,56 @@ from deployments.model_rank.layers.norm import RMSNorm
 
 
 class DecoderLayer(nn.Module):
-    """h + attn(norm(h)), then h + mlp(norm(h)); `self_attn` has cache_spec/bind_cache/forward(h, batch)."""
+    """h + mixer(norm(h)), then h + mlp(norm(h)).
 
-    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float) -> None:
+    The mixer is attention (cache_spec/bind_cache/forward(h, batch)), registered as `self_attn`, or in a
+    hybrid model a RecurrentMixer, registered under the checkpoint's name for it (`mixer_name`, e.g.
+    Qwen3-Next's `linear_attn`). `norm` builds the two norms (RMSNorm unless the architecture differs).
+    """
+
+    def __init__(
+        self,
+        self_attn: nn.Module,
+        mlp: nn.Module,
+        hidden_size: int,
+        eps: float,
+        norm: type[RMSNorm] = RMSNorm,
+        mixer_name: str = "self_attn",
+    ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.self_attn = self_attn
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.input_layernorm = norm(hidden_size, eps)
+        self.mixer_name = mixer_name
+        self.add_module(mixer_name, self_attn)
+        self.post_attention_layernorm = norm(hidden_size, eps)
         self.mlp = mlp
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(hidden), batch)  # [T, H]
+        attended = self.mixer(self.input_layernorm(hidden), batch)  # [T, H]
         normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)  # [T, H] each
         return hidden + self.mlp(normed)  # [T, H]
 
     @property
     def mixer(self) -> nn.Module:
-        """What mixes tokens in this layer (attention here; hybrid models' layers may hold a recurrent one)."""
-        return self.self_attn
+        """What mixes tokens in this layer: attention, or a hybrid model's recurrent mixer."""
+        return getattr(self, self.mixer_name)
 
     def cache_spec(self) -> LayerCacheSpec:
-        return self.self_attn.cache_spec()
+        return self.mixer.cache_spec()
 
     def bind_cache(self, cache: tuple[torch.Tensor, ...]) -> None:
-        self.self_attn.bind_cache(cache)
+        self.mixer.bind_cache(cache)
 
 
 class DecoderStack(nn.Module):
     """embed_tokens -> layers -> norm, named as in Hugging Face checkpoints (`model.*`)."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, layers: list[DecoderLayer], eps: float) -> None:
+    def __init__(
+        self, vocab_size: int, hidden_size: int, layers: list[DecoderLayer], eps: float, norm: type[RMSNorm] = RMSNorm
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(vocab_size, hidden_size)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(hidden_size, eps)
+        self.norm = norm(hidden_size, eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)  # [T, H]

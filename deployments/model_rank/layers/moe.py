@@ -1,4 +1,4 @@
-"""Mixture-of-experts: routers (Qwen3 softmax top-k, GLM grouped sigmoid), experts, the sparse block.
+"""Mixture-of-experts: routers (Qwen3 softmax top-k, GLM grouped sigmoid), experts, the sparse blocks.
 
 Every token's result is independent of its neighbours: routing is row-wise, each expert runs the
 batch-invariant linear over the rows routed to it, and the k expert outputs of a token are summed in its
@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.layers.linear import invariant_linear
+from deployments.model_rank.layers.linear import ReplicatedLinear, invariant_linear
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
 from kernels import dispatch
+from kernels.activation import sigmoid
 
 
 @dataclass(frozen=True)
@@ -118,13 +119,33 @@ class SparseMoE(nn.Module):
         self.parallel = parallel
         self.gate = Router(hidden_size, routing)
         self.experts = Experts(routing.num_experts, hidden_size, moe_intermediate_size, parallel)
-        self.shared_experts = None
+        self.shared_experts: GatedMLP | None = None
         if shared_intermediate_size:
-            self.shared_experts = GatedMLP(hidden_size, shared_intermediate_size, parallel, reduce=False)
+            self.add_shared(hidden_size, shared_intermediate_size)
+
+    def add_shared(self, hidden_size: int, intermediate_size: int) -> None:
+        """The experts every token runs besides its routed ones (this rank's partial sum under TP)."""
+        self.shared_experts = GatedMLP(hidden_size, intermediate_size, self.parallel, reduce=False)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None if self.shared_experts is None else self.shared_experts(x)  # [T, H]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
         out = self.experts(x, weights, ids)  # [T, H]
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+        shared = self.shared(x)
+        if shared is not None:
+            out = out + shared
         return all_reduce(out, self.parallel)
+
+
+class SharedExpertGateMoE(SparseMoE):
+    """Qwen3-Next / Qwen3.5-MoE: one shared expert whose output each token scales by
+    sigmoid(shared_expert_gate(x)) (checkpoint names `shared_expert.*`, `shared_expert_gate`)."""
+
+    def add_shared(self, hidden_size: int, intermediate_size: int) -> None:
+        self.shared_expert = GatedMLP(hidden_size, intermediate_size, self.parallel, reduce=False)
+        self.shared_expert_gate = ReplicatedLinear(hidden_size, 1)  # replicated: it scales each rank's partial sum
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        return sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)  # [T, 1] * [T, H]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec
+from deployments.model_rank.layers.parallel import default_loader
 
 
 @dataclass
@@ -78,3 +79,26 @@ class RecurrentMixer(nn.Module):
         for slot in seq.captures.get(row, ()):
             self.conv_pool[slot].copy_(history)
             self.state_pool[slot].copy_(state)
+
+
+class DepthwiseConv1d(nn.Module):
+    """A recurrent layer's `conv1d` as checkpoints store it: weight [C, 1, K] (and bias [C]), applied to a
+    sequence's new inputs after its slot's history through `causal_conv`."""
+
+    def __init__(self, channels: int, kernel: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel), requires_grad=False)
+        self.weight.weight_loader = default_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
+            self.bias.weight_loader = default_loader
+
+    @property
+    def history_len(self) -> int:
+        """How many past inputs a slot keeps for the next tokens (kernel - 1)."""
+        return self.weight.shape[2] - 1
+
+    def forward(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """x [T, C] after history [K - 1, C] -> [T, C] float32."""
+        return causal_conv(x, history, self.weight[:, 0], self.bias)

@@ -14,7 +14,9 @@ from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCaus
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
 from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
 from deployments.model_rank.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from deployments.model_rank.models.qwen3_5 import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5MoeConfig
 from deployments.model_rank.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from deployments.model_rank.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
 from deployments.model_rank.weights import (
     CONFIG_FILE,
     CheckpointFiles,
@@ -33,6 +35,12 @@ ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
     "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+    # Hybrids: Gated DeltaNet layers beside attention, with per-sequence state slots.
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
+    "qwen3_5": (Qwen3_5Config, Qwen3_5ForCausalLM),
+    "qwen3_5_text": (Qwen3_5Config, Qwen3_5ForCausalLM),
+    "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5ForCausalLM),
+    "qwen3_5_moe_text": (Qwen3_5MoeConfig, Qwen3_5ForCausalLM),
 }
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 

@@ -28,13 +28,17 @@ class Qwen3MoeConfig(DecoderConfig):
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "Qwen3MoeConfig":
         reject_sliding_window(raw)
-        return cls(
-            **DecoderConfig.common(raw, max_positions=32768, eps=1e-6),
+        return cls(**DecoderConfig.common(raw, max_positions=32768, eps=1e-6), **cls.moe_keys(raw))
+
+    @staticmethod
+    def moe_keys(raw: dict[str, Any], default_norm_topk: bool = False) -> dict[str, Any]:
+        """The expert fields from config.json (Qwen3-Next and Qwen3.5-MoE read the same keys)."""
+        return dict(
             intermediate_size=int(raw.get("intermediate_size") or 0),
             moe_intermediate_size=int(require(raw, "moe_intermediate_size")),
             num_experts=int(require(raw, "num_experts", "num_local_experts")),
             num_experts_per_tok=int(require(raw, "num_experts_per_tok")),
-            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", default_norm_topk)),
             decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
             mlp_only_layers=[int(i) for i in raw.get("mlp_only_layers") or []],
         )
@@ -43,6 +47,9 @@ class Qwen3MoeConfig(DecoderConfig):
         on_step = (layer + 1) % self.decoder_sparse_step == 0
         return layer not in self.mlp_only_layers and self.num_experts > 0 and on_step
 
+    def routing(self) -> RoutingConfig:
+        return RoutingConfig(self.num_experts, self.num_experts_per_tok, "softmax", self.norm_topk_prob)
+
 
 class Qwen3MoeForCausalLM(CausalLM):
     def __init__(
@@ -50,12 +57,7 @@ class Qwen3MoeForCausalLM(CausalLM):
     ) -> None:
         super().__init__()
         rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
-        routing = RoutingConfig(
-            num_experts=cfg.num_experts,
-            top_k=cfg.num_experts_per_tok,
-            scoring="softmax",
-            norm_topk_prob=cfg.norm_topk_prob,
-        )
+        routing = cfg.routing()
         layers = []
         for i in range(cfg.num_hidden_layers):
             mlp: nn.Module
