@@ -20,3 +20,20 @@ class RMSNorm(nn.Module):
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(RMSNorm(x + residual), x + residual): a sublayer's output joins the residual stream, normed."""
         return dispatch.add_rms_norm(x, residual, self.weight, self.eps)  # [..., size] each
+
+
+class WideScaleRMSNorm(RMSNorm):
+    """RMSNorm whose weight scales the float32 normalised value, rounded to the input dtype once at the end
+    (Nemotron-H's convention). In float32 the two conventions are the same computation, so float32 keeps
+    the shared kernels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)  # [..., size]
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        summed = x + residual
+        return self(summed), summed  # [..., size] each
