@@ -13,6 +13,7 @@ from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
 from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
+from deployments.model_rank.models.nemotron_h import NemotronHConfig, NemotronHForCausalLM
 from deployments.model_rank.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from deployments.model_rank.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from deployments.model_rank.weights import (
@@ -33,6 +34,7 @@ ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
     "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+    "nemotron_h": (NemotronHConfig, NemotronHForCausalLM),
 }
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 
