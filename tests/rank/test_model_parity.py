@@ -9,11 +9,12 @@ import torch.multiprocessing as mp
 
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
-from serve_app.fixtures.checkpoints import ARCHS, build_random_checkpoint
+from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, build_random_checkpoint
 from tests.support.model_harness import PagedHarness, tp_worker
 
 transformers = pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 64, 32
+ALL_ARCHS = ARCHS + HYBRID_ARCHS  # hybrids run with a state slot per sequence (PagedHarness)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,7 +30,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("parity")
-    return {arch: build_random_checkpoint(arch, root / arch) for arch in ARCHS}
+    return {arch: build_random_checkpoint(arch, root / arch) for arch in ALL_ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()  # [T, V]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_logits_and_greedy_match_transformers(arch: str, checkpoints: dict[str, Path], prompt: list[int]) -> None:
     reference = hf_model(checkpoints[arch])
     model = load_model(checkpoints[arch], dtype="float32")
@@ -103,6 +104,18 @@ VARIANTS = {
             ),
         ),
     ),
+    # No latent MoE, one B/C group, ungrouped routing without normalised weights, no MTP.
+    "nemotron_h-plain": (
+        "nemotron_h",
+        dict(
+            moe_latent_size=None, n_groups=1, n_group=1, topk_group=1, norm_topk_prob=False, num_nextn_predict_layers=0
+        ),
+    ),
+    # Attention first, every bias on (Mamba2 in/out, MLP, shared expert, latent projections), no conv bias.
+    "nemotron_h-biases": (
+        "nemotron_h",
+        dict(hybrid_override_pattern="*ME-M", use_bias=True, mlp_bias=True, use_conv_bias=False),
+    ),
 }
 
 
@@ -156,7 +169,7 @@ def test_invariant_linear_rows_do_not_depend_on_row_count(dtype: torch.dtype, sh
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_last_token_logits_are_batch_invariant(
     arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
 ) -> None:
@@ -175,7 +188,7 @@ def test_last_token_logits_are_batch_invariant(
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_verify_rows_equal_serial_decode_rows(
     arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
 ) -> None:
