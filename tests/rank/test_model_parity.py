@@ -16,7 +16,7 @@ from tests.support.model_harness import PagedHarness, tp_worker
 
 transformers = pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 64, 32
-ALL_ARCHS = ARCHS + HYBRID_ARCHS
+ALL_ARCHS = ARCHS + HYBRID_ARCHS  # hybrids run with a state slot per sequence (PagedHarness)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -130,6 +130,18 @@ VARIANTS = {
         ),
     ),
     "qwen3_5_moe-three-value-heads-per-key": ("qwen3_5_moe", dict(linear_num_value_heads=6, linear_value_head_dim=8)),
+    # No latent MoE, one B/C group, ungrouped routing without normalised weights, no MTP.
+    "nemotron_h-plain": (
+        "nemotron_h",
+        dict(
+            moe_latent_size=None, n_groups=1, n_group=1, topk_group=1, norm_topk_prob=False, num_nextn_predict_layers=0
+        ),
+    ),
+    # Attention first, every bias on (Mamba2 in/out, MLP, shared expert, latent projections), no conv bias.
+    "nemotron_h-biases": (
+        "nemotron_h",
+        dict(hybrid_override_pattern="*ME-M", use_bias=True, mlp_bias=True, use_conv_bias=False),
+    ),
 }
 
 

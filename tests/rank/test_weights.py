@@ -1,4 +1,5 @@
-"""Checkpoint loading: shards, expert layouts, dtype choices, legacy config keys, MTP, malformed files."""
+"""Checkpoint loading: shards, expert layouts, dtype choices, legacy config keys, MTP, Nemotron-H's layouts,
+malformed files."""
 
 import json
 import shutil
@@ -193,6 +194,84 @@ def test_cache_specs_info_and_tensor_parallel_shapes(glm: Path, qwen3: Path, tmp
     assert quarter.model.layers[0].self_attn.q_proj.weight.shape == (32, 64)
     lite = load_model(build_random_checkpoint("glm4_moe_lite", tmp_path / "lite"))
     assert {s.kind for s in lite.kv_cache_specs()} == {"latent"} and lite.kv_cache_specs()[0].latent_dim == 32 + 8
+
+
+@pytest.fixture(scope="module")
+def nemotron(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_checkpoint("nemotron_h", tmp_path_factory.mktemp("nemotron") / "ck")
+
+
+def test_nemotron_hub_config_and_transformers_names_load_the_same_model(nemotron: Path, tmp_path: Path) -> None:
+    """The hub's spellings (pattern strings, num_hidden_layers, mamba_* keys, Infinity) and the names
+    transformers uses in memory (model.*, stacked experts) load what the fixture's save loads."""
+    kinds = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+
+    def hub(config: dict) -> None:
+        pattern = "".join(kinds[kind] for kind in config.pop("layers_block_type"))
+        mtp = "".join(kinds[kind] for kind in config.pop("mtp_layers_block_type"))
+        config.update(hybrid_override_pattern=pattern, mtp_hybrid_override_pattern=mtp, num_hidden_layers=6)
+        config.update(time_step_limit=[0.0, float("inf")])  # json writes Infinity
+        for key, legacy in (("n_groups", "mamba_n_groups"), ("conv_kernel", "mamba_d_conv")):
+            config[legacy] = config.pop(key)
+
+    def in_memory(tensors: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in tensors if n.startswith("backbone.")]:
+            tensors["model." + name.removeprefix("backbone.")] = tensors.pop(name)
+        for layer in (2, 5):
+            prefix = f"model.layers.{layer}.mixer.experts"
+            for proj in ("up_proj", "down_proj"):
+                stacked = [tensors.pop(f"{prefix}.{e}.{proj}.weight") for e in range(8)]
+                tensors[f"{prefix}.{proj}"] = torch.stack(stacked)  # up [E, I, latent], down [E, latent, I]
+
+    other = copy(nemotron, tmp_path / "other")
+    edit_config(other, hub)
+    edit_tensors(other, in_memory)
+    model = load_model(nemotron)
+    assert_same_weights(model, load_model(other))
+    assert torch.equal(last_logits(model), last_logits(load_model(other)))
+
+
+def test_nemotron_specs_mtp_loading_and_refusals(nemotron: Path, tmp_path: Path) -> None:
+    model = load_model(nemotron)
+    assert [len(s.recurrent_shape) for s in model.state_specs()] == [3, 3]  # two Mamba2 blocks
+    assert model.state_specs()[0].conv_shape == (3, 8 * 8 + 2 * 2 * 16)  # kernel - 1, x + B + C
+    assert model.config.has_mtp and model.mtp is not None
+    assert model.mtp_kv_cache_specs() == model.kv_cache_specs()  # one attention block each, alike
+    assert model.mtp.embed_tokens is model.model.embed_tokens and model.mtp.lm_head is model.lm_head
+
+    undeclared = copy(nemotron, tmp_path / "undeclared")  # MTP tensors beside num_nextn_predict_layers=0
+    edit_config(undeclared, lambda c: c.update(num_nextn_predict_layers=0))
+    plain = load_model(undeclared)  # ignored, as transformers ignores `mtp.*`
+    assert not plain.config.has_mtp and plain.mtp is None and plain.mtp_kv_cache_specs() == []
+
+    two_steps = copy(nemotron, tmp_path / "two-steps")  # a second step (layers 2, 3): only the first drafts
+    edit_config(two_steps, lambda c: c.update(num_nextn_predict_layers=2))
+    edit_tensors(two_steps, _second_mtp_step)
+    assert_same_weights(model, load_model(two_steps))
+
+    recurrent = build_random_checkpoint("nemotron_h", tmp_path / "recurrent", mtp_layers_block_type=["mamba", "moe"])
+    loaded = load_model(recurrent)  # loaded, but a step with state slots of its own does not draft
+    assert loaded.mtp is not None and not loaded.config.has_mtp and loaded.mtp_kv_cache_specs() == []
+    with pytest.raises(ValueError, match="no MTP layer that drafts"):
+        loaded.bind_mtp_kv_caches([])
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        load_model(nemotron, parallel=ParallelContext(tp_rank=0, tp_size=2))
+    for edit, pattern in (
+        (lambda c: c.update(layers_block_type=["conv", *c["layers_block_type"][1:]]), "unknown or no block types"),
+        (lambda c: c.update(mlp_hidden_act="gelu"), "mlp_hidden_act 'gelu'"),
+    ):
+        bad = copy(nemotron, tmp_path / "bad")
+        edit_config(bad, edit)
+        with pytest.raises(CheckpointError, match=pattern):
+            load_model(bad)
+        shutil.rmtree(bad)
+
+
+def _second_mtp_step(tensors: dict[str, torch.Tensor]) -> None:
+    """MTP layers 0 and 1 again, doubled, as layers 2 and 3: a second MTP step (which must not load)."""
+    for name in [n for n in tensors if n.startswith(("mtp.layers.0.", "mtp.layers.1."))]:
+        layer = int(name.split(".")[2])
+        tensors[name.replace(f"mtp.layers.{layer}.", f"mtp.layers.{layer + 2}.", 1)] = tensors[name] * 2
 
 
 def _drop(name: str) -> Callable[[dict[str, torch.Tensor]], None]:

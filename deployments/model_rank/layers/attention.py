@@ -54,7 +54,8 @@ def kv_head_sharding(num_kv_heads: int, parallel: ParallelContext) -> tuple[int,
 
 class SelfAttention(nn.Module):
     """GQA self-attention: q/k/v projections (column-parallel by heads), optional per-head QK-norm
-    before RoPE (Qwen3, GLM `use_qk_norm`), paged attention, o_proj (row-parallel)."""
+    before RoPE (Qwen3, GLM `use_qk_norm`), paged attention, o_proj (row-parallel). `rotary` None: no
+    position encoding at all (Nemotron-H's attention blocks)."""
 
     query_width = 1  # q_proj features per query feature (2: each head's query is followed by its output gate)
     qk_norm_type: type[RMSNorm] = RMSNorm
@@ -65,7 +66,7 @@ class SelfAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | None,
         parallel: ParallelContext,
         qkv_bias: bool = False,
         o_bias: bool = False,
@@ -114,7 +115,8 @@ class SelfAttention(nn.Module):
         v = v.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(batch.positions, q, k)
+        if self.rotary is not None:
+            q, k = self.rotary(batch.positions, q, k)
         out = self.attn(q, k, v, batch)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.local_heads * self.head_dim))  # [T, H]
 

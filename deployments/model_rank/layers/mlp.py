@@ -1,6 +1,7 @@
-"""The gated SiLU feed-forward block (dense layers and shared experts)."""
+"""The feed-forward blocks: gated SiLU (dense layers and shared experts) and relu^2 (Nemotron-H)."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
@@ -40,3 +41,21 @@ class GatedMLP(nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(dispatch.silu_mul(gate, up))  # [T, H]
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2: exact elementwise ops, so a row's result never depends on the tensor around it."""
+    return torch.square(F.relu(x))
+
+
+class ReluSquaredMLP(nn.Module):
+    """down(relu(up(x))^2), no gate (Nemotron-H's MLP blocks and shared experts); intermediate features
+    sharded across ranks."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, parallel: ParallelContext, bias: bool = False) -> None:
+        super().__init__()
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, parallel, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, parallel, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(relu_squared(self.up_proj(x)))  # [T, H]

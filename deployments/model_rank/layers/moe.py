@@ -70,6 +70,23 @@ class Router(nn.Module):
         )
 
 
+def stacked_expert_param(experts: int, rows: int, cols: int, shard_dim: int, parallel: ParallelContext) -> nn.Parameter:
+    """One projection of every expert, stacked [E, rows, cols] (this rank's shard of dim `shard_dim` of each
+    expert's [rows, cols]); it loads per-expert tensors or one fused [E, ...] tensor."""
+    param = nn.Parameter(torch.empty(experts, rows, cols), requires_grad=False)
+
+    def load(p: torch.Tensor, loaded: torch.Tensor, expert_id: int | None = None) -> None:
+        # expert_id None: a fused [E, ...] tensor for every expert at once.
+        if expert_id is None:
+            copy_shard(p, loaded, shard_dim + 1, parallel.tp_rank, parallel.tp_size)
+        else:
+            copy_shard(p[expert_id], loaded, shard_dim, parallel.tp_rank, parallel.tp_size)
+
+    param.weight_loader = load
+    param.expert_count = experts  # the weight loader checks every expert arrives
+    return param
+
+
 class Experts(nn.Module):
     """E gated-SiLU experts stored stacked: gate/up [E, I/tp, H], down [E, H, I/tp].
 
@@ -79,25 +96,10 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, parallel: ParallelContext) -> None:
         super().__init__()
-        self.parallel = parallel
         local = divide(intermediate_size, parallel.tp_size, "expert intermediate size")
-        self.gate_proj = self._stacked(num_experts, local, hidden_size, shard_dim=0)
-        self.up_proj = self._stacked(num_experts, local, hidden_size, shard_dim=0)
-        self.down_proj = self._stacked(num_experts, hidden_size, local, shard_dim=1)
-
-    def _stacked(self, experts: int, rows: int, cols: int, shard_dim: int) -> nn.Parameter:
-        param = nn.Parameter(torch.empty(experts, rows, cols), requires_grad=False)
-
-        def load(p: torch.Tensor, loaded: torch.Tensor, expert_id: int | None = None) -> None:
-            # expert_id None: a fused [E, ...] tensor for every expert at once.
-            if expert_id is None:
-                copy_shard(p, loaded, shard_dim + 1, self.parallel.tp_rank, self.parallel.tp_size)
-            else:
-                copy_shard(p[expert_id], loaded, shard_dim, self.parallel.tp_rank, self.parallel.tp_size)
-
-        param.weight_loader = load
-        param.expert_count = experts  # the weight loader checks every expert arrives
-        return param
+        self.gate_proj = stacked_expert_param(num_experts, local, hidden_size, 0, parallel)
+        self.up_proj = stacked_expert_param(num_experts, local, hidden_size, 0, parallel)
+        self.down_proj = stacked_expert_param(num_experts, hidden_size, local, 1, parallel)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, H], weights/ids [T, k] -> [T, H] (this rank's partial sum under TP)."""

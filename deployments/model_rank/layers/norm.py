@@ -1,6 +1,6 @@
 """RMSNorm as the Hugging Face checkpoints define it (normalise in float32, scale in the model dtype), and the
-two variants Qwen3-Next / Qwen3.5 add: the zero-centred norm scaled by (1 + weight), and the gated norm of
-their Gated DeltaNet output."""
+hybrid families' variants: the float32-scaled norm (Nemotron-H), the zero-centred one scaled by (1 + weight)
+(Qwen3-Next / Qwen3.5), and the gated norm of a Gated DeltaNet output."""
 
 import torch
 from torch import nn
@@ -25,22 +25,39 @@ class RMSNorm(nn.Module):
         return dispatch.add_rms_norm(x, residual, self.weight, self.eps)  # [..., size] each
 
 
-class ZeroCentredRMSNorm(RMSNorm):
-    """Qwen3-Next / Qwen3.5: the checkpoint stores `weight` around zero and the scale is (1 + weight); the
-    normalised row is scaled in float32 and rounded once, as transformers' Qwen3NextRMSNorm does."""
+class WideScaleRMSNorm(RMSNorm):
+    """RMSNorm whose scale multiplies the float32 normalised row, rounded to the input dtype once at the end
+    (Nemotron-H's convention). In float32 that is the shared kernels' computation, so float32 keeps them."""
+
+    shares_float32_kernels = True
+
+    def scale(self) -> torch.Tensor:
+        return self.weight.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.shares_float32_kernels:
+            return super().forward(x)
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.scale()).to(x.dtype)  # [..., size]
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        summed = x + residual
+        return self(summed), summed  # [..., size] each
+
+
+class ZeroCentredRMSNorm(WideScaleRMSNorm):
+    """Qwen3-Next / Qwen3.5: the checkpoint stores `weight` around zero and the scale is (1 + weight), as
+    transformers' Qwen3NextRMSNorm computes it."""
+
+    shares_float32_kernels = False
 
     def __init__(self, size: int, eps: float = 1e-6) -> None:
         super().__init__(size, eps)
         nn.init.zeros_(self.weight)  # the identity scale
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)  # [..., size]
-
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        summed = x + residual
-        return self(summed), summed
+    def scale(self) -> torch.Tensor:
+        return 1.0 + self.weight.float()
 
 
 class GatedRMSNorm(RMSNorm):

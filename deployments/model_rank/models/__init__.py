@@ -13,6 +13,7 @@ from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
 from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
+from deployments.model_rank.models.nemotron_h import NemotronHConfig, NemotronHForCausalLM
 from deployments.model_rank.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from deployments.model_rank.models.qwen3_5 import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5MoeConfig
 from deployments.model_rank.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -41,6 +42,8 @@ ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "qwen3_5_text": (Qwen3_5Config, Qwen3_5ForCausalLM),
     "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5ForCausalLM),
     "qwen3_5_moe_text": (Qwen3_5MoeConfig, Qwen3_5ForCausalLM),
+    # Mamba2 layers beside attention, MLP and MoE blocks.
+    "nemotron_h": (NemotronHConfig, NemotronHForCausalLM),
 }
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 

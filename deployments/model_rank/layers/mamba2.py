@@ -1,0 +1,165 @@
+"""The Mamba2 mixer (Nemotron-H's "M" blocks) in its recurrent form, one canonical computation per token.
+
+in_proj splits into the gate z, the conv inputs xBC and dt. xBC runs through the depthwise causal conv after
+the slot's last inputs, then silu, and splits into x (heads x head_dim), B and C (n_groups x d_state; head h
+reads group h // (heads / n_groups)). Per token, in float32, on the slot's state [heads, head_dim, d_state]:
+
+    dt = clamp(softplus(dt + dt_bias), time_step_limit)    dA = exp(dt * A),  A = -exp(A_log)
+    state = state * dA + (dt * x) (outer) B                 y = state . C + D * x
+
+then the group-wise RMSNorm gated by silu(z), and out_proj. The recurrence's ops (softplus, exp, the state
+update, y) run on one token's fixed-shape tensors, the conv is elementwise over its taps, and silu is
+composed of ops whose bits do not depend on a tensor's size (kernels/activation.py), so a token's bits never
+depend on the chunk or batch it arrives in (layers/recurrent.py). transformers' chunked scan is never used:
+its rounding depends on where chunks fall.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec
+from deployments.model_rank.layers.linear import ReplicatedLinear
+from deployments.model_rank.layers.parallel import default_loader
+from deployments.model_rank.layers.recurrent import (
+    RecurrentMixer,
+    SequenceRows,
+    causal_conv,
+    history_after,
+    sequence_rows,
+)
+from kernels.activation import silu
+
+
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """One Mamba2 layer's sizes and options (from config.json)."""
+
+    hidden_size: int
+    num_heads: int  # mamba_num_heads
+    head_dim: int  # mamba_head_dim
+    state_size: int  # ssm_state_size (d_state)
+    n_groups: int  # B / C groups, each shared by num_heads / n_groups consecutive heads
+    conv_kernel: int
+    use_conv_bias: bool
+    use_bias: bool  # in_proj / out_proj biases
+    norm_eps: float  # the gated group RMSNorm's epsilon
+    time_step_limit: tuple[float, float]  # dt is clamped to [low, high] after the softplus
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C."""
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+
+def _param(*shape: int) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    param.weight_loader = default_loader
+    return param
+
+
+class CausalConv1d(nn.Module):
+    """The depthwise conv's parameters, as checkpoints store them: weight [C, 1, K], bias [C]."""
+
+    def __init__(self, channels: int, kernel: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = _param(channels, 1, kernel)
+        self.bias = _param(channels) if bias else None
+
+
+class GatedGroupRMSNorm(nn.Module):
+    """RMSNorm of y * silu(z) over groups of `group_size` features, in float32, times the weight."""
+
+    def __init__(self, size: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        self.group_size = group_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.weight.weight_loader = default_loader
+
+    def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """y [T, I] float32, gate [T, I] -> [T, I] float32."""
+        gated = y * silu(gate.float())
+        groups = gated.view(gated.shape[0], -1, self.group_size)  # [T, G, I / G]
+        groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * groups.view_as(gated)  # the weight promoted to float32, as transformers does
+
+
+class Mamba2Mixer(RecurrentMixer):
+    """Mamba2 over a step's rows, each sequence from its state slot (conv history and SSM state)."""
+
+    def __init__(self, shape: Mamba2Shape) -> None:
+        super().__init__()
+        self.shape = shape
+        inner, heads = shape.intermediate_size, shape.num_heads
+        self.in_proj = ReplicatedLinear(shape.hidden_size, inner + shape.conv_dim + heads, bias=shape.use_bias)
+        self.conv1d = CausalConv1d(shape.conv_dim, shape.conv_kernel, shape.use_conv_bias)
+        self.dt_bias = _param(heads)
+        self.A_log = _param(heads)
+        self.D = _param(heads)
+        self.norm = GatedGroupRMSNorm(inner, inner // shape.n_groups, shape.norm_eps)
+        self.out_proj = ReplicatedLinear(inner, shape.hidden_size, bias=shape.use_bias)
+
+    def state_spec(self) -> LayerStateSpec:
+        s = self.shape
+        return LayerStateSpec(
+            conv_shape=(s.conv_kernel - 1, s.conv_dim), recurrent_shape=(s.num_heads, s.head_dim, s.state_size)
+        )
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """hidden [T, H] -> [T, H]; advances each sequence's slot in place."""
+        s = self.shape
+        if not hasattr(self, "state_pool") or len(batch.state_slots) != batch.num_seqs:
+            raise RuntimeError("Mamba2 needs its state pools bound (bind_state_pools) and a state slot per sequence")
+        gate, xbc, dt = self.in_proj(hidden).split([s.intermediate_size, s.conv_dim, s.num_heads], dim=-1)
+        y = torch.empty(hidden.shape[0], s.intermediate_size, dtype=torch.float32, device=hidden.device)
+        for seq in sequence_rows(batch):
+            y[seq.start : seq.end] = self._scan(seq, xbc[seq.start : seq.end], dt[seq.start : seq.end])
+        return self.out_proj(self.norm(y, gate).to(hidden.dtype))  # [T, H]
+
+    def _scan(self, seq: SequenceRows, xbc: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        """One sequence's new rows: xbc [n, C], dt [n, heads] -> y [n, I] float32."""
+        s = self.shape
+        history, state = self.conv_pool[seq.slot], self.state_pool[seq.slot]  # state is advanced in place
+        conv = causal_conv(xbc, history, self.conv1d.weight[:, 0], self.conv1d.bias)  # [n, C] float32
+        # Rounded to the model dtype before silu, where transformers' conv leaves its output.
+        grouped = s.n_groups * s.state_size
+        x, b, c = silu(conv.to(xbc.dtype)).float().split([s.intermediate_size, grouped, grouped], dim=-1)
+        x = x.reshape(-1, s.num_heads, s.head_dim)  # [n, heads, head_dim]
+        per_group = s.num_heads // s.n_groups
+        b = b.reshape(-1, s.n_groups, s.state_size).repeat_interleave(per_group, dim=1)  # [n, heads, d_state]
+        c = c.reshape(-1, s.n_groups, s.state_size).repeat_interleave(per_group, dim=1)  # [n, heads, d_state]
+        a, d = -torch.exp(self.A_log.float()), self.D.float()  # [heads] each
+        y = torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
+        for row in range(x.shape[0]):
+            y[row] = self._token(state, x[row], b[row], c[row], dt[row], a, d)
+            if row in seq.captures:
+                self.capture(seq, row, history_after(history, xbc, row), state)
+        history.copy_(history_after(history, xbc, x.shape[0] - 1))
+        return y.reshape(x.shape[0], s.intermediate_size)
+
+    def _token(
+        self,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        dt: torch.Tensor,
+        a: torch.Tensor,
+        d: torch.Tensor,
+    ) -> torch.Tensor:
+        """Advance state [heads, head_dim, d_state] by one token (x [heads, head_dim], b / c [heads, d_state],
+        dt [heads] before its bias, a / d [heads]); returns y [heads, head_dim]."""
+        step = F.softplus(dt + self.dt_bias).float()  # in the model dtype, as transformers computes it
+        low, high = self.shape.time_step_limit
+        if low > 0.0 or high != float("inf"):
+            step = step.clamp(low, high)
+        state.mul_(torch.exp(step * a)[:, None, None])
+        state.add_((x * step[:, None])[:, :, None] * b[:, None, :])
+        return torch.bmm(state, c[:, :, None])[:, :, 0] + d[:, None] * x
