@@ -2,15 +2,19 @@
 the same solo and batched, whole and chunked, fresh and resumed from a state snapshot, preempted or not,
 drafted or serial; a conversation's next turn finds its previous prompt cached; snapshots obey their cap."""
 
+from dataclasses import replace
+
 import pytest
 
 from deployments.config import EngineConfig
-from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
 from deployments.scheduler.engine.core import Engine
-from serve_app.fixtures.archs import HYBRID_ARCHS
 from tests.support.requests import greedy
 
-CASES = [(arch, dtype) for arch in HYBRID_ARCHS for dtype in ("float32", "bfloat16")]
+# One model per mixer and layout (the rest share these files; tests/rank checks each against transformers):
+# Qwen3-Next's grouped projections and MoE, Qwen3.5's multimodal checkpoint with split projections, Mamba2.
+ENGINE_ARCHS = ("qwen3_next", "qwen3_5", "nemotron_h")
+CASES = [(arch, dtype) for arch in ENGINE_ARCHS for dtype in ("float32", "bfloat16")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
@@ -104,20 +108,28 @@ def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
 
 
 def test_drafted_replies_equal_serial_ones(checkpoint) -> None:
+    """A grammar makes a random model's reply repeat, so n-gram lookup proposes drafts: all kept when the
+    draw is greedy, some rejected when it samples (each rejection resumes from the last kept row's states)."""
     engine = _engine(checkpoint, draft="ngram", draft_policy="fixed", draft_tokens=3)
-    loop = [40, 41, 42, 43, 44, 45] * 6  # a repetitive prompt: n-gram lookup proposes, some drafts are kept
+    prompt = [40, 41, 42, 43, 44]
     requests = [
-        greedy("d0", loop, 30, to_limit=True),
-        EngineRequest("d1", loop[3:], SamplingParams(temperature=0.7, seed=9, ignore_eos=True), max_tokens=30),
-    ]
-    serial = [
-        EngineRequest(r.request_id + "s", r.prompt_token_ids, r.sampling, max_tokens=30, draft=False) for r in requests
+        greedy("kept", prompt, 30, grammar=GrammarSpec("regex", "(ab){12}")),
+        EngineRequest(
+            "mixed",
+            prompt,
+            SamplingParams(temperature=1.0, seed=4),
+            max_tokens=30,
+            grammar=GrammarSpec("regex", "[ab]{24}"),
+        ),
+        EngineRequest("free", prompt[1:], SamplingParams(temperature=0.7, seed=9, ignore_eos=True), max_tokens=30),
     ]
     drafted = engine.generate(requests)
-    plain = engine.generate(serial)
-    assert drafted["d0"].token_ids == plain["d0s"].token_ids
-    assert drafted["d1"].token_ids == plain["d1s"].token_ids
-    assert drafted["d0"].stats.drafted > 0
+    serial = engine.generate([replace(r, request_id=r.request_id + "-serial", draft=False) for r in requests])
+    for request in requests:
+        assert drafted[request.request_id].token_ids == serial[request.request_id + "-serial"].token_ids
+    kept, mixed = drafted["kept"].stats, drafted["mixed"].stats
+    assert kept.drafted > 0 and kept.accepted == kept.drafted
+    assert mixed.drafted > mixed.accepted > 0
 
 
 def test_snapshots_stay_under_a_small_cap_and_replies_stay_exact(checkpoint) -> None:

@@ -178,16 +178,28 @@ def test_glm_mtp_layer_matches_transformers(checkpoints: dict[str, Path], prompt
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "shape", [(96, 80), (64, 64), (2048, 768)]
-)  # (in, out): a lone bf16 row took a GEMV of its own without AMX
-def test_invariant_linear_rows_do_not_depend_on_row_count(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+# (in, out): without AMX, a lone bf16 row takes a GEMV of its own (64x64, 2048x768), and 32x32's rows
+# differ between four and 64 rows.
+@pytest.mark.parametrize("shape", [(96, 80), (64, 64), (2048, 768), (32, 32)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_invariant_linear_rows_do_not_depend_on_row_count(
+    dtype: torch.dtype, shape: tuple[int, int], threads: int
+) -> None:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_rows_alone_and_together(dtype, shape)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _check_rows_alone_and_together(dtype: torch.dtype, shape: tuple[int, int]) -> None:
     gen = torch.Generator().manual_seed(0)
     for _ in range(24):
         x = torch.randn(64, shape[0], generator=gen).to(dtype)
         w = (torch.randn(shape[1], shape[0], generator=gen) * 0.05).to(dtype)
         full = invariant_linear(x, w)
-        for rows in (1, 2, 3, 5, 8, 17, 33):
+        for rows in (1, 2, 3, 4, 5, 8, 17, 33):
             for start in (0, 64 - rows):
                 assert torch.equal(invariant_linear(x[start : start + rows], w), full[start : start + rows])
         for row in range(64):  # every row alone

@@ -12,7 +12,7 @@ from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
 from kernels import cpu_gemm
 
-TILE_ROWS = 16  # float32 matmuls run on row counts that are multiples of this
+TILE_ROWS = 16  # CPU matmuls (and float32 anywhere) run on row counts that are multiples of this
 CALL_ROWS = 256  # ... at most this many rows per GEMM call (past it MKL's kernel choice changes the bits)
 
 
@@ -20,20 +20,19 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
 
     Weights packed at load (bf16 on an AMX CPU, layers/packing.py) run on kernels/cpu_gemm's fixed-order
-    tiles. float32 GEMMs pick kernels by row count (M=1..3 differ from M>=4 on this CPU), so float32 runs in
-    zero-padded 16-row tiles, one call each. CPU bf16/fp16 GEMMs give every M >= 2 the same row bits, but a
-    single row takes a GEMV with its own order (seen on a CPU without AMX), so a lone row is padded to two:
-    measured as fast as the GEMV, where 16-row tiles cost up to twice as much. The bias is added separately:
-    a fused addmm is another kernel with its own row-count behaviour.
+    tiles. Other CPU GEMMs pick kernels by row count: float32's M=1..3 differ from M>=4, and bf16 on a CPU
+    without AMX gives a lone row (a GEMV), and for small shapes up to 4 rows, other bits than 8 or more. So
+    every CPU GEMM (and float32 anywhere) runs in zero-padded 16-row tiles, CALL_ROWS per call at most: the
+    one row count measured invariant for every dtype and shape tried, at a cost in bf16 batch-1 decode
+    without AMX (lm_head 151,936x768: 25.1 ms against a GEMV's 17.2) until native kernels take that path.
+    The bias is added separately: a fused addmm is another kernel with its own row-count behaviour.
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
     if cpu_gemm.is_packed(weight):
         out = cpu_gemm.matmul(x2, weight)  # [M, N]
-    elif x2.dtype == torch.float32 and x2.shape[0] > 0:
+    elif (x2.dtype == torch.float32 or x2.device.type == "cpu") and x2.shape[0] > 0:
         out = _tiled_matmul(x2, weight)  # [M, N]
-    elif x2.device.type == "cpu" and x2.shape[0] == 1:
-        out = F.linear(F.pad(x2, (0, 0, 0, 1)), weight)[:1]  # [1, N]: the GEMM every other row count takes
     else:
         out = F.linear(x2, weight)  # [M, N]
     if bias is not None:
