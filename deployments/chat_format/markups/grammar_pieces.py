@@ -1,10 +1,10 @@
 """What forced-call grammars are built from (xgrammar): literals, JSON values, XML markups' raw values.
 
-String arguments of the XML-like markups are raw text without `<` (a string enum's values, raw); other
-values are JSON under their property schema. Blanks are bounded as in JSON grammars: at most MAX_BLANKS between two JSON tokens, and a
-markup's own line breaks are optional single newlines, so a model cannot fill its reply with whitespace (a
-random model otherwise writes blanks until max_tokens). String arguments are the model's text and stay
-unbounded, as a JSON string's characters are.
+String arguments of the XML-like markups are raw text without `<` (a string enum's values, raw, as the
+templates write them); other values are JSON under their property schema. Blanks are bounded as in JSON
+grammars: at most MAX_BLANKS between two JSON tokens, and a markup's own line breaks are optional single
+newlines, so a model cannot fill its reply with whitespace (a random model otherwise writes blanks until
+max_tokens). String arguments are the model's text and stay unbounded, as a JSON string's characters are.
 
 Imported only when a call is forced: xgrammar pulls in transformers.
 """
