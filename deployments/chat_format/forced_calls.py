@@ -4,7 +4,8 @@ With `tool_choice: "required"` or a named function, the answer is one or more ca
 `parallel_tool_calls` is false), each to an offered tool (the named one only), with arguments inside the
 tool's parameter schema; blank lines may separate calls, prose may not. Parsing the reply stays the reply
 parser's job: this only constrains generation. Blanks between two calls are bounded as between two JSON
-tokens (markups/grammar_pieces.py says how blanks inside a call are bounded).
+tokens (markups/grammar_pieces.py says how blanks inside a call are bounded); one line break may come
+before the first call and after the last.
 """
 
 import re
@@ -14,6 +15,12 @@ import xgrammar as xgr
 
 from deployments.chat_format.markups import markup_named
 from deployments.chat_format.markups.grammar_pieces import MAX_BLANKS
+
+# One optional line break before the first call and after the last, as templates lay calls out: GLM-4.6's,
+# and Nemotron 3's after a closed think block, put one before a turn's first call; Nemotron 3's ends every
+# call's line. Refused, the first would push the model off what it was shown, and the last leave it no end
+# but another call.
+LINE_BREAK = '"\\n"?'
 
 
 def forced_call_ebnf(tools: list[dict[str, Any]], markup: str | None, parallel: bool) -> str:
@@ -27,5 +34,5 @@ def forced_call_ebnf(tools: list[dict[str, Any]], markup: str | None, parallel: 
     one = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
     body = re.sub(r"^root ::=", "forced_call ::=", str(one), flags=re.MULTILINE)  # a rule the new root repeats
     between = f"[ \\n]{{0,{MAX_BLANKS}}}"  # blank lines may separate calls, up to the JSON bound
-    root = f"root ::= forced_call ({between} forced_call)*" if parallel else "root ::= forced_call"
-    return f"{root}\n{body}"
+    repeated = f"forced_call ({between} forced_call)*" if parallel else "forced_call"
+    return f"root ::= {LINE_BREAK} {repeated} {LINE_BREAK}\n{body}"

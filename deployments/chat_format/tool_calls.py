@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 CALL_NAME = re.compile(r"[A-Za-z0-9_.:\-]+")  # what a parsed call's function name may hold
+# Python's spelling of scalars, as a template's `{{ value | string }}` writes them (Qwen3.5, Nemotron 3).
+PYTHON_SCALARS: dict[str, Any] = {"True": True, "False": False, "None": None}
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {"array": list, "object": dict, "boolean": bool}
 
 
@@ -34,14 +36,16 @@ def tool_schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]
     return out
 
 
-def typed_value(raw: str, schema: Any) -> Any:
-    """`raw` converted to the schema's one explicit type; malformed or mismatched values stay strings."""
+def typed_value(raw: str, schema: Any, python_scalars: bool = False) -> Any:
+    """`raw` converted to the schema's one explicit type; malformed or mismatched values stay strings.
+
+    With `python_scalars`, `True`, `False` and `None` are read as JSON's true, false and null too."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     if not isinstance(kind, str) or kind == "string":
         return raw  # no type, a union (a list), a $ref or a string: the text as written
     text = raw.strip()
     try:
-        value = json.loads(text)
+        value = PYTHON_SCALARS[text] if python_scalars and text in PYTHON_SCALARS else json.loads(text)
     except ValueError:
         return raw
     if kind == "null":
@@ -54,8 +58,10 @@ def typed_value(raw: str, schema: Any) -> Any:
     return value if expected is not None and isinstance(value, expected) else raw
 
 
-def typed_call(name: str, pairs: list[tuple[str, str]], schemas: dict[str, dict[str, Any]]) -> ParsedCall:
+def typed_call(
+    name: str, pairs: list[tuple[str, str]], schemas: dict[str, dict[str, Any]], python_scalars: bool = False
+) -> ParsedCall:
     """A call whose arguments were written as raw key/value text (the XML-like markups), typed by its schema."""
     props = schemas.get(name, {})
-    arguments = {key: typed_value(value, props.get(key)) for key, value in pairs}
+    arguments = {key: typed_value(value, props.get(key), python_scalars) for key, value in pairs}
     return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))

@@ -1,11 +1,13 @@
 """Forced tool calls on random checkpoints with vendor chat templates: only the grammar makes the calls valid.
 
-For each call markup (GLM: tiny-glm's, GLM-4.6's and GLM-4.7-Flash's templates; Qwen XML: Qwen3-Coder's;
-Hermes JSON: Qwen3's), `tool_choice: "required"` and a named function give, streamed and not, greedy and
-sampled (seed 0 greedy), calls to offered tools (the named one) whose arguments validate against the tool's parameter
-schema, with finish_reason "tool_calls"; `parallel_tool_calls: false` gives exactly one call. A random
-model fills every gap the grammar leaves with blanks, so its replies also show the blank bound: no run of
-more than 32 blank characters, between calls or inside them, in the reply text the engine wrote.
+For each call markup (GLM: tiny-glm's, GLM-4.6's and GLM-4.7-Flash's templates; Qwen XML: Qwen3-Coder's,
+Qwen3.5's and Nemotron 3's; Hermes JSON: Qwen3's), `tool_choice: "required"` and a named function give, streamed
+and not, greedy and sampled (seed 0 greedy), calls to offered tools (the named one) whose arguments validate
+against the tool's parameter schema, with finish_reason "tool_calls"; `parallel_tool_calls: false` gives exactly
+one call. A random model fills every gap the grammar leaves with blanks, so its replies also show the blank
+bound: no run of more than 32 blank characters, between calls or inside them, in the reply text the engine
+wrote. Without a model: each grammar takes the calls its template shows in an earlier turn (what a model
+trained on it writes), and refuses prose before them.
 """
 
 import json
@@ -16,16 +18,22 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import xgrammar as xgr
 from fastapi.testclient import TestClient
 from openai.types.chat import ChatCompletion
 
+from deployments.chat_format.forced_calls import forced_call_ebnf
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.config import EngineConfig
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
+from deployments.messages.requests import GrammarSpec
+from deployments.scheduler.engine.grammar import GrammarBackend
+from deployments.tokenizer import load_tokenizer
 from serve_app.fixtures.tokenizer_builder import use_tokenizer_end_token
 from serve_app.local_backend import LocalBackend
-from tests.conftest import REPO
+from tests.chat_format.test_template_replies import renderer_for, shown_reply, template_source, tool_call
+from tests.conftest import BUILTIN_TINY_GLM, REPO
 
 VENDOR_TEMPLATES = REPO.parent / "shared" / "fixtures" / "chat_templates"
 TEMPLATES = {  # name: (template file, architecture, tokenizer family)
@@ -34,6 +42,9 @@ TEMPLATES = {  # name: (template file, architecture, tokenizer family)
     "GLM-4.7-Flash": (VENDOR_TEMPLATES / "GLM-4.7-Flash.jinja", "glm4_moe", "glm"),
     "Qwen3-Coder": (VENDOR_TEMPLATES / "Qwen3-Coder.jinja", "qwen3", "qwen"),
     "Qwen3": (VENDOR_TEMPLATES / "Qwen3.jinja", "qwen3", "qwen"),
+    # The hybrid architectures these checkpoints are have no offline fixture yet: the grammar is what is tested.
+    "Qwen3.5": (VENDOR_TEMPLATES / "Qwen3.5-4B.jinja", "qwen3", "qwen"),
+    "Nemotron-3": (VENDOR_TEMPLATES / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "qwen3", "qwen"),
 }
 PARAMETERS = {  # strings, enums, bounded integers, booleans, a nested object and a bounded array
     "get_weather": {
@@ -183,3 +194,48 @@ def test_forced_replies_hold_no_run_of_more_than_32_blanks(client: TestClient) -
         assert reply["finish_reason"] in ("tool_calls", "length") and reply["message"]["tool_calls"], (seed, text)
         run = BLANK_RUN.search(text)
         assert run is None, f"choice={choice} seed={seed}: {len(run.group())} blanks at {run.start()} in {text!r}"
+
+
+# ---- the calls each template shows (no model) ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def grammar_backend() -> GrammarBackend:
+    bundle = load_tokenizer(BUILTIN_TINY_GLM)
+    return GrammarBackend(bundle, bundle.tokenizer.get_vocab_size(), bundle.eos_token_ids)
+
+
+def _takes(backend: GrammarBackend, markup: str | None, text: str, only: str | None, parallel: bool) -> bool:
+    """Whether the forced-call grammar (to every tool, or `only` the named one) takes `text` whole."""
+    tools = [t for t in TOOLS if only in (None, t["function"]["name"])]
+    source = forced_call_ebnf(tools, markup, parallel=parallel)
+    matcher = xgr.GrammarMatcher(backend.compile(GrammarSpec("ebnf", source, param="tool_choice")))
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_the_grammar_takes_the_calls_the_template_shows(
+    grammar_backend: GrammarBackend, chatml_tokenizer_dir: Path, name: str, thinking: bool
+) -> None:
+    renderer = renderer_for(template_source(name, {n: t[0] for n, t in TEMPLATES.items()}), chatml_tokenizer_dir)
+    add, weather = (
+        tool_call("add", {"a": 2, "b": -3, "exact": True}),
+        tool_call("get_weather", {"city": "Oslo", "unit": "c"}),
+    )
+
+    def shown(*calls: dict) -> tuple[str, str | None]:
+        turn = {"role": "assistant", "content": "", "tool_calls": list(calls)}
+        if thinking:
+            turn["reasoning_content"] = "call them"
+        text, reply = shown_reply(renderer, TOOLS, turn, {"enable_thinking": thinking})
+        closer = text.find("</think>")  # the engine lets a few blanks follow the closer before the grammar
+        return (text if closer < 0 else text[closer + len("</think>") :].lstrip()), reply.tool_format
+
+    both_calls, markup = shown(add, weather)
+    one_call = shown(add)[0]
+    assert _takes(grammar_backend, markup, both_calls, None, True), both_calls
+    assert _takes(grammar_backend, markup, one_call, None, False) and _takes(
+        grammar_backend, markup, one_call, "add", False
+    )
+    assert not _takes(grammar_backend, markup, both_calls, None, False)  # exactly one call
+    assert not _takes(grammar_backend, markup, shown(weather)[0], "add", True)  # not the named function
+    assert not _takes(grammar_backend, markup, "Sure.\n" + one_call, None, True)  # prose may not come first

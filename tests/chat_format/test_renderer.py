@@ -3,6 +3,7 @@
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,28 @@ CONVERSATIONS = {
         },
         {"role": "tool", "tool_call_id": "c2", "content": "rain"},
         {"role": "user", "content": "Thanks"},
+    ],
+    "multi_step_tool_calls": [  # calls after the last user turn, with reasoning, typed and null arguments
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Plan it."},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "two calls",
+            "tool_calls": [
+                {
+                    "id": "c3",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": {"city": "Oslo", "days": 2, "metric": True, "hours": [6, 18], "at": {"lat": 59.9}},
+                    },
+                },
+                {"id": "c4", "type": "function", "function": {"name": "get_weather", "arguments": '{"note": null}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c3", "content": "snow"},
+        {"role": "tool", "tool_call_id": "c4", "content": "rain"},
     ],
 }
 
@@ -173,9 +196,36 @@ def test_a_template_that_refuses_later_system_gets_them_as_user(glm_tokenizer_di
 
 
 # ---- parity with transformers ---------------------------------------------------------------------------
+def assert_transformers_parity(
+    renderer: PromptRenderer, hf: Any, request: ChatRenderRequest, given: list[dict[str, Any]] | None = None
+) -> str:
+    """The prompt's text and ids equal what transformers renders and encodes with the same template and the
+    kwargs the renderer used; transformers is `given` the normalised messages unless told otherwise."""
+    text, used = renderer.render_text(request)
+    # `used` adds what the server decides (clear_thinking false on GLM templates that name it).
+    expected = hf.apply_chat_template(
+        normalise_messages(request.messages) if given is None else given,
+        tools=request.tools,
+        chat_template=renderer.template.source,
+        tokenize=False,
+        add_generation_prompt=request.add_generation_prompt,
+        **used,
+    )
+    assert text == expected
+    assert renderer.render_chat(request).prompt_token_ids == hf(expected, add_special_tokens=False)["input_ids"]
+    return text
+
+
 def _templates() -> dict[str, str]:
     found = {"tiny-glm": TINY_GLM_TEMPLATE.read_text(encoding="utf-8")}
-    for name in ("GLM-4.6", "GLM-4.7-Flash", "Qwen3", "Qwen3-Coder"):
+    for name in (
+        "GLM-4.6",
+        "GLM-4.7-Flash",
+        "Qwen3",
+        "Qwen3-Coder",
+        "Qwen3.5-4B",
+        "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+    ):
         path = VENDOR_TEMPLATES / f"{name}.jinja"
         if path.exists():
             found[name] = path.read_text(encoding="utf-8")
@@ -185,30 +235,23 @@ def _templates() -> dict[str, str]:
 @pytest.mark.parametrize("template_name", sorted(_templates()))
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 @pytest.mark.parametrize("thinking", [None, False, True])
+@pytest.mark.parametrize("generation_prompt", [True, False])
 def test_same_text_and_ids_as_transformers(
-    hf_tokenizer, glm_tokenizer_dir: Path, template_name: str, conversation: str, thinking: bool | None
+    hf_tokenizer,
+    glm_tokenizer_dir: Path,
+    template_name: str,
+    conversation: str,
+    thinking: bool | None,
+    generation_prompt: bool,
 ) -> None:
     source = _templates()[template_name]
     messages = CONVERSATIONS[conversation]
-    tools = [WEATHER_TOOL] if conversation in ("tool_round_trip", "developer_string_args") else None
+    tools = [WEATHER_TOOL] if "tool" in conversation or "args" in conversation else None
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
     bundle = load_tokenizer(glm_tokenizer_dir)
     bundle.chat_template = source
-    renderer = PromptRenderer(bundle)
-    ours = renderer.render_chat(ChatRenderRequest(messages, tools, dict(kwargs)))
-    ours_text, used = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
-    # `used` adds what the server decides (clear_thinking false on GLM templates that name it).
-    expected_text = hf_tokenizer.apply_chat_template(
-        normalise_messages(messages),
-        tools=tools,
-        chat_template=source,
-        tokenize=False,
-        add_generation_prompt=True,
-        **used,
-    )
-    assert ours_text == expected_text
-    expected_ids = hf_tokenizer(expected_text, add_special_tokens=False)["input_ids"]
-    assert ours.prompt_token_ids == expected_ids
+    request = ChatRenderRequest(messages, tools, dict(kwargs), add_generation_prompt=generation_prompt)
+    assert_transformers_parity(PromptRenderer(bundle), hf_tokenizer, request)
 
 
 def test_reply_format_sees_an_opened_think_block(glm_tokenizer_dir: Path) -> None:
@@ -258,13 +301,7 @@ def test_real_qwen3_tokenizer_gives_transformers_text_and_ids() -> None:
     for name, kwargs in matrix:
         messages = CONVERSATIONS[name]
         tools = [WEATHER_TOOL] if "tool" in name or "args" in name else None
-        ours_text, used = renderer.render_text(ChatRenderRequest(messages, tools, dict(kwargs)))
-        expected = hf.apply_chat_template(
-            normalise_messages(messages), tools=tools, tokenize=False, add_generation_prompt=True, **used
-        )
-        assert ours_text == expected, name
-        ids = renderer.render_chat(ChatRenderRequest(messages, tools, dict(kwargs))).prompt_token_ids
-        assert ids == hf(expected, add_special_tokens=False)["input_ids"], name
+        assert_transformers_parity(renderer, hf, ChatRenderRequest(messages, tools, dict(kwargs)))
     reply = renderer.render_chat(ChatRenderRequest(CONVERSATIONS["plain"])).reply
     assert reply.tool_format == "hermes" and reply.think_close_ids[-1] != reply.think_closer_id
 

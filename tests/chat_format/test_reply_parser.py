@@ -218,6 +218,15 @@ def test_mismatched_values_stay_strings(raw: str, kind: str, expected: object) -
     assert typed_value(raw, {"type": kind}) == expected
 
 
+def test_python_scalars_read_only_where_asked_and_typed() -> None:
+    assert [typed_value(v, {"type": "boolean"}, python_scalars=True) for v in ("True", " False\n")] == [True, False]
+    assert typed_value("None", {"type": "null"}, python_scalars=True) is None
+    assert typed_value("True", {"type": "boolean"}) == "True"  # GLM's and Hermes' templates write JSON
+    for kind in ("string", "integer", "number"):  # a string stays as written; a mismatch stays a string
+        assert typed_value("True", {"type": kind}, python_scalars=True) == "True"
+    assert typed_value("None", {"type": "object"}, python_scalars=True) == "None"
+
+
 def test_hermes_json_calls_and_bare_json_stays_content() -> None:
     parser = ReplyParser(ReplyFormat(tool_format=HERMES), TOOLS)
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'

@@ -1,9 +1,10 @@
 """Tool-call markup families, one file each, behind one registry: which family a template teaches, and by name.
 
-Each family is a ToolMarkup (base.py): glm.py (GLM), qwen_xml.py (Qwen3-Coder's XML), hermes.py (Qwen3's
-Hermes JSON); grammar_pieces.py holds what their forced-call grammars are built from. To add a family,
-write its file and put an instance in FAMILIES ahead of every family its templates would also pass for:
-templates are matched in FAMILIES' order, so Hermes, which any `<tool_call>` passes for, stays last.
+Each family is a ToolMarkup (base.py): glm.py (GLM), qwen_xml.py (the XML of Qwen3-Coder, Qwen3.5 and
+Nemotron 3), hermes.py (Qwen3's Hermes JSON); grammar_pieces.py holds what their forced-call grammars are
+built from. To add a family, write its file and put an instance in FAMILIES ahead of every family its
+templates would also pass for: templates are matched in FAMILIES' order, so Hermes, which any `<tool_call>`
+passes for, stays last.
 """
 
 from deployments.chat_format.markups.base import ToolMarkup

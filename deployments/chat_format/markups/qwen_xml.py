@@ -1,7 +1,11 @@
 """Qwen3-Coder's XML tool-call markup: a function element holding one element per parameter.
 
-`<tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>`. Values are raw
-text between the newlines the template writes around them, typed by the tool's schema.
+`<tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>`, as the Qwen3-Coder,
+Qwen3.5 and Nemotron 3 templates write it; they differ only between blocks (blank lines, and Nemotron's newline
+after every block), which is layout here. Values are raw text between the newlines the template writes around
+them, typed by the tool's schema. The templates write scalars with `| string`, so a boolean or null also reads
+(and a forced call may write it) in Python's spelling: `True`, `False`, `None`. Qwen3.5's and Nemotron's write
+objects and arrays as JSON; Qwen3-Coder's writes them as Python would, which stays a string here.
 """
 
 import re
@@ -41,7 +45,7 @@ class QwenXmlMarkup(ToolMarkup):
                 return None
             pairs.append((param.group(1).strip(), _strip_one_newline(param.group(2))))
             pos = param.end()
-        return [typed_call(name, pairs, schemas)]
+        return [typed_call(name, pairs, schemas, python_scalars=True)]
 
     def close_cut(self, body: str) -> str | None:
         """Closed only between parameters: a value the end token cut may be partial, so it stays content."""
@@ -53,7 +57,8 @@ class QwenXmlMarkup(ToolMarkup):
         from deployments.chat_format.markups import grammar_pieces as g  # xgrammar: only when a call is forced
 
         def argument(key: str, schema: Any) -> "xgr.Grammar":
-            return g.concat(g.literal(f"<parameter={key}>\n"), g.raw_value(schema), g.literal("\n</parameter>\n"))
+            value = g.raw_value(schema, python_scalars=True)
+            return g.concat(g.literal(f"<parameter={key}>\n"), value, g.literal("\n</parameter>\n"))
 
         name, parameters = g.signature(tool)
         return g.concat(
