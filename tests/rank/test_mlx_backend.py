@@ -16,6 +16,7 @@ from serve_app.fixtures.tiny_glm.corpus import CONVERSATIONS
 from serve_app.fixtures.tokenizer_builder import build_tokenizer
 from tests.conftest import REPO
 from tests.support.local_app import local_client
+from tests.support.reference import hf_greedy
 
 mx = pytest.importorskip("mlx.core")
 transformers = pytest.importorskip("transformers")
@@ -32,20 +33,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def _transformers_greedy(path: Path, prompt: list[int]) -> list[int]:
-    transformers.utils.logging.set_verbosity_error()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    with torch.no_grad():
-        out = model.eval().generate(
-            torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[str, Path]) -> None:
     prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
-    expected = _transformers_greedy(checkpoints[arch], prompt)
+    expected = hf_greedy(checkpoints[arch], prompt, NEW_TOKENS)
     body = {
         "model": "tiny",
         "prompt": prompt,

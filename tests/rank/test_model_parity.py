@@ -1,7 +1,6 @@
 """Model code against transformers on tiny random checkpoints, batch invariance, and tensor parallelism;
 for hybrid models (HYBRID_ARCHS) also their recurrent states captured after a row and resumed elsewhere."""
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
 from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, build_random_checkpoint
 from tests.support.model_harness import PagedHarness, tp_worker
+from tests.support.reference import hf_model
 
 transformers = pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 64, 32
@@ -38,13 +38,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def prompt() -> list[int]:
     return torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
-
-
-def hf_model(path: Path) -> torch.nn.Module:
-    """transformers' model; for a checkpoint with a vision tower the multimodal one (text-only input)."""
-    multimodal = "vision_config" in json.loads((path / "config.json").read_text())
-    auto = transformers.AutoModelForImageTextToText if multimodal else transformers.AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:

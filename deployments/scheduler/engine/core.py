@@ -109,14 +109,17 @@ class Engine:
             parallel=parallel,
             max_parallel_auto=config.max_parallel_auto,
         )
-        self.executor.allocate_kv(pool.num_blocks, config.block_size, 0 if slots is None else slots.num_slots)
+        snapshots = 0 if slots is None else min(slots.max_snapshots, pool.num_blocks)  # each names a block
+        self.executor.allocate_kv(
+            pool.num_blocks, config.block_size, 0 if slots is None else slots.num_slots(snapshots)
+        )
         self.blocks = BlockManager(
             pool.num_blocks, config.block_size, None if cache_cap is None else cache_cap // bytes_per_block
         )
         self.states = None
         if slots is not None:
-            snapshots = min(slots.max_snapshots, pool.num_blocks)  # each names at least one block
-            self.states = StateSlots(slots.num_slots, config.block_size, snapshots, config.state_snapshot_tokens)
+            num_slots = slots.num_slots(snapshots)
+            self.states = StateSlots(num_slots, config.block_size, snapshots, config.state_snapshot_tokens)
         return pool
 
     def _build_parts(self) -> None:

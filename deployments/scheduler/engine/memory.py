@@ -133,9 +133,12 @@ class StatePlan:
     """A hybrid model's state slots, sized before its KV pool (which takes what they leave)."""
 
     lanes: int  # concurrent sequences the slots are sized for
-    num_slots: int  # slots_per_lane per lane, then the snapshots
-    max_snapshots: int  # state snapshots the prefix cache may keep
+    slots_per_lane: int  # a lane's running and rolling slots, and a verify round's rows
+    max_snapshots: int  # state snapshots the budget holds (the engine keeps no more than it has blocks)
     kv_budget_bytes: int  # what is left for the KV pool
+
+    def num_slots(self, snapshots: int) -> int:
+        return self.lanes * self.slots_per_lane + snapshots
 
 
 SNAPSHOT_SHARE = 0.25  # of the budget, for state snapshots when prompt_cache_gib sets no other cap
@@ -169,8 +172,7 @@ def plan_states(
             f"no memory left for the KV cache after {lanes} lanes' recurrent states "
             f"({lanes * lane_bytes / GIB:.2f} GiB): lower parallel or raise kv_cache_gib"
         )
-    snapshots = snapshot_bytes // slot_bytes
-    return StatePlan(lanes, lanes * slots_per_lane + snapshots, snapshots, kv_budget)
+    return StatePlan(lanes, slots_per_lane, snapshot_bytes // slot_bytes, kv_budget)
 
 
 def check_weights_fit(weight_bytes: int, device: torch.device, tp_size: int = 1) -> None:
