@@ -24,6 +24,7 @@ from kernels import (
     kv_write,
     mla_decode,
     moe_routing,
+    recurrent_scan,
     rmsnorm,
     rotary,
 )
@@ -32,6 +33,7 @@ from kernels.activation import silu
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_meta import DECODE_MAX_QUERY, PagedMeta, build_paged_meta
 from kernels.paged_prefill_attention import paged_prefill_attention
+from kernels.recurrent_scan import ScanRows
 
 MODES = ("auto", "torch", "triton")
 
@@ -215,3 +217,41 @@ def moe_experts(
     if backend(x, gate_proj) == "triton":
         return fused_moe.fused_moe(x, weights, ids, gate_proj, up_proj, down_proj)
     return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear)
+
+
+def causal_conv_scan(
+    x: torch.Tensor, history_pool: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: ScanRows
+) -> torch.Tensor:
+    """A recurrent layer's depthwise causal conv over a step's sequences (recurrent_scan.py): [T, C] float32."""
+    return recurrent_scan.causal_conv_scan(x, history_pool, weight, bias, rows)
+
+
+def gated_delta_scan(
+    state_pool: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    beta: torch.Tensor,
+    neg_a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    rows: ScanRows,
+) -> torch.Tensor:
+    """Gated DeltaNet's recurrence over a step's sequences (recurrent_scan.py): o [T, Hv, Dv] float32."""
+    return recurrent_scan.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, rows)
+
+
+def mamba2_scan(
+    state_pool: torch.Tensor,
+    x: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    dt: torch.Tensor,
+    dt_bias: torch.Tensor,
+    a: torch.Tensor,
+    d: torch.Tensor,
+    time_step_limit: tuple[float, float],
+    rows: ScanRows,
+) -> torch.Tensor:
+    """Mamba2's selective state update over a step's sequences (recurrent_scan.py): y [T, H, P] float32."""
+    return recurrent_scan.mamba2_scan(state_pool, x, b, c, dt, dt_bias, a, d, time_step_limit, rows)

@@ -7,7 +7,7 @@ value heads, num_v_heads / num_k_heads of them):
     S = S * exp(g);  S = S + k (x) beta * (v - k S);  o = q S
     out = out_proj(RMSNorm(o) * silu(z))
 Exactness (docs/engine.md): the recurrence runs token after token in float32 for each sequence on its own,
-never in transformers' chunked form, so a token's result is the same whatever chunk or batch it came in;
+never in transformers' chunked form (kernels/recurrent_scan.py), so a token's result is the same whatever chunk or batch it came in;
 ops over a step's rows are row-wise (projections through `invariant_linear`, activations from
 kernels/activation.py whose bits do not depend on an element's place in the tensor).
 """
@@ -16,20 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec, ParallelContext
 from deployments.model_rank.layers.linear import ReplicatedLinear
 from deployments.model_rank.layers.norm import GatedRMSNorm
 from deployments.model_rank.layers.parallel import default_loader
-from deployments.model_rank.layers.recurrent import (
-    DepthwiseConv1d,
-    RecurrentMixer,
-    SequenceRows,
-    history_after,
-    sequence_rows,
-)
+from deployments.model_rank.layers.recurrent import DepthwiseConv1d, RecurrentMixer, scan_rows
+from kernels import dispatch
 from kernels.activation import sigmoid, silu
 
 L2_EPS = 1e-6  # q and k l2-normalisation, as transformers has it
@@ -121,37 +115,15 @@ class GatedDeltaNet(RecurrentMixer):
         return LayerStateSpec((self.conv1d.history_len, s.conv_dim), (s.num_v_heads, s.head_k_dim, s.head_v_dim))
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        tokens, s = hidden.shape[0], self.shape
+        tokens, s, rows = hidden.shape[0], self.shape, scan_rows(batch)
         qkv, z, b, a = self.project(hidden)
+        conv = dispatch.causal_conv_scan(qkv, self.conv_pool, self.conv1d.weight[:, 0], self.conv1d.bias, rows)
+        q, k, v = self._heads(silu(conv.to(qkv.dtype)))
+        neg_a = -self.A_log.float().exp()  # [Hv]
         beta = sigmoid(b).float()  # [T, Hv]
-        core = torch.empty(tokens, s.num_v_heads, s.head_v_dim, dtype=torch.float32, device=hidden.device)
-        for seq in sequence_rows(batch):
-            if seq.end > seq.start:
-                rows = slice(seq.start, seq.end)
-                core[rows] = self._sequence(seq, qkv[rows], a[rows], beta[rows])
+        core = dispatch.gated_delta_scan(self.state_pool, q, k, v, a, beta, neg_a, self.dt_bias, rows)
         out = self.norm(core.to(hidden.dtype), z)  # [T, Hv, Dv]
         return self.out_proj(out.reshape(tokens, s.value_dim))  # [T, H]
-
-    def _sequence(self, seq: SequenceRows, qkv: torch.Tensor, a: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-        """One sequence's n new tokens after its slot's states (advanced in place): [n, Hv, Dv] float32."""
-        history = self.conv_pool[seq.slot]
-        q, k, v = self._heads(silu(self.conv1d(qkv, history).to(qkv.dtype)))
-        state = self.state_pool[seq.slot].clone()  # [Hv, Dk, Dv]
-        neg_a = -self.A_log.float().exp()  # [Hv]
-        out = torch.empty_like(v)
-        for t in range(qkv.shape[0]):
-            # Per token on fixed shapes: softplus's bits then never depend on where the row sat in a batch.
-            decay = torch.exp(neg_a * F.softplus(a[t].float() + self.dt_bias))  # [Hv]
-            state.mul_(decay[:, None, None])
-            remembered = (state * k[t, :, :, None]).sum(dim=-2)  # [Hv, Dv]
-            delta = (v[t] - remembered) * beta[t, :, None]
-            state.add_(k[t, :, :, None] * delta[:, None, :])
-            out[t] = (state * q[t, :, :, None]).sum(dim=-2)
-            if t in seq.captures:
-                self.capture(seq, t, history_after(history, qkv, t), state)
-        self.conv_pool[seq.slot].copy_(history_after(history, qkv, qkv.shape[0] - 1))
-        self.state_pool[seq.slot].copy_(state)
-        return out
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The conv output [n, conv_dim] as float32 q, k [n, Hv, Dk] (each key head repeated over its value

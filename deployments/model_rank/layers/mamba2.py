@@ -10,26 +10,20 @@ reads group h // (heads / n_groups)). Per token, in float32, on the slot's state
 then the group-wise RMSNorm gated by silu(z), and out_proj. The recurrence's ops (softplus, exp, the state
 update, y) run on one token's fixed-shape tensors, the conv is elementwise over its taps, and silu is
 composed of ops whose bits do not depend on a tensor's size (kernels/activation.py), so a token's bits never
-depend on the chunk or batch it arrives in (layers/recurrent.py). transformers' chunked scan is never used:
+depend on the chunk or batch it arrives in (kernels/recurrent_scan.py). transformers' chunked scan is never used:
 its rounding depends on where chunks fall.
 """
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec
 from deployments.model_rank.layers.linear import ReplicatedLinear
 from deployments.model_rank.layers.parallel import default_loader
-from deployments.model_rank.layers.recurrent import (
-    RecurrentMixer,
-    SequenceRows,
-    causal_conv,
-    history_after,
-    sequence_rows,
-)
+from deployments.model_rank.layers.recurrent import DepthwiseConv1d, RecurrentMixer, scan_rows
+from kernels import dispatch
 from kernels.activation import silu
 
 
@@ -64,15 +58,6 @@ def _param(*shape: int) -> nn.Parameter:
     return param
 
 
-class CausalConv1d(nn.Module):
-    """The depthwise conv's parameters, as checkpoints store them: weight [C, 1, K], bias [C]."""
-
-    def __init__(self, channels: int, kernel: int, bias: bool) -> None:
-        super().__init__()
-        self.weight = _param(channels, 1, kernel)
-        self.bias = _param(channels) if bias else None
-
-
 class GatedGroupRMSNorm(nn.Module):
     """RMSNorm of y * silu(z) over groups of `group_size` features, in float32, times the weight."""
 
@@ -99,7 +84,7 @@ class Mamba2Mixer(RecurrentMixer):
         self.shape = shape
         inner, heads = shape.intermediate_size, shape.num_heads
         self.in_proj = ReplicatedLinear(shape.hidden_size, inner + shape.conv_dim + heads, bias=shape.use_bias)
-        self.conv1d = CausalConv1d(shape.conv_dim, shape.conv_kernel, shape.use_conv_bias)
+        self.conv1d = DepthwiseConv1d(shape.conv_dim, shape.conv_kernel, shape.use_conv_bias)
         self.dt_bias = _param(heads)
         self.A_log = _param(heads)
         self.D = _param(heads)
@@ -114,52 +99,17 @@ class Mamba2Mixer(RecurrentMixer):
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """hidden [T, H] -> [T, H]; advances each sequence's slot in place."""
-        s = self.shape
-        if not hasattr(self, "state_pool") or len(batch.state_slots) != batch.num_seqs:
-            raise RuntimeError("Mamba2 needs its state pools bound (bind_state_pools) and a state slot per sequence")
+        s, rows = self.shape, scan_rows(batch)
         gate, xbc, dt = self.in_proj(hidden).split([s.intermediate_size, s.conv_dim, s.num_heads], dim=-1)
-        y = torch.empty(hidden.shape[0], s.intermediate_size, dtype=torch.float32, device=hidden.device)
-        for seq in sequence_rows(batch):
-            y[seq.start : seq.end] = self._scan(seq, xbc[seq.start : seq.end], dt[seq.start : seq.end])
-        return self.out_proj(self.norm(y, gate).to(hidden.dtype))  # [T, H]
-
-    def _scan(self, seq: SequenceRows, xbc: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
-        """One sequence's new rows: xbc [n, C], dt [n, heads] -> y [n, I] float32."""
-        s = self.shape
-        history, state = self.conv_pool[seq.slot], self.state_pool[seq.slot]  # state is advanced in place
-        conv = causal_conv(xbc, history, self.conv1d.weight[:, 0], self.conv1d.bias)  # [n, C] float32
+        conv = dispatch.causal_conv_scan(xbc, self.conv_pool, self.conv1d.weight[:, 0], self.conv1d.bias, rows)
         # Rounded to the model dtype before silu, where transformers' conv leaves its output.
         grouped = s.n_groups * s.state_size
         x, b, c = silu(conv.to(xbc.dtype)).float().split([s.intermediate_size, grouped, grouped], dim=-1)
-        x = x.reshape(-1, s.num_heads, s.head_dim)  # [n, heads, head_dim]
+        x = x.reshape(-1, s.num_heads, s.head_dim)  # [T, heads, head_dim]
         per_group = s.num_heads // s.n_groups
-        b = b.reshape(-1, s.n_groups, s.state_size).repeat_interleave(per_group, dim=1)  # [n, heads, d_state]
-        c = c.reshape(-1, s.n_groups, s.state_size).repeat_interleave(per_group, dim=1)  # [n, heads, d_state]
+        b = b.reshape(-1, s.n_groups, s.state_size).repeat_interleave(per_group, dim=1)  # [T, heads, d_state]
+        c = c.reshape(-1, s.n_groups, s.state_size).repeat_interleave(per_group, dim=1)  # [T, heads, d_state]
         a, d = -torch.exp(self.A_log.float()), self.D.float()  # [heads] each
-        y = torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
-        for row in range(x.shape[0]):
-            y[row] = self._token(state, x[row], b[row], c[row], dt[row], a, d)
-            if row in seq.captures:
-                self.capture(seq, row, history_after(history, xbc, row), state)
-        history.copy_(history_after(history, xbc, x.shape[0] - 1))
-        return y.reshape(x.shape[0], s.intermediate_size)
-
-    def _token(
-        self,
-        state: torch.Tensor,
-        x: torch.Tensor,
-        b: torch.Tensor,
-        c: torch.Tensor,
-        dt: torch.Tensor,
-        a: torch.Tensor,
-        d: torch.Tensor,
-    ) -> torch.Tensor:
-        """Advance state [heads, head_dim, d_state] by one token (x [heads, head_dim], b / c [heads, d_state],
-        dt [heads] before its bias, a / d [heads]); returns y [heads, head_dim]."""
-        step = F.softplus(dt + self.dt_bias).float()  # in the model dtype, as transformers computes it
-        low, high = self.shape.time_step_limit
-        if low > 0.0 or high != float("inf"):
-            step = step.clamp(low, high)
-        state.mul_(torch.exp(step * a)[:, None, None])
-        state.add_((x * step[:, None])[:, :, None] * b[:, None, :])
-        return torch.bmm(state, c[:, :, None])[:, :, 0] + d[:, None] * x
+        y = dispatch.mamba2_scan(self.state_pool, x, b, c, dt, self.dt_bias, a, d, s.time_step_limit, rows)
+        y = y.reshape(hidden.shape[0], s.intermediate_size)
+        return self.out_proj(self.norm(y, gate).to(hidden.dtype))  # [T, H]
