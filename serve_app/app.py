@@ -29,6 +29,7 @@ from deployments.ingress.deployment import Ingress
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
+from deployments.model_rank.models import check_checkpoint
 from deployments.renderer.deployment import Renderer
 from deployments.response_store.deployment import ResponseStoreDeployment
 from deployments.routing.request_router import PrefixAffinityRouter
@@ -111,6 +112,7 @@ def build_app(args: AppArgs) -> Application:
 
 def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Application:
     """The graph; `ingress_node_ip` places the Ingress replica on that node (it answers HTTP there itself)."""
+    check_checkpoint(args.model_dir)  # one line naming the problem, before any deployment starts
     device = resolve_device(args)
     engine_config = args.engine_config().model_copy(update={"device": device})
     resolve_backend(engine_config)  # an MLX setting the rank refuses fails the deploy with its one-line fix

@@ -21,6 +21,8 @@ from deployments.config import StartupError
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
+from deployments.model_rank.models import check_checkpoint
+from deployments.tokenizer import CheckpointError
 from serve_app.args import AppArgs
 from serve_app.launch import HttpEntry
 from serve_app.listen_checks import exposure_warning, port_taken, raise_open_file_limit
@@ -183,9 +185,10 @@ def run(namespace: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
         return 2
-    try:  # a backend that cannot run here refuses before Ray starts
+    try:  # a checkpoint or backend that cannot run here refuses before Ray starts
+        check_checkpoint(args.model_dir)
         resolve_backend(args.engine_config())
-    except StartupError as exc:
+    except (CheckpointError, StartupError) as exc:
         print(f"tensorfold serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

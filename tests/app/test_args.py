@@ -237,3 +237,31 @@ def test_serve_refuses_a_taken_port_before_starting_ray(capsys: pytest.CaptureFi
         assert cli_main(["serve", "builtin:tiny-glm", "--port", str(port)]) == 2
         assert ray.is_initialized() == was_initialized
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"model_type": "gpt_bigcode"}, "model_type 'gpt_bigcode' is not supported (supported: llama, qwen3"),
+        ("builtin", "no model.safetensors or model.safetensors.index.json"),  # the config, not the weights
+    ],
+)
+def test_serve_refuses_a_checkpoint_it_cannot_serve_before_starting_ray(
+    ckpt: Path, config: dict | str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import ray
+
+    from serve_app.app import build_app
+    from serve_app.cli import main as cli_main
+
+    builtin = Path(__file__).parents[2] / "serve_app" / "builtin" / "tiny-glm" / "config.json"
+    (ckpt / "config.json").write_text(builtin.read_text() if config == "builtin" else json.dumps(config))
+    was_initialized = ray.is_initialized()
+    assert cli_main(["serve", str(ckpt)]) == 2
+    assert ray.is_initialized() == was_initialized
+    err = capsys.readouterr().err
+    assert err.startswith("tensorfold serve: ") and expected in err and err.count("\n") == 1
+    with pytest.raises(ValueError, match="not supported|no model.safetensors"):  # `serve run` builds the same way
+        build_app(AppArgs(model=str(ckpt)))

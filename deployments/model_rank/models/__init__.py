@@ -4,6 +4,7 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ from deployments.model_rank.weights import (
 )
 from deployments.tokenizer import CheckpointError
 
-__all__ = ["CausalLM", "ModelInfo", "SUPPORTED_MODEL_TYPES", "load_model"]
+__all__ = ["CausalLM", "ModelInfo", "SUPPORTED_MODEL_TYPES", "check_checkpoint", "load_model"]
 
 ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -60,6 +61,27 @@ def _building_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def check_checkpoint(checkpoint_dir: str | Path) -> str:
+    """Refuse a checkpoint this server cannot serve before anything starts (its config's model_type and
+    keys, its weights files' headers): one `CheckpointError` naming the problem. Returns the model_type."""
+    return _read_checkpoint(Path(checkpoint_dir))[0]
+
+
+def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles]:
+    """The model_type, its parsed config and the weights' files, each problem a CheckpointError."""
+    raw, config_path = read_config(directory), directory / CONFIG_FILE
+    model_type = raw.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{config_path}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    try:
+        cfg = ARCHITECTURES[model_type][0].from_hf(raw)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{config_path}: {exc}") from exc
+    return model_type, cfg, CheckpointFiles.open(directory)
+
+
 def load_model(
     checkpoint_dir: str | Path,
     dtype: str = "auto",
@@ -72,19 +94,8 @@ def load_model(
     `pack`: lay bf16 projections out for the CPU matmul kernel (off where another backend takes the tensors).
     """
     directory = Path(checkpoint_dir)
-    raw = read_config(directory)
-    config_path = directory / CONFIG_FILE
-    model_type = raw.get("model_type")
-    if model_type not in ARCHITECTURES:
-        raise CheckpointError(
-            f"{config_path}: model_type {model_type!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    config_cls, model_cls = ARCHITECTURES[model_type]
-    try:
-        cfg = config_cls.from_hf(raw)
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"{config_path}: {exc}") from exc
-    files = CheckpointFiles.open(directory)
+    model_type, cfg, files = _read_checkpoint(directory)
+    config_path, model_cls = directory / CONFIG_FILE, ARCHITECTURES[model_type][1]
     torch_dtype = resolve_dtype(dtype, cfg.dtype, files, config_path)
     with _building_on(torch.device(device), torch_dtype):
         model = model_cls(cfg, parallel, torch_dtype, files.names())
