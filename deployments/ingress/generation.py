@@ -71,6 +71,12 @@ class Generation:
             self._fail_before_reply(first.error or f"the request ended with {first.finish_reason}")
         self._first = first
 
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens found in the prefix cache, from the first chunk (start() first)."""
+        assert self._first is not None, "start() first"
+        return self._first.cached_tokens or 0
+
     async def close(self) -> None:
         """Cancel the request upstream unless it already settled (the client left); idempotent."""
         if self._settled:

@@ -104,6 +104,9 @@ class EngineChunk:
     # The first chunk after the prompt pass of a request that asked for prompt_logprobs (the final chunk of
     # one that ends before it): one row per prompt token after the first.
     prompt_logprobs: list[PromptLogprobRow] | None = None
+    # A request's first chunk: its prompt tokens found in the prefix cache (known before the first token, so
+    # a stream's opening usage carries the same split as its last).
+    cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -113,6 +116,8 @@ class EngineChunk:
         """Fold a later chunk of the same request into this one (coalescing before a yield)."""
         self.token_ids.extend(later.token_ids)
         self.text += later.text
+        if self.cached_tokens is None:
+            self.cached_tokens = later.cached_tokens
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
         if later.scores is not None:

@@ -177,6 +177,19 @@ def test_tool_use_then_tool_result_round_trip(client: anthropic.Anthropic) -> No
     assert answer.usage.cache_read_input_tokens > 0  # the earlier turn's prompt resumed from the cache
 
 
+def test_a_streams_opening_usage_carries_the_same_cache_split_as_its_end(http: TestClient) -> None:
+    ask = [{"role": "user", "content": "Name the capital city of each country of Western Europe, one per line. " * 3}]
+    body = {"model": "tiny", "max_tokens": 16, "temperature": 0, "messages": ask}
+    _raw_events(http, body)  # the prompt's full blocks are now cached
+    follow = [*ask, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
+    events = _raw_events(http, {**body, "messages": follow})
+    opening, closing = events[0]["message"]["usage"], events[-2]["usage"]
+    assert opening["cache_read_input_tokens"] > 0, (opening, closing)
+    assert opening["output_tokens"] == 0
+    split = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    assert {key: opening[key] for key in split} == {key: closing[key] for key in split}
+
+
 def test_streamed_calls_arrive_as_input_json_deltas(http: TestClient) -> None:
     body = {
         "model": "tiny",

@@ -102,11 +102,11 @@ class MessagesFramer:
         blocks = _BlockStream()
         try:
             start = self._message([], None, None)
-            prompt = len(generation.request.prompt_token_ids)
+            prompt, cached = len(generation.request.prompt_token_ids), generation.cached_tokens
             start["usage"] = {
-                "input_tokens": prompt,
+                "input_tokens": prompt - cached,
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_read_input_tokens": cached,
                 "output_tokens": 0,
             }
             yield sse("message_start", {"type": "message_start", "message": start})

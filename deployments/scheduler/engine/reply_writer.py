@@ -142,6 +142,8 @@ class ReplyWriter:
             chunk.prompt_logprobs, seq.prompt_rows_sent = seq.prompt_rows, True
         seq.delivered = seq.num_reply_tokens
         if chunk.token_ids or chunk.text or chunk.prompt_logprobs is not None or final:
+            if not seq.opened:
+                chunk.cached_tokens, seq.opened = seq.stats.cached_tokens, True
             self.outbox.append(chunk)
 
     def finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:

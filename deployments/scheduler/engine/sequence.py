@@ -32,6 +32,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     passed_over: int = 0  # prefill chunks given to other prompts while this one waited for its turn
     delivered: int = 0  # reply tokens already handed to the client
+    opened: bool = False  # its first chunk (carrying the cached token count) was sent
     finish_reason: FinishReason | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     prompt_done_time: float | None = None  # when the prompt pass ended (decode time counts from here)
