@@ -83,6 +83,8 @@ class GraphBackend:
         self._renderer = renderer.options(**wire)
         self._scheduler = scheduler.options(**wire)
         self._responses = responses.options(**wire)  # one replica shared by every Ingress
+        self._answered = False  # a Scheduler replica has reported its status (loading is over)
+        self._said_waiting = False  # the one INFO line while the replicas load
         # Built once: options(), and so each method attribute of a handle, allocates a new handle.
         self._generate = self._scheduler.options(stream=True, method_name="generate")
         self._card: TokenizerCard | None = None
@@ -116,12 +118,21 @@ class GraphBackend:
             log.warning("Scheduler replicas did not report their status within %.0f s", STATUS_TIMEOUT_S)
             return []
         except Exception as exc:  # no replica yet (starting) or none left: callers answer 503
-            log.warning("no Scheduler replica reported its status: %s", exc)
+            self._no_status(exc)
             return []
         statuses = [r for r in results if isinstance(r, ReplicaStatus)]
+        self._answered = self._answered or bool(statuses)
         for failure in (r for r in results if not isinstance(r, ReplicaStatus)):
             log.warning("a Scheduler replica did not report its status: %s", failure)
         return statuses
+
+    def _no_status(self, exc: Exception) -> None:
+        """While the model loads this is expected: said once at INFO; after a replica has served, a warning."""
+        if self._answered:
+            log.warning("no Scheduler replica reported its status: %s", exc)
+        elif not self._said_waiting:
+            self._said_waiting = True
+            log.info("waiting for a Scheduler replica to load the model (%s)", exc)
 
     async def memory(self, reset_peak: bool = False) -> list[ReplicaMemory]:
         """Every Scheduler replica's memory snapshot (one that does not answer in time is left out)."""

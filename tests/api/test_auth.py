@@ -149,6 +149,8 @@ def test_health_is_open_and_says_only_ok(keyed: TestClient, backend) -> None:
     for path in ("/health", "/"):
         assert keyed.get(path).json() == {"status": "ok"}
         assert keyed.get(path, headers={"x-api-key": CLI_KEY}).json() == {"status": "ok"}
+        probe = keyed.head(path)  # Claude Code probes `HEAD /` before its first request
+        assert probe.status_code == 200 and probe.content == b""
     open_client = client_for(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))
     assert "live" in open_client.get("/health").json()  # no keys: the details stay
     assert open_client.get("/v1/models").status_code == 200

@@ -159,3 +159,28 @@ def test_with_keys_health_says_only_loading(served_model: str) -> None:
             assert ready.status_code == 200 and ready.json() == {"status": "ok"}
         finally:
             loop.shutdown()
+
+
+class _UnreadyHandle:
+    """A Scheduler handle before any replica runs: every broadcast fails as Serve's does."""
+
+    def options(self, **_: Any) -> "_UnreadyHandle":
+        return self
+
+    def broadcast(self, *_: Any) -> Any:
+        raise RuntimeError("no replicas of deployment Scheduler")
+
+
+def test_polling_a_loading_graph_says_so_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from deployments.ingress.backend import GraphBackend
+
+    handle = _UnreadyHandle()
+    backend = GraphBackend(handle, handle, handle)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="tensorfold"):
+        for _ in range(30):
+            assert asyncio.run(backend.replicas()) == []
+    lines = [r for r in caplog.records if "Scheduler replica" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO]

@@ -72,8 +72,8 @@ def info_router(ctx: ServingContext) -> APIRouter:
             return _not_serving()
         return JSONResponse({"status": "ok"} if minimal else health_body(ctx.settings, replicas))
 
-    router.add_api_route("/health", health, methods=["GET"])
-    router.add_api_route("/", health, methods=["GET"])
+    router.add_api_route("/health", health, methods=["GET", "HEAD"])  # HEAD: clients probing the server
+    router.add_api_route("/", health, methods=["GET", "HEAD"])
     return router
 
 
