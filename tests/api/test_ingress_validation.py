@@ -22,6 +22,7 @@ from deployments.messages.requests import Priority
 from serve_app.local_backend import LocalBackend
 
 REPO = Path(__file__).resolve().parents[2]
+JSON = {"content-type": "application/json"}
 USER = [{"role": "user", "content": "Hello"}]
 
 
@@ -86,7 +87,7 @@ def _error(response) -> dict:
     ],
 )
 def test_malformed_fields_are_400_naming_the_field(client: TestClient, field: str, value: object) -> None:
-    response = client.post("/v1/chat/completions", content=json.dumps({"messages": USER, field: value}))
+    response = client.post("/v1/chat/completions", content=json.dumps({"messages": USER, field: value}), headers=JSON)
     assert response.status_code == 400, response.text
     error = _error(response)
     assert error["type"] == "invalid_request_error"
@@ -109,15 +110,34 @@ def test_completions_share_the_validation(client: TestClient, body: dict) -> Non
 
 def test_non_finite_json_numbers_are_refused(client: TestClient) -> None:
     raw = '{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'  # Python's json accepts NaN
-    response = client.post("/v1/chat/completions", content=raw)
+    response = client.post("/v1/chat/completions", content=raw, headers=JSON)
     assert response.status_code == 400 and _error(response)["param"] == "temperature"
 
 
 def test_invalid_json_and_non_object_bodies(client: TestClient) -> None:
     for raw in (b"{not json", b"[1, 2]", b""):
-        response = client.post("/v1/chat/completions", content=raw)
+        response = client.post("/v1/chat/completions", content=raw, headers=JSON)
         assert response.status_code == 400 and _error(response)["param"] is None
-    assert client.post("/v1/completions", content=b"{").status_code == 400
+    assert client.post("/v1/completions", content=b"{", headers=JSON).status_code == 400
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data"],
+)
+def test_a_body_not_sent_as_json_is_415_on_every_route(client: TestClient, content_type: str | None) -> None:
+    # What a web page may POST to another origin without a preflight: a keyless local server must not run it.
+    headers = {} if content_type is None else {"content-type": content_type}
+    body = json.dumps({"messages": USER, "prompt": "hi", "input": "hi", "max_tokens": 4}).encode()
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize"):
+        response = client.post(path, content=body, headers=headers)
+        assert response.status_code == 415, (path, response.text)
+        assert _error(response)["code"] == "unsupported_media_type"
+    anthropic = client.post("/v1/messages", content=body, headers=headers)
+    assert anthropic.status_code == 415 and anthropic.json()["type"] == "error"
+    for sent in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"):
+        read = client.post("/v1/chat/completions", content=b'{"messages": []}', headers={"content-type": sent})
+        assert read.status_code == 400 and _error(read)["param"] == "messages", (sent, read.text)  # parsed
 
 
 def test_bad_messages_are_400_on_messages(client: TestClient) -> None:

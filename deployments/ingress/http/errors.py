@@ -76,8 +76,26 @@ def from_validation_error(exc: ValidationError) -> APIError:
     return bad_request(message, param)
 
 
+def is_json_type(content_type: str | None) -> bool:
+    """application/json or a `+json` type, any parameters (charset) aside."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def json_body(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying why not."""
+    """The request body as a JSON object, or a 415 (not sent as JSON) or 400 saying why not.
+
+    A body sent as text/plain, a form or with no type is refused: those are what a web page may POST to
+    another origin without asking first, so a keyless local server would run them (docs/api.md)."""
+    if not is_json_type(request.headers.get("content-type")):
+        sent = request.headers.get("content-type") or "no Content-Type"
+        raise APIError(
+            415,
+            f"send the body as JSON with Content-Type: application/json (got {sent})",
+            "invalid_request_error",
+            None,
+            "unsupported_media_type",
+        )
     raw = await request.body()
     try:
         body = json.loads(raw)
