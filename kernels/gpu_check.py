@@ -25,11 +25,12 @@ TEST_FILES = [
     "test_kernels_elementwise.py",
     "test_kernels_moe.py",
     "test_kernels_dispatch.py",
+    "test_kernels_recurrent.py",
 ]
 
 
 def run_tests(timeout: int) -> bool:
-    tests = [str(REPO / "tests" / f) for f in TEST_FILES if (REPO / "tests" / f).exists()]
+    tests = [str(REPO / "tests" / "kernels" / f) for f in TEST_FILES if (REPO / "tests" / "kernels" / f).exists()]
     if not tests:
         print("kernel tests not found next to this package: skipped")
         return True
