@@ -279,3 +279,11 @@ def test_wide_conv_stays_on_torch(forced_triton):
     expected = recurrent_scan.causal_conv_scan(x, expected_pool, weight, None, rows)
     assert torch.equal(dispatch.causal_conv_scan(x, pool, weight, None, rows), expected)
     assert torch.equal(pool, expected_pool)
+
+
+def test_scan_meta_is_built_once_per_step():
+    """Every recurrent call of a step (equal ScanRows, one per layer) shares one device copy."""
+    x = torch.zeros(4, 2, device=DEVICE)
+    meta = dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), x)
+    assert dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), x) is meta
+    assert dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (1, 0), ((1, 2),)), x) is not meta
