@@ -100,11 +100,12 @@ def _conv_kernel(
     w1 = tl.load(weights + stride_wk, mask=mask & (HIST >= 1), other=0.0).to(tl.float32)
     w2 = tl.load(weights + 2 * stride_wk, mask=mask & (HIST >= 2), other=0.0).to(tl.float32)
     w3 = tl.load(weights + 3 * stride_wk, mask=mask & (HIST >= 3), other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + c, mask=mask & HAS_BIAS, other=0.0).to(tl.float32)
     for row in range(start, end):
         xv = tl.load(x_ptr + row * stride_xt + c, mask=mask, other=0.0).to(tl.float32)
         acc = _taps(h0, h1, h2, xv, w0, w1, w2, w3, HIST)
         if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + c, mask=mask, other=0.0).to(tl.float32)
+            acc = acc + bias
         tl.store(out_ptr + row * stride_ot + c, acc, mask=mask)
         h0 = h1
         h1 = h2
