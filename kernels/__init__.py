@@ -7,6 +7,8 @@ paged_decode_attention, paged_prefill_attention, attention_torch   paged GQA att
 mla_decode          MLA over the latent cache with absorbed projections (glm4_moe_lite)
 rmsnorm, rotary, kv_write, moe_routing, fused_moe                  the rest of a decoder layer
 recurrent_scan      Gated DeltaNet / Mamba2 per-token recurrence and causal conv over a step's sequences
+causal_conv_scan, gated_delta_scan, mamba2_scan   the same in Triton, token after token per sequence
+scan_meta           a step's recurrent sequences and captures as device tensors (and Triton's softplus)
 cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/simd.h):
                     AMX bf16 matmuls on weights packed at load, float32 paged attention in row tiles,
                     RMSNorm / RoPE / SiLU*up / greedy argmax; fixed per-row order, built on first use

@@ -11,11 +11,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels import fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+from kernels import fused_moe, kv_write, mla_decode, moe_routing, recurrent_scan, rmsnorm, rotary
 from kernels.attention_torch import paged_attention_torch
+from kernels.causal_conv_scan import causal_conv_scan
+from kernels.gated_delta_scan import gated_delta_scan
+from kernels.mamba2_scan import mamba2_scan
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_meta import build_paged_meta
 from kernels.paged_prefill_attention import paged_prefill_attention
+from kernels.recurrent_scan import ScanRows
+from kernels.scan_meta import build_scan_meta
 
 
 @dataclass
@@ -203,6 +208,85 @@ def fused_experts(device: torch.device, tiny: bool, tokens: int) -> Case:
     )
 
 
+def _scan_rows(batch: int, rows: int) -> ScanRows:
+    """`batch` sequences of `rows` rows each, sequence i in slot i."""
+    starts = tuple(i * rows for i in range(batch))
+    return ScanRows(starts, tuple(s + rows for s in starts), tuple(range(batch)))
+
+
+def _fresh(pool: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """`run` on a copy of the pool's starting states each call, so every timed run (and the sanity check)
+    computes the same step: the copy is timed too, on both paths, and counted in the case's bytes."""
+    work = pool.clone()
+    return lambda: run(work.copy_(pool))
+
+
+def conv_scan(device: torch.device, tiny: bool) -> Case:
+    batch, rows, channels = (2, 5, 40) if tiny else (4, 512, 8192)
+    x = _rand(batch * rows, channels, dtype=torch.bfloat16, device=device)
+    pool = _rand(batch, 3, channels, dtype=torch.bfloat16, device=device)
+    weight = _rand(channels, 4, dtype=torch.bfloat16, device=device)
+    scan = _scan_rows(batch, rows)
+    meta = build_scan_meta(scan, batch * rows, device)
+    return Case(
+        "causal conv scan",
+        f"B={batch} rows={rows} C={channels} K=4",
+        _fresh(pool, lambda p: causal_conv_scan(x, p, weight, None, meta)),
+        {"torch": _fresh(pool, lambda p: recurrent_scan.causal_conv_scan(x, p, weight, None, scan))},
+        bytes=x.numel() * 2 + x.numel() * 4 + 4 * pool.numel() * 2,
+    )
+
+
+def delta_scan(device: torch.device, tiny: bool, rows: int) -> Case:
+    """Qwen3-Next's Gated DeltaNet: 32 value heads of 128 over 16 key heads."""
+    batch, heads, dim = (2, 4, 16) if tiny else (64 if rows == 1 else 4, 32, 128)
+    rows = min(rows, 5) if tiny else rows
+    tokens = batch * rows
+    q, k = (F.normalize(_rand(tokens, heads, dim, dtype=torch.float32, device=device), dim=-1) for _ in range(2))
+    v = _rand(tokens, heads, dim, dtype=torch.float32, device=device)
+    a = _rand(tokens, heads, dtype=torch.bfloat16, device=device)
+    beta = torch.rand(tokens, heads, device=device)
+    neg_a, dt_bias = -torch.rand(heads, device=device), _rand(heads, dtype=torch.bfloat16, device=device)
+    pool = _rand(batch, heads, dim, dim, dtype=torch.float32, device=device, scale=0.1)
+    scan = _scan_rows(batch, rows)
+    meta = build_scan_meta(scan, tokens, device)
+    args = (q, k, v, a, beta, neg_a, dt_bias)
+    return Case(
+        "gated delta scan",
+        f"B={batch} rows={rows} Hv={heads} Dk=Dv={dim}",
+        _fresh(pool, lambda p: gated_delta_scan(p, *args, meta)),
+        {"torch": _fresh(pool, lambda p: recurrent_scan.gated_delta_scan(p, *args, scan))},
+        bytes=4 * pool.numel() * 4 + 4 * (q.numel() + k.numel() + 2 * v.numel()),
+        flops=6 * tokens * heads * dim * dim,
+    )
+
+
+def mamba2_state_scan(device: torch.device, tiny: bool, rows: int) -> Case:
+    """Nemotron-H's Mamba2: 128 heads of 64, state 128, 8 groups."""
+    batch, heads, head_dim, state = (2, 4, 8, 16) if tiny else (64 if rows == 1 else 4, 128, 64, 128)
+    rows = min(rows, 5) if tiny else rows
+    tokens = batch * rows
+    x = _rand(tokens, heads, head_dim, dtype=torch.float32, device=device)
+    b, c = (_rand(tokens, heads, state, dtype=torch.float32, device=device) for _ in range(2))
+    dt, dt_bias = (
+        _rand(tokens, heads, dtype=torch.bfloat16, device=device),
+        _rand(heads, dtype=torch.bfloat16, device=device),
+    )
+    a, d = -torch.rand(heads, device=device), torch.rand(heads, device=device)
+    pool = _rand(batch, heads, head_dim, state, dtype=torch.float32, device=device, scale=0.1)
+    scan = _scan_rows(batch, rows)
+    meta = build_scan_meta(scan, tokens, device)
+    args = (x, b, c, dt, dt_bias, a, d, (0.0, float("inf")))
+    return Case(
+        "Mamba2 state scan",
+        f"B={batch} rows={rows} H={heads} P={head_dim} N={state}",
+        _fresh(pool, lambda p: mamba2_scan(p, *args, meta)),
+        {"torch": _fresh(pool, lambda p: recurrent_scan.mamba2_scan(p, *args, scan))},
+        bytes=4 * pool.numel() * 4 + 4 * (2 * x.numel() + b.numel() + c.numel()),
+        flops=6 * tokens * heads * head_dim * state,
+    )
+
+
 def all_cases(device: torch.device, tiny: bool) -> list[Callable[[], Case]]:
     """Builders, so each case's tensors are freed before the next is built."""
     return [
@@ -215,4 +299,9 @@ def all_cases(device: torch.device, tiny: bool) -> list[Callable[[], Case]]:
         lambda: moe_routing_case(device, tiny),
         lambda: fused_experts(device, tiny, tokens=16),
         lambda: fused_experts(device, tiny, tokens=512),
+        lambda: conv_scan(device, tiny),
+        lambda: delta_scan(device, tiny, rows=1),
+        lambda: delta_scan(device, tiny, rows=256),
+        lambda: mamba2_state_scan(device, tiny, rows=1),
+        lambda: mamba2_state_scan(device, tiny, rows=256),
     ]

@@ -98,9 +98,14 @@ def exercise(dtype: Any, quick: bool) -> None:
     import torch
 
     from kernels import fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+    from kernels.causal_conv_scan import causal_conv_scan
+    from kernels.gated_delta_scan import gated_delta_scan
+    from kernels.mamba2_scan import mamba2_scan
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_meta import build_paged_meta
     from kernels.paged_prefill_attention import paged_prefill_attention
+    from kernels.recurrent_scan import ScanRows
+    from kernels.scan_meta import build_scan_meta
 
     t = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt)  # noqa: E731
     tables = [[0, 1, 2, 3]]
@@ -132,6 +137,16 @@ def exercise(dtype: Any, quick: bool) -> None:
             t(experts, 1536, 2048),
             t(experts, 2048, 1536),
         )
+    # Recurrent layers: Qwen3-Next's Gated DeltaNet (conv 8192 wide, 32 value heads of 128) and Nemotron-H's
+    # Mamba2 (conv 10240 wide, 128 heads of 64, state 128); a prefill row, a decode row, one capture.
+    rows = build_scan_meta(ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), 4, torch.device("cpu"))
+    f32 = torch.float32
+    for conv_dim, bias in ((8192, False), (10240, True))[: 1 if quick else 2]:
+        causal_conv_scan(t(4, conv_dim), t(3, 3, conv_dim), t(conv_dim, 4), t(conv_dim) if bias else None, rows)
+    q = t(4, 32, 128, dt=f32)
+    gated_delta_scan(t(3, 32, 128, 128, dt=f32), q, q, q, t(4, 32), t(4, 32, dt=f32), t(32, dt=f32), t(32), rows)
+    x, bc, heads = t(4, 128, 64, dt=f32), t(4, 128, 128, dt=f32), t(128, dt=f32)
+    mamba2_scan(t(3, 128, 64, 128, dt=f32), x, bc, bc, t(4, 128), t(128), heads, heads, (0.0, float("inf")), rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+# Modules named as dispatch's own functions, so aliased: the recurrent layers' Triton kernels.
+import kernels.causal_conv_scan as conv_triton
+import kernels.gated_delta_scan as delta_triton
+import kernels.mamba2_scan as mamba2_triton
 from kernels import (
     attention_torch,
     cpu_attention,
@@ -34,6 +38,7 @@ from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_meta import DECODE_MAX_QUERY, PagedMeta, build_paged_meta
 from kernels.paged_prefill_attention import paged_prefill_attention
 from kernels.recurrent_scan import ScanRows
+from kernels.scan_meta import ScanMeta, build_scan_meta
 
 MODES = ("auto", "torch", "triton")
 
@@ -79,6 +84,20 @@ def step_meta(batch: StepLayout, block_size: int, device: torch.device, row_quer
         batch.query_lens, batch.context_lens, batch.block_tables, block_size, device, row_query_limit
     )
     _META[row_query_limit] = (weakref.ref(batch), batch.slot_mapping, meta)
+    return meta
+
+
+# The last step's recurrent metadata: a step's recurrent layers (and each layer's conv and scan) share it.
+_SCAN: list[tuple[ScanRows, int, torch.device, ScanMeta]] = []
+
+
+def scan_meta(rows: ScanRows, step_rows: torch.Tensor) -> ScanMeta:
+    """`rows` as device tensors for a step whose flat tensors are `step_rows` [T, ...], built once per step."""
+    key = (rows, step_rows.shape[0], step_rows.device)
+    if _SCAN and _SCAN[0][:3] == key:
+        return _SCAN[0][3]
+    meta = build_scan_meta(rows, step_rows.shape[0], step_rows.device)
+    _SCAN[:] = [(*key, meta)]
     return meta
 
 
@@ -223,6 +242,8 @@ def causal_conv_scan(
     x: torch.Tensor, history_pool: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: ScanRows
 ) -> torch.Tensor:
     """A recurrent layer's depthwise causal conv over a step's sequences (recurrent_scan.py): [T, C] float32."""
+    if backend(x, history_pool) == "triton" and conv_triton.supports(weight):
+        return conv_triton.causal_conv_scan(x, history_pool, weight, bias, scan_meta(rows, x))
     return recurrent_scan.causal_conv_scan(x, history_pool, weight, bias, rows)
 
 
@@ -238,6 +259,8 @@ def gated_delta_scan(
     rows: ScanRows,
 ) -> torch.Tensor:
     """Gated DeltaNet's recurrence over a step's sequences (recurrent_scan.py): o [T, Hv, Dv] float32."""
+    if backend(state_pool, q) == "triton":
+        return delta_triton.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, scan_meta(rows, q))
     return recurrent_scan.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, rows)
 
 
@@ -254,4 +277,7 @@ def mamba2_scan(
     rows: ScanRows,
 ) -> torch.Tensor:
     """Mamba2's selective state update over a step's sequences (recurrent_scan.py): y [T, H, P] float32."""
+    if backend(state_pool, x) == "triton":
+        meta = scan_meta(rows, x)
+        return mamba2_triton.mamba2_scan(state_pool, x, b, c, dt, dt_bias, a, d, time_step_limit, meta)
     return recurrent_scan.mamba2_scan(state_pool, x, b, c, dt, dt_bias, a, d, time_step_limit, rows)

@@ -25,11 +25,12 @@ TEST_FILES = [
     "test_kernels_elementwise.py",
     "test_kernels_moe.py",
     "test_kernels_dispatch.py",
+    "test_kernels_recurrent.py",
 ]
 
 
 def run_tests(timeout: int) -> bool:
-    tests = [str(REPO / "tests" / f) for f in TEST_FILES if (REPO / "tests" / f).exists()]
+    tests = [str(REPO / "tests" / "kernels" / f) for f in TEST_FILES if (REPO / "tests" / "kernels" / f).exists()]
     if not tests:
         print("kernel tests not found next to this package: skipped")
         return True
@@ -138,6 +139,55 @@ def invariance(device: torch.device, tiny: bool) -> None:
     print(f"  decode rows together vs one alone:    {(last[-1:] - alone).abs().max().item():.3g}")
 
 
+def recurrent_invariance(device: torch.device, tiny: bool) -> None:
+    """The recurrent kernels at production tiles (Qwen3-Next's delta rule, Nemotron-H's Mamba2): a sequence's
+    outputs alone, beside a decode row, and in two chunks continuing from its slot."""
+    import torch.nn.functional as F
+
+    from kernels.gated_delta_scan import gated_delta_scan
+    from kernels.mamba2_scan import mamba2_scan
+    from kernels.recurrent_scan import ScanRows
+    from kernels.scan_meta import build_scan_meta
+
+    n, (hv, dk), (hm, p, state) = (6, (4, 16), (4, 8, 16)) if tiny else (300, (32, 128), (128, 64, 128))
+    r = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
+    keys = [F.normalize(r(n + 1, hv, dk), dim=-1) for _ in range(2)]
+    delta_rows = [*keys, r(n + 1, hv, dk), r(n + 1, hv), torch.rand(n + 1, hv, device=device)]
+    delta_heads = (-r(hv).abs(), r(hv))
+    mamba_rows = [r(n + 1, hm, p), r(n + 1, hm, state), r(n + 1, hm, state), r(n + 1, hm)]
+    mamba_heads = (r(hm), -r(hm).abs(), r(hm), (0.0, float("inf")))
+    kernels = [
+        (
+            "gated delta",
+            r(2, hv, dk, dk) * 0.1,
+            delta_rows,
+            lambda pool, t, m: gated_delta_scan(pool, *t, *delta_heads, m),
+        ),
+        ("Mamba2", r(2, hm, p, state) * 0.1, mamba_rows, lambda pool, t, m: mamba2_scan(pool, *t, *mamba_heads, m)),
+    ]
+    print("\nrecurrent kernels (max |difference|; 0 = bitwise equal):")
+    for name, start, inputs, run in kernels:
+        pool = start.clone()
+
+        def step(pieces: list[tuple[slice, int]]) -> torch.Tensor:
+            """One launch over the pieces (rows of `inputs`, slot), in order."""
+            tensors = [torch.cat([t[rows] for rows, _ in pieces]) for t in inputs]
+            lengths = [rows.stop - rows.start for rows, _ in pieces]
+            ends = torch.tensor(lengths).cumsum(0).tolist()
+            scan = ScanRows(tuple(e - k for e, k in zip(ends, lengths)), tuple(ends), tuple(s for _, s in pieces))
+            return run(pool, tensors, build_scan_meta(scan, ends[-1], device))
+
+        alone = step([(slice(0, n), 0)])
+        pool.copy_(start)
+        batched = step([(slice(n, n + 1), 1), (slice(0, n), 0)])[1:]
+        pool.copy_(start)
+        chunked = torch.cat([step([(slice(0, n // 3), 0)]), step([(slice(n // 3, n), 0)])])
+        print(
+            f"  {name}: alone vs beside a decode row {(alone - batched).abs().max().item():.3g}, "
+            f"vs in two chunks {(alone - chunked).abs().max().item():.3g}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="no GPU: run the benchmark code on CPU at tiny shapes")
@@ -159,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     tests_ok = True if args.dry_run or args.skip_tests else run_tests(args.test_timeout)
     bench_ok = benchmark(device, tiny=args.dry_run)
     invariance(device, tiny=args.dry_run)
+    recurrent_invariance(device, tiny=args.dry_run)
     return 0 if tests_ok and bench_ok else 1
 
 

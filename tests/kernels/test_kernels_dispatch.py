@@ -15,7 +15,7 @@ from deployments.model_rank.layers.mla import MLAAttention, MLADims  # noqa: E40
 from deployments.model_rank.layers.moe import Experts, Router, RoutingConfig  # noqa: E402
 from deployments.model_rank.layers.norm import RMSNorm  # noqa: E402
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding  # noqa: E402
-from kernels import attention_torch, dispatch, mla_decode  # noqa: E402
+from kernels import attention_torch, dispatch, mla_decode, recurrent_scan  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -78,6 +78,9 @@ def no_triton(monkeypatch):
         (dispatch.mla_decode, "mla_attention_triton"),
         (dispatch, "paged_decode_attention"),
         (dispatch, "paged_prefill_attention"),
+        (dispatch.conv_triton, "causal_conv_scan"),
+        (dispatch.delta_triton, "gated_delta_scan"),
+        (dispatch.mamba2_triton, "mamba2_scan"),
     ]:
         monkeypatch.setattr(module, name, boom)
 
@@ -228,3 +231,59 @@ def test_triton_route_over_a_mixed_step(forced_triton):
         16,
     )
     assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "nemotron_h"])  # a Gated DeltaNet layer, a Mamba2 layer
+def test_recurrent_layer_on_the_triton_route(arch, forced_triton, monkeypatch, tmp_path):
+    """A tiny checkpoint's first recurrent layer over a step (a prefill chunk with a capture, a decode row, a
+    second prefill) from random slot states: Triton's outputs and slots equal the torch path's."""
+    pytest.importorskip("transformers")
+    from deployments.model_rank.layers.recurrent import RecurrentMixer
+    from deployments.model_rank.models import load_model
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from tests.support.model_harness import PagedHarness
+
+    model = load_model(build_random_checkpoint(arch, tmp_path / "ck"), dtype="float32")
+    harness = PagedHarness(model, num_slots=6)
+    batch = harness.batch([(0, list(range(2, 11))), (1, [5]), (2, [7, 8, 9])], captures=[[(4, 5)], [], []])
+    mixer = next(m for m in model.modules() if isinstance(m, RecurrentMixer))
+    gen = case_generator("recurrent layer", arch)
+    for pool in (mixer.conv_pool, mixer.state_pool):
+        pool.copy_(randn(*pool.shape, dtype=pool.dtype, device=CPU, gen=gen, scale=0.5))
+    hidden = randn(13, model.config.hidden_size, dtype=torch.float32, device=CPU, gen=gen)
+    initial = (mixer.conv_pool.clone(), mixer.state_pool.clone())
+
+    def run(mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        monkeypatch.setenv("TENSORFOLD_KERNELS", mode)
+        mixer.conv_pool.copy_(initial[0])
+        mixer.state_pool.copy_(initial[1])
+        return mixer(hidden, batch), mixer.conv_pool.clone(), mixer.state_pool.clone()
+
+    want, got = run("torch"), run("triton")
+    assert not torch.equal(want[2][5], initial[1][5])  # the capture slot was written
+    assert_close(got[0], want[0], torch.float32, "layer output")
+    assert torch.equal(got[1], want[1])  # conv histories are copies of inputs
+    assert_close(got[2], want[2], torch.float32, "state slots")
+
+
+def test_wide_conv_stays_on_torch(forced_triton):
+    """Conv widths past the Triton kernel's registers run the torch path (same bits)."""
+    gen = case_generator("wide conv")
+    x, pool = (
+        randn(5, 8, dtype=torch.float32, device=DEVICE, gen=gen),
+        randn(3, 4, 8, dtype=torch.float32, device=DEVICE, gen=gen),
+    )
+    weight = randn(8, 5, dtype=torch.float32, device=DEVICE, gen=gen)
+    rows = recurrent_scan.ScanRows((0, 3), (3, 5), (0, 2))
+    expected_pool = pool.clone()
+    expected = recurrent_scan.causal_conv_scan(x, expected_pool, weight, None, rows)
+    assert torch.equal(dispatch.causal_conv_scan(x, pool, weight, None, rows), expected)
+    assert torch.equal(pool, expected_pool)
+
+
+def test_scan_meta_is_built_once_per_step():
+    """Every recurrent call of a step (equal ScanRows, one per layer) shares one device copy."""
+    x = torch.zeros(4, 2, device=DEVICE)
+    meta = dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), x)
+    assert dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), x) is meta
+    assert dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (1, 0), ((1, 2),)), x) is not meta
