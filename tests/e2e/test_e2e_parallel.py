@@ -1,11 +1,16 @@
-"""The data-parallel and tensor-parallel configs on Ray Serve: both copies answer; TP2 equals TP1."""
+"""The data-parallel and tensor-parallel configs on Ray Serve: both copies answer; TP2 equals TP1 (tiny-glm,
+and a hybrid model whose Mamba2 layers split by heads)."""
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import torch
 
+from serve_app.fixtures.checkpoints import build_random_checkpoint
+from serve_app.fixtures.tokenizer_builder import build_tokenizer
 from tests.support.serve_harness import delete_apps, deploy_apps, load_app_config
 
 pytestmark = pytest.mark.e2e
@@ -70,3 +75,54 @@ def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, serve
         assert block["drafts"] == "mtp" and block["drafted"] > 0
     finally:
         delete_apps(["e2e-tp1", "e2e-tp2"])
+
+
+def _completions(base_url: str, prompts: list[list[int]], **request) -> list[dict]:
+    """Each token-id prompt's reply (choices[0] with its token ids, plus usage and the runtime block), sent
+    together so that the engine batches them."""
+
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=180) as client:
+            bodies = [{"model": "m", "prompt": p, "return_token_ids": True, **request} for p in prompts]
+            replies = await asyncio.gather(*[client.post("/v1/completions", json=body) for body in bodies])
+        assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+        return [r.json() for r in replies]
+
+    return asyncio.run(run())
+
+
+def test_hybrid_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, tmp_path: Path) -> None:
+    """Nemotron-H (Mamba2 split by heads, latent MoE, MTP drafts) at TP2 answers as at TP1: greedy and seeded,
+    drafted and serial, and a second turn that resumes from the first turn's state snapshot."""
+    model = build_random_checkpoint("nemotron_h", tmp_path / "nemotron_h")
+    build_tokenizer(model, family="qwen")
+    args = dict(model=str(model), dtype="float32", draft_policy="fixed")
+    deploy_apps(
+        [
+            load_app_config("glm.yaml", "e2e-hybrid-tp1", "/hybrid-tp1", **args),
+            load_app_config("glm-tp2.yaml", "e2e-hybrid-tp2", "/hybrid-tp2", **args),
+        ]
+    )
+    try:
+        gen = torch.Generator().manual_seed(5)
+        prompts = [torch.randint(2, 512, (n,), generator=gen).tolist() for n in (40, 23, 57)]
+        for request in (
+            dict(max_tokens=24, temperature=0, ignore_eos=True),
+            dict(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True),
+            dict(max_tokens=24, temperature=0, ignore_eos=True, draft=False),
+        ):
+            tp1 = _completions(f"{serve_url}/hybrid-tp1", prompts, **request)
+            tp2 = _completions(f"{serve_url}/hybrid-tp2", prompts, **request)
+            assert [r["choices"][0]["token_ids"] for r in tp2] == [r["choices"][0]["token_ids"] for r in tp1]
+        drafted = _completions(f"{serve_url}/hybrid-tp2", prompts[:1], max_tokens=24, temperature=0, ignore_eos=True)
+        assert drafted[0]["tensorfold"]["drafts"] == "mtp" and drafted[0]["tensorfold"]["drafted"] > 0
+        # The next turn: the first prompt, its reply and more tokens resume at a snapshot on every rank.
+        turn = prompts[0] + tp1[0]["choices"][0]["token_ids"] + prompts[1][:9]
+        second = [
+            _completions(f"{serve_url}/{prefix}", [turn], max_tokens=16, temperature=0, ignore_eos=True)[0]
+            for prefix in ("hybrid-tp1", "hybrid-tp2")
+        ]
+        assert second[1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
+        assert second[1]["choices"][0]["token_ids"] == second[0]["choices"][0]["token_ids"]
+    finally:
+        delete_apps(["e2e-hybrid-tp1", "e2e-hybrid-tp2"])

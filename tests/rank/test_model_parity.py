@@ -266,15 +266,39 @@ def test_captured_states_resume_bit_identically(
         assert torch.equal(rows, uncut[start : start + 7])
 
 
+def _tensor_parallel_results(
+    names: list[str], prompt: list[int], tmp_path: Path
+) -> dict[str, tuple[torch.Tensor, list[int], torch.Tensor | None]]:
+    """Each checkpoint run on two spawned ranks (gloo): rank 0's results (model_harness.tp_worker)."""
+    out = tmp_path / "tp.pt"
+    args = (2, str(tmp_path / "tp_init"), names, prompt, 16, str(out))
+    mp.spawn(tp_worker, args=args, nprocs=2, join=True)
+    return torch.load(out)
+
+
 def test_tensor_parallel_matches_single_rank(checkpoints: dict[str, Path], prompt: list[int], tmp_path: Path) -> None:
     names = [str(checkpoints[arch]) for arch in ("qwen3", "glm4_moe", "qwen3_moe", "glm4_moe_lite")]
-    out = tmp_path / "tp.pt"
-    args = (2, str(tmp_path / "tp_init"), names, prompt[:24], 16, str(out))
-    mp.spawn(tp_worker, args=args, nprocs=2, join=True)
-    results = torch.load(out)
+    results = _tensor_parallel_results(names, prompt[:24], tmp_path)
     for name in names:
         model = load_model(name, dtype="float32")
-        logits, continuation = results[name]
+        logits, continuation, _ = results[name]
         expected = PagedHarness(model).step([(0, prompt[:24])], all_logits=True)
         assert (logits - expected).abs().max().item() < 1e-5, name
         assert continuation == PagedHarness(model).generate(0, prompt[:24], 16), name
+
+
+def test_hybrid_tensor_parallel_matches_single_rank(
+    checkpoints: dict[str, Path], prompt: list[int], tmp_path: Path
+) -> None:
+    """Gated DeltaNet (both projection layouts, dense and MoE) and Mamba2 models split by heads over two ranks:
+    logits within 1e-5 of one rank's, equal greedy continuations, and on the ranks, states captured after
+    row 15 and copied to another slot resume bit-identically to the uncut prefill."""
+    names = [str(checkpoints[arch]) for arch in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe", "nemotron_h")]
+    results = _tensor_parallel_results(names, prompt[:24], tmp_path)
+    for name in names:
+        model = load_model(name, dtype="float32")
+        logits, continuation, resumed = results[name]
+        expected = PagedHarness(model).step([(0, prompt[:24])], all_logits=True)
+        assert (logits - expected).abs().max().item() < 1e-5, name
+        assert continuation == PagedHarness(model).generate(0, prompt[:24], 16), name
+        assert resumed is not None and torch.equal(resumed, logits[16:]), name

@@ -98,6 +98,13 @@ class PagedHarness:
         blocks = source.blocks[: length // self.block_size]
         self.seqs[seq_id] = Sequence(tokens=source.tokens[:length], blocks=list(blocks), slot=slot)
 
+    def copy_state(self, source: int, destination: int) -> None:
+        """Copy one slot's states into another in every recurrent layer, as the runner copies a snapshot into
+        a running slot before a step."""
+        for pool in self.state_pools:
+            for tensor in pool:
+                tensor[destination].copy_(tensor[source])
+
     def prefill(self, seq_id: int, prompt: list[int], chunk: int | None = None) -> torch.Tensor:
         """Feed a prompt whole or in chunks; returns the last token's logits [V]."""
         size = chunk or len(prompt)
@@ -116,10 +123,21 @@ class PagedHarness:
         return out
 
 
+def resumed_from_capture(model: CausalLM, prompt: list[int]) -> torch.Tensor:
+    """Logits of every row of prompt[16:], resumed from the states captured after row 15 of a prefill that
+    ran beside another sequence, copied to a fresh slot as a prefix-cache hit restores a snapshot."""
+    harness = PagedHarness(model)
+    harness.step([(1, prompt[::-1][:9]), (0, prompt)], captures=[[], [(15, 13)]])
+    harness.copy_state(13, 12)
+    harness.resume(2, source_id=0, length=16, slot=12)
+    return harness.step([(2, prompt[16:])], all_logits=True)
+
+
 def tp_worker(
     rank: int, world: int, init_file: str, checkpoints: list[str], prompt: list[int], max_new: int, out: str
 ) -> None:
-    """One tensor-parallel rank (spawned by the TP test): logits and a greedy continuation per checkpoint."""
+    """One tensor-parallel rank (spawned by the TP tests): per checkpoint, every prompt row's logits, a greedy
+    continuation and, for hybrid models, the rows after a resume from captured states (else None)."""
     import torch.distributed as dist
 
     from deployments.model_rank.forward_batch import ParallelContext
@@ -132,7 +150,8 @@ def tp_worker(
         for checkpoint in checkpoints:
             model = load_model(checkpoint, dtype="float32", parallel=ParallelContext(tp_rank=rank, tp_size=world))
             logits = PagedHarness(model).step([(0, prompt)], all_logits=True)
-            results[checkpoint] = (logits, PagedHarness(model).generate(0, prompt, max_new))
+            resumed = resumed_from_capture(model, prompt) if model.state_specs() else None
+            results[checkpoint] = (logits, PagedHarness(model).generate(0, prompt, max_new), resumed)
         if rank == 0:
             torch.save(results, out)
     finally:

@@ -12,16 +12,15 @@ ops over a step's rows are row-wise (projections through `invariant_linear`, act
 kernels/activation.py whose bits do not depend on an element's place in the tensor).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch import nn
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec, ParallelContext
-from deployments.model_rank.layers.linear import ReplicatedLinear
+from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
 from deployments.model_rank.layers.norm import GatedRMSNorm
-from deployments.model_rank.layers.parallel import default_loader
+from deployments.model_rank.layers.parallel import sharded_vector
 from deployments.model_rank.layers.recurrent import DepthwiseConv1d, RecurrentMixer, scan_rows
 from kernels import dispatch
 from kernels.activation import sigmoid, silu
@@ -53,13 +52,17 @@ class GatedDeltaNetShape:
         return shape
 
     def per_rank(self, parallel: ParallelContext) -> "GatedDeltaNetShape":
-        """The heads this rank holds: where tensor parallelism would divide them (not supported yet)."""
-        if parallel.is_parallel:
+        """The heads this rank holds: num_k_heads / tp_size key heads, each with its group of value heads."""
+        if parallel.tp_size == 1:
+            return self
+        if self.num_k_heads % parallel.tp_size:
             raise ValueError(
-                f"Gated DeltaNet layers keep all their heads on one rank: tensor parallelism "
-                f"(tp_size={parallel.tp_size}) is not supported for Qwen3-Next / Qwen3.5 models yet"
+                f"linear_num_key_heads ({self.num_k_heads}) does not divide evenly into {parallel.tp_size} "
+                "tensor-parallel ranks: Gated DeltaNet layers are split by key heads"
             )
-        return self
+        return replace(
+            self, num_k_heads=self.num_k_heads // parallel.tp_size, num_v_heads=self.num_v_heads // parallel.tp_size
+        )
 
     @property
     def group(self) -> int:
@@ -80,19 +83,16 @@ class GatedDeltaNetShape:
         return 2 * self.key_dim + self.value_dim
 
 
-def _per_head(count: int) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(count), requires_grad=False)
-    param.weight_loader = default_loader
-    return param
-
-
 def l2_normalise(x: torch.Tensor) -> torch.Tensor:
     """x / |x| over the last dim (float32)."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2_EPS)
 
 
 class GatedDeltaNet(RecurrentMixer):
-    """Conv history [K - 1, conv_dim] and state [num_v_heads, head_k_dim, head_v_dim] per sequence slot.
+    """Conv history [K - 1, conv_dim] and state [num_v_heads, head_k_dim, head_v_dim] per sequence slot, for
+    this rank's heads (`shape`): tensor parallelism splits the layer by key heads, each rank holding its key
+    heads' q and k, their value heads' v, z, b, a, A_log and dt_bias, and its share of the conv's q | k | v
+    channels; out_proj is row-parallel (its all-reduce sums the ranks' heads), the per-head norm replicated.
 
     Subclasses read the checkpoint's input projections (`project`); the rest is shared.
     """
@@ -100,11 +100,12 @@ class GatedDeltaNet(RecurrentMixer):
     def __init__(self, shape: GatedDeltaNetShape, hidden_size: int, eps: float, parallel: ParallelContext) -> None:
         super().__init__()
         self.shape = shape.per_rank(parallel)
-        self.conv1d = DepthwiseConv1d(self.shape.conv_dim, self.shape.conv_kernel)
-        self.A_log = _per_head(self.shape.num_v_heads)
-        self.dt_bias = _per_head(self.shape.num_v_heads)
-        self.norm = GatedRMSNorm(self.shape.head_v_dim, eps)
-        self.out_proj = ReplicatedLinear(self.shape.value_dim, hidden_size)
+        qkv_parts = (shape.key_dim, shape.key_dim, shape.value_dim)
+        self.conv1d = DepthwiseConv1d(qkv_parts, shape.conv_kernel, parallel)
+        self.A_log = sharded_vector(shape.num_v_heads, parallel)
+        self.dt_bias = sharded_vector(shape.num_v_heads, parallel)
+        self.norm = GatedRMSNorm(shape.head_v_dim, eps)
+        self.out_proj = RowParallelLinear(shape.value_dim, hidden_size, parallel)
 
     def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden [T, H] -> (qkv [T, conv_dim], z [T, Hv, Dv], b [T, Hv], a [T, Hv]) in the model dtype."""
@@ -143,9 +144,9 @@ class GroupedProjectionDeltaNet(GatedDeltaNet):
 
     def __init__(self, shape: GatedDeltaNetShape, hidden_size: int, eps: float, parallel: ParallelContext) -> None:
         super().__init__(shape, hidden_size, eps, parallel)
-        s = self.shape
-        self.in_proj_qkvz = ReplicatedLinear(hidden_size, 2 * s.key_dim + 2 * s.value_dim)
-        self.in_proj_ba = ReplicatedLinear(hidden_size, 2 * s.num_v_heads)
+        # Rows grouped by key head: a contiguous shard is whole key heads with their groups.
+        self.in_proj_qkvz = ColumnParallelLinear(hidden_size, 2 * shape.key_dim + 2 * shape.value_dim, parallel)
+        self.in_proj_ba = ColumnParallelLinear(hidden_size, 2 * shape.num_v_heads, parallel)
 
     def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         s, tokens = self.shape, hidden.shape[0]
@@ -164,11 +165,11 @@ class SplitProjectionDeltaNet(GatedDeltaNet):
 
     def __init__(self, shape: GatedDeltaNetShape, hidden_size: int, eps: float, parallel: ParallelContext) -> None:
         super().__init__(shape, hidden_size, eps, parallel)
-        s = self.shape
-        self.in_proj_qkv = ReplicatedLinear(hidden_size, s.conv_dim)
-        self.in_proj_z = ReplicatedLinear(hidden_size, s.value_dim)
-        self.in_proj_b = ReplicatedLinear(hidden_size, s.num_v_heads)
-        self.in_proj_a = ReplicatedLinear(hidden_size, s.num_v_heads)
+        qkv_parts = (shape.key_dim, shape.key_dim, shape.value_dim)
+        self.in_proj_qkv = ColumnParallelLinear(hidden_size, shape.conv_dim, parallel, parts=qkv_parts)
+        self.in_proj_z = ColumnParallelLinear(hidden_size, shape.value_dim, parallel)
+        self.in_proj_b = ColumnParallelLinear(hidden_size, shape.num_v_heads, parallel)
+        self.in_proj_a = ColumnParallelLinear(hidden_size, shape.num_v_heads, parallel)
 
     def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         z = self.in_proj_z(hidden).reshape(hidden.shape[0], self.shape.num_v_heads, self.shape.head_v_dim)

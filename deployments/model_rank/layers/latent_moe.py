@@ -12,7 +12,7 @@ from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.linear import ReplicatedLinear, invariant_linear
 from deployments.model_rank.layers.mlp import ReluSquaredMLP, relu_squared
 from deployments.model_rank.layers.moe import Router, RoutingConfig, stacked_expert_param
-from deployments.model_rank.layers.parallel import divide
+from deployments.model_rank.layers.parallel import all_reduce, divide
 
 
 class ReluSquaredExperts(nn.Module):
@@ -42,7 +42,12 @@ class ReluSquaredExperts(nn.Module):
 
 class LatentMoE(nn.Module):
     """gate -> [fc1_latent_proj] -> routed experts -> [fc2_latent_proj], plus shared_experts(x), named as the
-    checkpoints name them. The router and the shared expert read the block's input, not the latent."""
+    checkpoints name them. The router and the shared expert read the block's input, not the latent.
+
+    Tensor parallelism shards the experts' and the shared expert's intermediate features. The routed partial
+    sums are all-reduced before the replicated fc2_latent_proj (so its bias is added once, and at one rank
+    the computation is unchanged); the shared expert, row-parallel, reduces its own.
+    """
 
     def __init__(
         self,
@@ -55,8 +60,7 @@ class LatentMoE(nn.Module):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        if parallel.is_parallel:
-            raise ValueError("LatentMoE runs on one rank (no tensor-parallel reduction of its sum)")
+        self.parallel = parallel
         self.gate = Router(hidden_size, routing)
         inner = latent_size or hidden_size
         self.experts = ReluSquaredExperts(routing.num_experts, inner, moe_intermediate_size, parallel)
@@ -67,7 +71,7 @@ class LatentMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)  # [T, k] each
         inner = self.fc1_latent_proj(x) if self.fc1_latent_proj is not None else x  # [T, D]
-        routed = self.experts(inner, weights, ids)  # [T, D]
+        routed = all_reduce(self.experts(inner, weights, ids), self.parallel)  # [T, D], the ranks' sum
         if self.fc2_latent_proj is not None:
             routed = self.fc2_latent_proj(routed)  # [T, H]
         return routed + self.shared_experts(x)  # [T, H]

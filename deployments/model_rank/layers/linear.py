@@ -9,7 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
+from deployments.model_rank.layers.parallel import (
+    all_reduce,
+    copy_part_shards,
+    copy_shard,
+    default_loader,
+    divide,
+)
 from kernels import cpu_gemm
 
 TILE_ROWS = 16  # CPU matmuls (and float32 anywhere) run on row counts that are multiples of this
@@ -71,6 +77,8 @@ class ColumnParallelLinear(nn.Module):
     """Output features split across ranks: rank r holds shard `shard_index` of `num_shards` along dim 0.
 
     Heads that fewer ranks than shards share (kv heads < TP size) pass their own shard_index/num_shards.
+    `parts`: output blocks the checkpoint lays end to end ([all q | all k | all v]), each split on its own so
+    that a rank holds its shard of every block, in the same order.
     """
 
     def __init__(
@@ -81,8 +89,12 @@ class ColumnParallelLinear(nn.Module):
         bias: bool = False,
         shard_index: int | None = None,
         num_shards: int | None = None,
+        parts: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__()
+        if parts is not None and sum(parts) != out_features:
+            raise ValueError(f"parts {parts} do not add up to {out_features} output features")
+        self.parts = parts
         self.num_shards = parallel.tp_size if num_shards is None else num_shards
         self.shard_index = parallel.tp_rank if shard_index is None else shard_index
         local_out = divide(out_features, self.num_shards, "output features")
@@ -94,7 +106,10 @@ class ColumnParallelLinear(nn.Module):
             self.bias.weight_loader = self._load_rows
 
     def _load_rows(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
-        copy_shard(param, loaded, 0, self.shard_index, self.num_shards)
+        if self.parts is not None:
+            copy_part_shards(param, loaded, self.parts, self.shard_index, self.num_shards)
+        else:
+            copy_shard(param, loaded, 0, self.shard_index, self.num_shards)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return invariant_linear(x, self.weight, self.bias)  # [..., out / shards]

@@ -14,14 +14,14 @@ depend on the chunk or batch it arrives in (kernels/recurrent_scan.py). transfor
 its rounding depends on where chunks fall.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec
-from deployments.model_rank.layers.linear import ReplicatedLinear
-from deployments.model_rank.layers.parallel import default_loader
+from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec, ParallelContext
+from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
+from deployments.model_rank.layers.parallel import sharded_vector
 from deployments.model_rank.layers.recurrent import DepthwiseConv1d, RecurrentMixer, scan_rows
 from kernels import dispatch
 from kernels.activation import silu
@@ -42,6 +42,18 @@ class Mamba2Shape:
     norm_eps: float  # the gated group RMSNorm's epsilon
     time_step_limit: tuple[float, float]  # dt is clamped to [low, high] after the softplus
 
+    def per_rank(self, parallel: ParallelContext) -> "Mamba2Shape":
+        """This rank's heads and their B / C groups: num_heads / tp_size heads, n_groups / tp_size groups."""
+        tp = parallel.tp_size
+        if tp == 1:
+            return self
+        if self.n_groups % tp or self.num_heads % tp:
+            raise ValueError(
+                f"Mamba2 layers are split by heads with their B / C groups: n_groups ({self.n_groups}) and "
+                f"mamba_num_heads ({self.num_heads}) must both divide evenly into {tp} tensor-parallel ranks"
+            )
+        return replace(self, num_heads=self.num_heads // tp, n_groups=self.n_groups // tp)
+
     @property
     def intermediate_size(self) -> int:
         return self.num_heads * self.head_dim
@@ -52,21 +64,14 @@ class Mamba2Shape:
         return self.intermediate_size + 2 * self.n_groups * self.state_size
 
 
-def _param(*shape: int) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
-    param.weight_loader = default_loader
-    return param
-
-
 class GatedGroupRMSNorm(nn.Module):
     """RMSNorm of y * silu(z) over groups of `group_size` features, in float32, times the weight."""
 
-    def __init__(self, size: int, group_size: int, eps: float) -> None:
+    def __init__(self, size: int, group_size: int, eps: float, parallel: ParallelContext) -> None:
         super().__init__()
         self.group_size = group_size
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
-        self.weight.weight_loader = default_loader
+        self.weight = sharded_vector(size, parallel)  # a rank's whole groups: the norm never crosses ranks
 
     def forward(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """y [T, I] float32, gate [T, I] -> [T, I] float32."""
@@ -77,19 +82,27 @@ class GatedGroupRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(RecurrentMixer):
-    """Mamba2 over a step's rows, each sequence from its state slot (conv history and SSM state)."""
+    """Mamba2 over a step's rows, each sequence from its state slot (conv history and SSM state).
 
-    def __init__(self, shape: Mamba2Shape) -> None:
+    Tensor parallelism splits it by heads with their B / C groups (`Mamba2Shape.per_rank`): in_proj's
+    z | x | B | C | dt blocks, the conv's x | B | C channels, dt_bias, A_log, D and the group norm's weight
+    are sharded block by block; out_proj is row-parallel (its all-reduce sums the ranks' heads).
+    """
+
+    def __init__(self, shape: Mamba2Shape, parallel: ParallelContext) -> None:
         super().__init__()
-        self.shape = shape
-        inner, heads = shape.intermediate_size, shape.num_heads
-        self.in_proj = ReplicatedLinear(shape.hidden_size, inner + shape.conv_dim + heads, bias=shape.use_bias)
-        self.conv1d = DepthwiseConv1d(shape.conv_dim, shape.conv_kernel, shape.use_conv_bias)
-        self.dt_bias = _param(heads)
-        self.A_log = _param(heads)
-        self.D = _param(heads)
-        self.norm = GatedGroupRMSNorm(inner, inner // shape.n_groups, shape.norm_eps)
-        self.out_proj = ReplicatedLinear(inner, shape.hidden_size, bias=shape.use_bias)
+        self.shape = shape.per_rank(parallel)
+        inner, heads, grouped = shape.intermediate_size, shape.num_heads, shape.n_groups * shape.state_size
+        projected = (inner, inner, grouped, grouped, heads)  # z, x, B, C, dt
+        self.in_proj = ColumnParallelLinear(
+            shape.hidden_size, sum(projected), parallel, bias=shape.use_bias, parts=projected
+        )
+        self.conv1d = DepthwiseConv1d((inner, grouped, grouped), shape.conv_kernel, parallel, shape.use_conv_bias)
+        self.dt_bias = sharded_vector(heads, parallel)
+        self.A_log = sharded_vector(heads, parallel)
+        self.D = sharded_vector(heads, parallel)
+        self.norm = GatedGroupRMSNorm(inner, inner // shape.n_groups, shape.norm_eps, parallel)
+        self.out_proj = RowParallelLinear(inner, shape.hidden_size, parallel, bias=shape.use_bias)
 
     def state_spec(self) -> LayerStateSpec:
         s = self.shape

@@ -1,7 +1,9 @@
-"""Tensor-parallel helpers shared by the layers: shard arithmetic, sliced weight loading, the all-reduce."""
+"""Tensor-parallel helpers shared by the layers: shard arithmetic, sliced weight loading (whole tensors or
+part by part), the all-reduce."""
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
 
@@ -28,9 +30,29 @@ def copy_shard(param: torch.Tensor, loaded: torch.Tensor, dim: int | None, index
         param.copy_(loaded.to(param.dtype))
 
 
+def copy_part_shards(
+    param: torch.Tensor, loaded: torch.Tensor, parts: tuple[int, ...], index: int, num_shards: int
+) -> None:
+    """Copy shard `index` of each part of `loaded` (parts of sizes `parts` laid end to end along dim 0, as
+    [all q | all k | all v]) into `param`, which holds each part's shard end to end in the same order."""
+    if loaded.shape[0] != sum(parts):
+        raise ValueError(f"shape {tuple(loaded.shape)}, expected {sum(parts)} rows ({' + '.join(map(str, parts))})")
+    local = [divide(part, num_shards, "a sharded part") for part in parts]
+    for target, part in zip(param.split(local), loaded.split(list(parts))):
+        copy_shard(target, part, 0, index, num_shards)
+
+
 def default_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
     """Loader for replicated parameters: the checkpoint tensor must match exactly."""
     copy_shard(param, loaded, None, 0, 1)
+
+
+def sharded_vector(count: int, parallel: ParallelContext) -> nn.Parameter:
+    """A per-head (or per-channel) parameter of `count` entries in the checkpoint: this rank's contiguous
+    count / tp_size of them."""
+    param = nn.Parameter(torch.empty(divide(count, parallel.tp_size, "per-head parameters")), requires_grad=False)
+    param.weight_loader = lambda p, loaded: copy_shard(p, loaded, 0, parallel.tp_rank, parallel.tp_size)
+    return param
 
 
 def all_reduce(x: torch.Tensor, parallel: ParallelContext) -> torch.Tensor:

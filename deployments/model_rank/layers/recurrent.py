@@ -9,8 +9,8 @@ whether it arrives in a prompt chunk of any size, alone in a decode round, or be
 import torch
 from torch import nn
 
-from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec
-from deployments.model_rank.layers.parallel import default_loader
+from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec, ParallelContext
+from deployments.model_rank.layers.parallel import copy_part_shards, divide
 from kernels.recurrent_scan import ScanRows
 
 
@@ -46,16 +46,25 @@ class RecurrentMixer(nn.Module):
 
 
 class DepthwiseConv1d(nn.Module):
-    """A recurrent layer's `conv1d` as checkpoints store it: weight [C, 1, K] (and bias [C])."""
+    """A recurrent layer's `conv1d` as checkpoints store it: weight [C, 1, K] (and bias [C]).
 
-    def __init__(self, channels: int, kernel: int, bias: bool = False) -> None:
+    `parts`: the channel blocks laid end to end (Gated DeltaNet's q | k | v, Mamba2's x | B | C); under tensor
+    parallelism a rank holds its shard of each block, matching its shard of the input projection.
+    """
+
+    def __init__(self, parts: tuple[int, ...], kernel: int, parallel: ParallelContext, bias: bool = False) -> None:
         super().__init__()
+        self.parts, self.parallel = parts, parallel
+        channels = sum(divide(part, parallel.tp_size, "conv channels") for part in parts)
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel), requires_grad=False)
-        self.weight.weight_loader = default_loader
+        self.weight.weight_loader = self._load_channels
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
-            self.bias.weight_loader = default_loader
+            self.bias.weight_loader = self._load_channels
+
+    def _load_channels(self, param: torch.Tensor, loaded: torch.Tensor) -> None:
+        copy_part_shards(param, loaded, self.parts, self.parallel.tp_rank, self.parallel.tp_size)
 
     @property
     def history_len(self) -> int:

@@ -172,7 +172,7 @@ class NemotronHBlock(nn.Module):
 def nemotron_block(cfg: NemotronHConfig, kind: str, parallel: ParallelContext) -> NemotronHBlock:
     mixer: nn.Module
     if kind == "mamba":
-        mixer = Mamba2Mixer(cfg.mamba)
+        mixer = Mamba2Mixer(cfg.mamba, parallel)
     elif kind == "attention":
         # No RoPE and no biases (transformers' NemotronHAttention ignores attention_bias).
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -197,10 +197,6 @@ class NemotronHForCausalLM(CausalLM):
         self, cfg: NemotronHConfig, parallel: ParallelContext, dtype: torch.dtype, tensor_names: frozenset[str]
     ) -> None:
         super().__init__()
-        if parallel.is_parallel:
-            raise ValueError(
-                f"nemotron_h runs on one rank: tensor parallelism (tp_size={parallel.tp_size}) is not supported"
-            )
         layers = [nemotron_block(cfg, kind, parallel) for kind in cfg.block_types]
         self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)  # type: ignore[arg-type]
         # The shared stack with its final norm (`norm_f`) in Nemotron-H's convention, like every block's.

@@ -94,7 +94,6 @@ class HybridQwenForCausalLM(CausalLM):
     def _layer(self, cfg: HybridConfig, index: int, rotary: RotaryEmbedding, parallel: ParallelContext) -> DecoderLayer:
         mixer: nn.Module
         if cfg.is_recurrent(index):
-            # Raises for tp_size > 1: the Gated DeltaNet is not tensor-parallel yet.
             mixer = self.delta_net(cfg.linear, cfg.hidden_size, cfg.rms_norm_eps, parallel)
         else:
             heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
