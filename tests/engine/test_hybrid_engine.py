@@ -151,3 +151,17 @@ def test_snapshots_stay_under_a_small_cap_and_replies_stay_exact(checkpoint) -> 
     assert len(engine.states.snapshots) <= 2
     again = engine.generate(_requests(prompts, "b"))
     assert _tokens(first, "a", 4) == _tokens(again, "b", 4)
+
+
+def test_mtp_drafted_replies_equal_serial_ones(checkpoint) -> None:
+    """Nemotron-H drafts with its MTP step (the Qwen hybrids' MTP weights are not read): each verify round
+    captures the states after its rows, so replies equal `draft: false` ones, kept drafts or not."""
+    engine = _engine(checkpoint, draft="auto", draft_policy="fixed", draft_tokens=2)  # mtp where loaded
+    if not engine.runner_info.mtp:
+        pytest.skip("this checkpoint has no MTP layer that drafts")
+    requests = _requests(_prompts(4), "m", max_tokens=24)
+    drafted = engine.generate(requests)
+    serial = engine.generate([replace(r, request_id=r.request_id + "-serial", draft=False) for r in requests])
+    for request in requests:
+        assert drafted[request.request_id].token_ids == serial[request.request_id + "-serial"].token_ids
+    assert sum(drafted[r.request_id].stats.drafted for r in requests) > 0
