@@ -52,7 +52,9 @@ class Mirror(Protocol):
 def conv_taps(mirror: Mirror, weight: nn.Parameter) -> mx.array:
     """A depthwise conv's weight [C, 1, K] as [C, K]."""
     taps = mirror.array(weight)
-    return taps.reshape(taps.shape[0], taps.shape[2])
+    taps = taps.reshape(taps.shape[0], taps.shape[2])
+    mx.eval(taps)  # MLX streams are per thread: not left for the engine's thread
+    return taps
 
 
 def gated_delta_net(mirror: Mirror, module: TorchGatedDeltaNet) -> GatedDeltaNet:

@@ -47,6 +47,9 @@ class MlxRunner:
         del torch_model
         self.model, self.mtp = mirrored.decoder, mirrored.mtp
         self.attentions, self.recurrents = mirrored.attentions, mirrored.recurrents  # in the specs' orders
+        if len(self.attentions) != len(self.specs) or len(self.recurrents) != len(self.state_specs):
+            raise RuntimeError("the MLX mirror's attention and recurrent layers do not match the model's specs")
+        self.mtp_attentions = attention_modules(self.mtp.layers) if self.mtp is not None else []
         self.block_size = 0
         self.num_blocks = 0
         self.drafter: MtpDrafter | None = None
@@ -93,9 +96,7 @@ class MlxRunner:
             attn.cache.arrays = arrays
         self.num_blocks, self.block_size = num_blocks, block_size
         if self.mtp is not None:
-            mtp_attentions = attention_modules(self.mtp.layers)
-            caches = lambda: [a for attn in mtp_attentions for a in attn.cache.arrays]  # noqa: E731
-            self.drafter = MtpDrafter(MlxMtpOps(self.mtp, block_size, caches), block_size)
+            self.drafter = MtpDrafter(MlxMtpOps(self.mtp, block_size, self._mtp_caches), block_size)
 
     def _block_slots(self, block_ids: list[int]) -> mx.array:
         ids = np.asarray(block_ids, dtype=np.int64)
@@ -126,6 +127,10 @@ class MlxRunner:
     def _current_caches(self) -> list[mx.array]:
         """Every layer's cache arrays as they are now (writes replace an array's contents in place)."""
         return [a for attn in self.attentions for a in attn.cache.arrays]
+
+    def _mtp_caches(self) -> list[mx.array]:
+        """The MTP layer's cache arrays as they are now."""
+        return [a for attn in self.mtp_attentions for a in attn.cache.arrays]
 
     def _current_pools(self) -> list[mx.array]:
         """Every recurrent layer's state pools as they are now."""
