@@ -12,6 +12,7 @@ import torch
 from deployments.messages.step import ZERO_STATE, SeqDraw, SeqStep, StepPlan, StepResult
 from deployments.model_rank.models import load_model
 from serve_app.fixtures.checkpoints import HYBRID_ARCHS, build_random_checkpoint
+from tests.rank.test_model_parity import VARIANTS
 from tests.support.model_harness import PagedHarness
 
 mx = pytest.importorskip("mlx.core")
@@ -51,6 +52,20 @@ def test_logits_and_greedy_match_the_torch_rank(arch: str, checkpoints: dict[str
     greedy = PagedHarness(model).generate(0, prompt, NEW_TOKENS)
     assert MlxHarness(runner).generate(0, prompt, NEW_TOKENS) == greedy
     assert MlxHarness(runner).generate(0, prompt, NEW_TOKENS, chunk=7) == greedy
+
+
+HYBRID_VARIANTS = [name for name, (arch, _) in VARIANTS.items() if arch in HYBRID_ARCHS]
+
+
+@pytest.mark.parametrize("variant", HYBRID_VARIANTS)
+def test_config_variants_match_the_torch_rank(variant: str, tmp_path: Path, prompt: list[int]) -> None:
+    """tests/rank/test_model_parity.py's hybrid variants: one value head per key head and three, a 2-tap
+    conv, biased attention, attention first, no latent MoE, one B/C group, every Mamba2 and MLP bias."""
+    arch, overrides = VARIANTS[variant]
+    path = build_random_checkpoint(arch, tmp_path / variant, seed=3, **overrides)
+    expected = PagedHarness(load_model(path, dtype="float32")).step([(0, prompt)], all_logits=True)
+    ours = MlxHarness(MlxRunner(path, "float32")).step([(0, prompt)], all_logits=True)
+    assert (ours - expected).abs().max().item() < FLOAT32_TOLERANCE
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
