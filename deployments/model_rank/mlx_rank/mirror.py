@@ -150,10 +150,14 @@ class MirroredModel:
     recurrents: list[RecurrentMixer]  # state_specs order
 
 
+def token_mixers(layers: list) -> list[Callable]:
+    """What mixes tokens (or, in a Nemotron-H MLP or MoE block, does not) in each MLX layer, in order."""
+    return [layer.attn if isinstance(layer, DecoderLayer) else layer.mixer for layer in layers]
+
+
 def attention_modules(layers: list) -> list[SelfAttention | MLAAttention]:
     """The attention mixers of a list of MLX layers (DecoderLayer or NemotronBlock), in order."""
-    mixers = [layer.attn if isinstance(layer, DecoderLayer) else layer.mixer for layer in layers]
-    return [m for m in mixers if isinstance(m, SelfAttention | MLAAttention)]
+    return [m for m in token_mixers(layers) if isinstance(m, SelfAttention | MLAAttention)]
 
 
 def mirror_model(model: CausalLM, mtp: bool) -> MirroredModel:
@@ -165,8 +169,7 @@ def mirror_model(model: CausalLM, mtp: bool) -> MirroredModel:
     embed = mirror.array(stack.embed_tokens.weight)
     head = Linear(mirror.array(model.lm_head.weight), None)
     decoder = DecoderStack(embed, layers, mirror.norm(stack.norm), head)
-    mixers = [layer.attn if isinstance(layer, DecoderLayer) else layer.mixer for layer in layers]
-    recurrents = [m for m in mixers if isinstance(m, RecurrentMixer)]
+    recurrents = [m for m in token_mixers(layers) if isinstance(m, RecurrentMixer)]
     torch_mtp = getattr(model, "mtp", None)
     layer = mirror_mtp(mirror, torch_mtp, head) if mtp and torch_mtp is not None else None
     attentions = attention_modules(layers) + (attention_modules(layer.layers) if layer is not None else [])
