@@ -1,7 +1,9 @@
 """Hybrid families over the real routes (in-process renderer and engine): greedy token ids over HTTP equal
-transformers' on a tiny random checkpoint of each, the prompt whole and in 7-token chunks, and the replica
-reports its recurrent-state slots in /health and /memory."""
+transformers' on a tiny random checkpoint of each, the prompt whole and in 7-token chunks, on the torch rank
+and the MLX rank (where mlx imports), and the replica reports its recurrent-state slots in /health and
+/memory."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from tests.support.reference import hf_greedy
 
 pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 40, 24
+NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+BACKENDS = ["torch", pytest.param("mlx", marks=NO_MLX)]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", HYBRID_ARCHS)
-def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[str, Path]) -> None:
+def test_greedy_ids_over_http_equal_transformers(arch: str, backend: str, checkpoints: dict[str, Path]) -> None:
     prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
     expected = hf_greedy(checkpoints[arch], prompt, NEW_TOKENS)
     body = {
@@ -40,10 +45,12 @@ def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[st
         "return_token_ids": True,
     }
     for chunk in (512, 7):
-        with local_client(str(checkpoints[arch]), window=128, dtype="float32", prefill_chunk_size=chunk) as client:
+        settings = dict(window=128, dtype="float32", prefill_chunk_size=chunk, backend=backend)
+        with local_client(str(checkpoints[arch]), **settings) as client:
             reply = client.post("/v1/completions", json=body)
             assert reply.status_code == 200, reply.text
             assert reply.json()["choices"][0]["token_ids"] == expected, f"prefill chunks of {chunk}"
+            assert client.get("/health").json().get("backend") == ("mlx" if backend == "mlx" else None)
 
 
 def test_health_and_memory_count_the_state_slots(checkpoints: dict[str, Path]) -> None:

@@ -1,7 +1,11 @@
 """Hybrid models in the engine (recurrent layers beside attention, on tiny random checkpoints): replies are
 the same solo and batched, whole and chunked, fresh and resumed from a state snapshot, preempted or not,
-drafted or serial; a conversation's next turn finds its previous prompt cached; snapshots obey their cap."""
+drafted or serial; a conversation's next turn finds its previous prompt cached; snapshots obey their cap.
 
+Every test runs on the torch rank and on the MLX rank (where mlx imports: Linux runs its CPU build).
+"""
+
+import importlib.util
 from dataclasses import replace
 
 import pytest
@@ -14,24 +18,29 @@ from tests.support.requests import greedy
 # One model per mixer and layout (the rest share these files; tests/rank checks each against transformers):
 # Qwen3-Next's grouped projections and MoE, Qwen3.5's multimodal checkpoint with split projections, Mamba2.
 ENGINE_ARCHS = ("qwen3_next", "qwen3_5", "nemotron_h")
-CASES = [(arch, dtype) for arch in ENGINE_ARCHS for dtype in ("float32", "bfloat16")]
+NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+CASES = [(arch, dtype, "torch") for arch in ENGINE_ARCHS for dtype in ("float32", "bfloat16")] + [
+    pytest.param((arch, dtype, "mlx"), marks=NO_MLX) for arch in ENGINE_ARCHS for dtype in ("float32", "bfloat16")
+]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
-def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
+def checkpoint(request, tmp_path_factory) -> tuple[str, str, str]:
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    arch, dtype = request.param
+    arch, dtype, backend = request.param
     out = tmp_path_factory.mktemp(f"{arch}-{dtype}")
     build_random_checkpoint(arch, out, seed=5, dtype=dtype)
     build_tokenizer(out, family="qwen")
-    return str(out), dtype
+    return str(out), dtype, backend
 
 
-def _engine(checkpoint: tuple[str, str], **overrides) -> Engine:
-    path, dtype = checkpoint
-    settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off")
+def _engine(checkpoint: tuple[str, str, str], **overrides) -> Engine:
+    path, dtype, backend = checkpoint
+    settings = dict(
+        model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off", backend=backend
+    )
     settings.update(overrides)
     return Engine(EngineConfig(**settings))
 
@@ -142,3 +151,17 @@ def test_snapshots_stay_under_a_small_cap_and_replies_stay_exact(checkpoint) -> 
     assert len(engine.states.snapshots) <= 2
     again = engine.generate(_requests(prompts, "b"))
     assert _tokens(first, "a", 4) == _tokens(again, "b", 4)
+
+
+def test_mtp_drafted_replies_equal_serial_ones(checkpoint) -> None:
+    """Nemotron-H drafts with its MTP step (the Qwen hybrids' MTP weights are not read): each verify round
+    captures the states after its rows, so replies equal `draft: false` ones, kept drafts or not."""
+    engine = _engine(checkpoint, draft="auto", draft_policy="fixed", draft_tokens=2)  # mtp where loaded
+    if not engine.runner_info.mtp:
+        pytest.skip("this checkpoint has no MTP layer that drafts")
+    requests = _requests(_prompts(4), "m", max_tokens=24)
+    drafted = engine.generate(requests)
+    serial = engine.generate([replace(r, request_id=r.request_id + "-serial", draft=False) for r in requests])
+    for request in requests:
+        assert drafted[request.request_id].token_ids == serial[request.request_id + "-serial"].token_ids
+    assert sum(drafted[r.request_id].stats.drafted for r in requests) > 0

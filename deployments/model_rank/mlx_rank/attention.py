@@ -4,6 +4,8 @@ A layer's cache is a list of arrays of [blocks * block_size, ...] (slots flat): 
 their slots, and each sequence attends over the rows its block table names, on its own, in float32.
 """
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from deployments.model_rank.mlx_rank.batch import MlxBatch
@@ -42,7 +44,8 @@ def causal_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.
 
 
 class SelfAttention:
-    """GQA: q/k/v projections, optional per-head QK-norm before RoPE, paged attention, o_proj."""
+    """GQA: q/k/v projections, optional per-head QK-norm before RoPE (`rotary` None: no position encoding,
+    as in Nemotron-H), paged attention, o_proj."""
 
     def __init__(
         self,
@@ -52,7 +55,7 @@ class SelfAttention:
         o: Linear,
         q_norm: RMSNorm | None,
         k_norm: RMSNorm | None,
-        rotary: Rotary,
+        rotary: Rotary | None,
         heads: int,
         kv_heads: int,
         head_dim: int,
@@ -69,9 +72,16 @@ class SelfAttention:
         q = self.q(hidden).reshape(tokens, self.heads, self.head_dim)  # [T, Hq, D]
         k = self.k(hidden).reshape(tokens, self.kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v(hidden).reshape(tokens, self.kv_heads, self.head_dim)  # [T, Hkv, D]
+        out = self.attend(q, k, v, batch)  # [T, Hq, D]
+        return self.o(out.reshape(tokens, self.heads * self.head_dim))  # [T, H]
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, batch: MlxBatch) -> mx.array:
+        """QK-norm and RoPE (where the layer has them), the cache write, then each sequence over its context:
+        q [T, Hq, D], k / v [T, Hkv, D] -> [T, Hq, D]."""
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(batch, q, k)
+        if self.rotary is not None:
+            q, k = self.rotary(batch, q, k)
         self.cache.write(0, k, batch.slots)
         self.cache.write(1, v, batch.slots)
         parts = []
@@ -79,8 +89,7 @@ class SelfAttention:
             if end > start:
                 keys, values = self.cache.context(0, slots), self.cache.context(1, slots)
                 parts.append(causal_attention(q[start:end], keys.astype(q.dtype), values.astype(q.dtype), self.scale))
-        out = mx.concatenate(parts, axis=0)  # [T, Hq, D]
-        return self.o(out.reshape(tokens, self.heads * self.head_dim))  # [T, H]
+        return mx.concatenate(parts, axis=0)  # [T, Hq, D]
 
 
 class MLAAttention:
@@ -148,9 +157,10 @@ class MLAAttention:
 
 
 class DecoderLayer:
-    """h + attn(norm(h)), then h + mlp(norm(h))."""
+    """h + attn(norm(h)), then h + mlp(norm(h)). `attn` mixes tokens: attention, or a hybrid model's
+    recurrent mixer (mlx_rank/gated_delta.py)."""
 
-    def __init__(self, input_norm: RMSNorm, attn: SelfAttention | MLAAttention, post_norm: RMSNorm, mlp) -> None:
+    def __init__(self, input_norm: RMSNorm, attn: Callable, post_norm: RMSNorm, mlp: Callable) -> None:
         self.input_norm, self.attn, self.post_norm, self.mlp = input_norm, attn, post_norm, mlp
 
     def __call__(self, hidden: mx.array, batch: MlxBatch) -> mx.array:
@@ -161,7 +171,7 @@ class DecoderLayer:
 class DecoderStack:
     """embed -> layers -> norm; `logits` is the lm_head, in float32."""
 
-    def __init__(self, embed: mx.array, layers: list[DecoderLayer], norm: RMSNorm, lm_head: Linear) -> None:
+    def __init__(self, embed: mx.array, layers: list[Callable], norm: RMSNorm, lm_head: Linear) -> None:
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
 
     def __call__(self, batch: MlxBatch) -> mx.array:

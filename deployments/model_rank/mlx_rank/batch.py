@@ -17,6 +17,9 @@ class MlxBatch:
     slots: mx.array  # [T] int32: cache slot of each new token (the caches are [blocks * block_size, ...])
     spans: list[tuple[int, int]]  # [S] (first, end) rows of each sequence's new tokens
     context_slots: list[mx.array]  # [S] [context] int32: the slots of each sequence's whole context, in order
+    # Hybrid models (empty otherwise): each sequence's state slot, and its captures (row offset, slot).
+    state_slots: list[int] = field(default_factory=list)  # [S]
+    state_captures: list[list[tuple[int, int]]] = field(default_factory=list)  # [S]
     rope: dict[int, tuple[mx.array, mx.array]] = field(default_factory=dict)  # cos/sin per rotary (its id)
 
     @staticmethod
@@ -36,4 +39,6 @@ class MlxBatch:
             slots=mx.array(rows.slots, mx.int32),
             spans=spans,
             context_slots=context_slots,
+            state_slots=rows.state_slots,
+            state_captures=rows.state_captures,
         )

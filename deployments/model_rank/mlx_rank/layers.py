@@ -3,6 +3,7 @@
 Each class is built from its torch twin by `mirror.py`. Shapes follow the torch layers: T flat tokens.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -23,6 +24,17 @@ def silu(x: mx.array) -> mx.array:
     """Computed in float32 and rounded once, as torch's bf16/fp16 silu does."""
     xf = x.astype(mx.float32)
     return (xf / (1 + mx.exp(-xf))).astype(x.dtype)
+
+
+def sigmoid(x: mx.array) -> mx.array:
+    """Computed in float32 and rounded once, as torch's bf16/fp16 sigmoid does."""
+    return (1 / (1 + mx.exp(-x.astype(mx.float32)))).astype(x.dtype)
+
+
+def softplus(x: mx.array) -> mx.array:
+    """torch's softplus (beta 1, threshold 20) in float32, rounded once to x's dtype."""
+    xf = x.astype(mx.float32)
+    return mx.where(xf > 20, xf, mx.log1p(mx.exp(xf))).astype(x.dtype)
 
 
 class Linear:
@@ -138,9 +150,17 @@ def _grouped_sigmoid(logits: mx.array, bias: mx.array | None, r: RoutingConfig) 
 
 
 class SparseMoE:
-    """Router + stacked experts (gate/up [E, I, H], down [E, H, I]) + optional shared experts."""
+    """Router + stacked experts (gate/up [E, I, H], down [E, H, I]) + optional shared experts (a GatedMLP, or
+    Qwen3-Next's sigmoid-gated one)."""
 
-    def __init__(self, router: Router, gate: mx.array, up: mx.array, down: mx.array, shared: GatedMLP | None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        gate: mx.array,
+        up: mx.array,
+        down: mx.array,
+        shared: Callable[[mx.array], mx.array] | None,
+    ) -> None:
         self.router = router
         self.gate_t, self.up_t, self.down_t = gate.swapaxes(-1, -2), up.swapaxes(-1, -2), down.swapaxes(-1, -2)
         # Evaluated here: MLX streams are per thread, and the engine steps on a thread of its own.

@@ -1,21 +1,34 @@
 """Build the MLX model from a loaded torch CausalLM, module by module, releasing each torch tensor once copied."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import mlx.core as mx
 import torch
 from torch import nn
 
+from deployments.model_rank.layers.attention import GatedSelfAttention as TorchGatedSelfAttention
 from deployments.model_rank.layers.attention import SelfAttention as TorchSelfAttention
 from deployments.model_rank.layers.decoder import DecoderLayer as TorchDecoderLayer
 from deployments.model_rank.layers.mla import MLAAttention as TorchMLA
 from deployments.model_rank.layers.mlp import GatedMLP as TorchGatedMLP
+from deployments.model_rank.layers.moe import Router as TorchRouter
 from deployments.model_rank.layers.moe import SparseMoE as TorchSparseMoE
 from deployments.model_rank.layers.norm import RMSNorm as TorchRMSNorm
+from deployments.model_rank.layers.norm import WideScaleRMSNorm, ZeroCentredRMSNorm
+from deployments.model_rank.layers.recurrent import RecurrentMixer as TorchRecurrentMixer
 from deployments.model_rank.layers.rotary import RotaryEmbedding
 from deployments.model_rank.mlx_rank.arrays import from_torch
 from deployments.model_rank.mlx_rank.attention import DecoderLayer, DecoderStack, MLAAttention, SelfAttention
+from deployments.model_rank.mlx_rank.batch import MlxBatch
+from deployments.model_rank.mlx_rank.hybrid_layers import GatedSelfAttention, ScaledRMSNorm
+from deployments.model_rank.mlx_rank.hybrid_mirror import hybrid_mlp, nemotron_block, recurrent_mixer
 from deployments.model_rank.mlx_rank.layers import GatedMLP, Linear, RMSNorm, Rotary, Router, SparseMoE
 from deployments.model_rank.mlx_rank.mtp import MtpLayer
+from deployments.model_rank.mlx_rank.recurrent import RecurrentMixer
 from deployments.model_rank.models import CausalLM
+from deployments.model_rank.models.nemotron_h import NemotronHBlock
+from deployments.model_rank.models.nemotron_h_mtp import NemotronHMTP
 
 
 class Mirror:
@@ -37,27 +50,36 @@ class Mirror:
         bias = getattr(module, "bias", None)
         return Linear(self.array(module.weight), self.array(bias) if bias is not None else None)
 
-    def norm(self, module: TorchRMSNorm) -> RMSNorm:
+    def norm(self, module: TorchRMSNorm) -> RMSNorm | ScaledRMSNorm:
+        if isinstance(module, ZeroCentredRMSNorm):  # before WideScaleRMSNorm: it is one
+            return ScaledRMSNorm(1.0 + self.array(module.weight).astype(mx.float32), module.eps)
+        if isinstance(module, WideScaleRMSNorm):
+            return ScaledRMSNorm(self.array(module.weight).astype(mx.float32), module.eps)
         return RMSNorm(self.array(module.weight), module.eps)
 
-    def rotary(self, module: RotaryEmbedding) -> Rotary:
+    def router(self, gate: TorchRouter) -> Router:
+        bias = gate.e_score_correction_bias
+        return Router(self.array(gate.weight), self.array(bias) if bias is not None else None, gate.routing)
+
+    def rotary(self, module: RotaryEmbedding | None) -> Rotary | None:
+        if module is None:
+            return None  # no position encoding (Nemotron-H's attention)
         if id(module) not in self._rotaries:  # layers share one rotary, as in torch
             inv_freq = from_torch(module.inv_freq.float())
             self._rotaries[id(module)] = Rotary(inv_freq, module.attention_scaling, module.interleaved)
         return self._rotaries[id(module)]
 
-    def mlp(self, module: nn.Module) -> GatedMLP | SparseMoE:
+    def mlp(self, module: nn.Module) -> Callable[[mx.array], mx.array]:
         if isinstance(module, TorchGatedMLP):
             return GatedMLP(self.linear(module.gate_proj), self.linear(module.up_proj), self.linear(module.down_proj))
+        hybrid = hybrid_mlp(self, module)
+        if hybrid is not None:
+            return hybrid
         if isinstance(module, TorchSparseMoE):
-            gate = module.gate
-            bias = gate.e_score_correction_bias
-            router = Router(self.array(gate.weight), self.array(bias) if bias is not None else None, gate.routing)
             experts = module.experts
             shared = self.mlp(module.shared_experts) if module.shared_experts is not None else None
-            assert shared is None or isinstance(shared, GatedMLP)
             return SparseMoE(
-                router,
+                self.router(module.gate),
                 self.array(experts.gate_proj),
                 self.array(experts.up_proj),
                 self.array(experts.down_proj),
@@ -69,7 +91,8 @@ class Mirror:
         if isinstance(module, TorchSelfAttention):
             q_norm = self.norm(module.q_norm) if module.q_norm is not None else None
             k_norm = self.norm(module.k_norm) if module.k_norm is not None else None
-            return SelfAttention(
+            kind = GatedSelfAttention if isinstance(module, TorchGatedSelfAttention) else SelfAttention
+            return kind(
                 self.linear(module.q_proj),
                 self.linear(module.k_proj),
                 self.linear(module.v_proj),
@@ -104,35 +127,68 @@ class Mirror:
             )
         raise TypeError(f"no MLX mirror for {type(module).__name__}")
 
-    def layer(self, module: TorchDecoderLayer) -> DecoderLayer:
+    def layer(self, module: nn.Module) -> Callable[[mx.array, MlxBatch], mx.array]:
+        if isinstance(module, NemotronHBlock):
+            return nemotron_block(self, module)
+        assert isinstance(module, TorchDecoderLayer)
+        mixer = module.mixer
         return DecoderLayer(
             self.norm(module.input_layernorm),
-            self.attention(module.self_attn),
+            recurrent_mixer(self, mixer) if isinstance(mixer, TorchRecurrentMixer) else self.attention(mixer),
             self.norm(module.post_attention_layernorm),
             self.mlp(module.mlp),
         )
 
 
-def mirror_model(model: CausalLM, mtp: bool) -> tuple[DecoderStack, MtpLayer | None]:
-    """The MLX decoder of a torch CausalLM loaded on the CPU without packed weights (its tensors are freed),
-    and its MTP layer where `mtp` asks for it and the model has one."""
+@dataclass
+class MirroredModel:
+    """The MLX model, and the modules holding per-sequence memory, in the order the torch model lists them."""
+
+    decoder: DecoderStack
+    mtp: MtpLayer | None  # where asked for and the checkpoint has one that drafts
+    attentions: list[SelfAttention | MLAAttention]  # the decoder's, then the MTP layer's: kv_cache_specs order
+    recurrents: list[RecurrentMixer]  # state_specs order
+
+
+def token_mixers(layers: list) -> list[Callable]:
+    """What mixes tokens (or, in a Nemotron-H MLP or MoE block, does not) in each MLX layer, in order."""
+    return [layer.attn if isinstance(layer, DecoderLayer) else layer.mixer for layer in layers]
+
+
+def attention_modules(layers: list) -> list[SelfAttention | MLAAttention]:
+    """The attention mixers of a list of MLX layers (DecoderLayer or NemotronBlock), in order."""
+    return [m for m in token_mixers(layers) if isinstance(m, SelfAttention | MLAAttention)]
+
+
+def mirror_model(model: CausalLM, mtp: bool) -> MirroredModel:
+    """The MLX twin of a torch CausalLM loaded on the CPU without packed weights (its tensors are freed),
+    with its MTP layer where `mtp` asks for it and the model has one."""
     mirror = Mirror()
     stack = model.model
-    layers = [mirror.layer(layer) for layer in stack.layers]  # type: ignore[arg-type]
+    layers = [mirror.layer(layer) for layer in stack.layers]
     embed = mirror.array(stack.embed_tokens.weight)
     head = Linear(mirror.array(model.lm_head.weight), None)
     decoder = DecoderStack(embed, layers, mirror.norm(stack.norm), head)
+    recurrents = [m for m in token_mixers(layers) if isinstance(m, RecurrentMixer)]
     torch_mtp = getattr(model, "mtp", None)
-    if not mtp or torch_mtp is None:
-        return decoder, None
-    shared = torch_mtp.shared_head
-    layer = MtpLayer(
-        mirror.array(torch_mtp.embed_tokens.weight),
-        mirror.norm(torch_mtp.enorm),
-        mirror.norm(torch_mtp.hnorm),
-        mirror.linear(torch_mtp.eh_proj),
-        mirror.layer(torch_mtp.layer),
+    layer = mirror_mtp(mirror, torch_mtp, head) if mtp and torch_mtp is not None else None
+    attentions = attention_modules(layers) + (attention_modules(layer.layers) if layer is not None else [])
+    return MirroredModel(decoder, layer, attentions, recurrents)
+
+
+def mirror_mtp(mirror: Mirror, module: nn.Module, head: Linear) -> MtpLayer:
+    """GLM's MTP layer (one decoder layer, then `shared_head`'s norm and head) or Nemotron-H's MTP step
+    (blocks, then `final_layernorm`, whose output is both fed back and read by the trunk's head)."""
+    fusion = (mirror.array(module.embed_tokens.weight), mirror.norm(module.enorm), mirror.norm(module.hnorm))
+    if isinstance(module, NemotronHMTP):
+        blocks = [mirror.layer(block) for block in module.layers]
+        return MtpLayer(*fusion, mirror.linear(module.eh_proj), blocks, mirror.norm(module.final_layernorm), None, head)
+    shared = module.shared_head
+    return MtpLayer(
+        *fusion,
+        mirror.linear(module.eh_proj),
+        [mirror.layer(module.layer)],
+        None,
         mirror.norm(shared.norm),
         Linear(mirror.array(shared.head.weight), None),
     )
-    return decoder, layer

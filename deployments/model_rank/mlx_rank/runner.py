@@ -10,14 +10,12 @@ import mlx.core as mx
 import numpy as np
 import torch
 
-from deployments.config import StartupError
 from deployments.messages.replies import PromptLogprobRow
-from deployments.messages.step import StepOutput, StepPlan
-from deployments.model_rank.forward_batch import LayerCacheSpec, ParallelContext
+from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
+from deployments.model_rank.forward_batch import LayerCacheSpec, LayerStateSpec, ParallelContext
 from deployments.model_rank.mlx_rank.arrays import MX_NAMES, TORCH_TO_MX, as_bytes, from_bytes, to_torch
-from deployments.model_rank.mlx_rank.attention import DecoderLayer
 from deployments.model_rank.mlx_rank.batch import MlxBatch
-from deployments.model_rank.mlx_rank.mirror import mirror_model
+from deployments.model_rank.mlx_rank.mirror import attention_modules, mirror_model
 from deployments.model_rank.mlx_rank.mtp import MlxMtpOps
 from deployments.model_rank.models import load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
@@ -36,22 +34,22 @@ class MlxRunner:
         """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
         mx.set_default_device(mx.gpu if mlx_device_name() == "gpu" else mx.cpu)
         torch_model = load_model(model_dir, dtype=dtype, device="cpu", parallel=ParallelContext(), pack=False)
-        if torch_model.state_specs():
-            raise StartupError(
-                f"backend mlx does not run recurrent layers yet ({torch_model.config.model_type} is a hybrid "
-                "model): use --backend torch"
-            )
         self.config = torch_model.config
         self.mtp_on = mtp and self.config.has_mtp
         # The main layers' specs, then the MTP layer's: the order of the caches (and of a stored block's bytes).
         self.specs: list[LayerCacheSpec] = torch_model.kv_cache_specs() + (
             torch_model.mtp_kv_cache_specs() if self.mtp_on else []
         )
+        self.state_specs: list[LayerStateSpec] = torch_model.state_specs()  # hybrids: one per recurrent layer
         self.weight_bytes = torch_model.weight_bytes()
         self.dtype = TORCH_TO_MX[self.config.dtype]
-        self.model, self.mtp = mirror_model(torch_model, self.mtp_on)  # frees the torch tensors as it copies them
+        mirrored = mirror_model(torch_model, self.mtp_on)  # frees the torch tensors as it copies them
         del torch_model
-        self.attention_layers: list[DecoderLayer] = [*self.model.layers, *([self.mtp.layer] if self.mtp else [])]
+        self.model, self.mtp = mirrored.decoder, mirrored.mtp
+        self.attentions, self.recurrents = mirrored.attentions, mirrored.recurrents  # in the specs' orders
+        if len(self.attentions) != len(self.specs) or len(self.recurrents) != len(self.state_specs):
+            raise RuntimeError("the MLX mirror's attention and recurrent layers do not match the model's specs")
+        self.mtp_attentions = attention_modules(self.mtp.layers) if self.mtp is not None else []
         self.block_size = 0
         self.num_blocks = 0
         self.drafter: MtpDrafter | None = None
@@ -72,11 +70,20 @@ class MlxRunner:
             threads=1,
             mtp=self.mtp_on,
             backend="mlx",
+            state_bytes_per_slot=sum(s.bytes_per_slot(cfg.dtype) for s in self.state_specs),
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
+        """The paged KV arrays, and a hybrid model's state slots (zeroed)."""
+        for mixer, spec in zip(self.recurrents, self.state_specs):
+            pools = (
+                mx.zeros((num_state_slots, *spec.conv_shape), self.dtype),
+                mx.zeros((num_state_slots, *spec.recurrent_shape), mx.float32),
+            )
+            mx.eval(pools)
+            mixer.bind_state(*pools)
         slots = num_blocks * block_size
-        for layer, spec in zip(self.attention_layers, self.specs):
+        for attn, spec in zip(self.attentions, self.specs):
             if spec.kind == "latent":
                 arrays = [mx.zeros((slots, spec.latent_dim), self.dtype)]
             else:
@@ -86,10 +93,10 @@ class MlxRunner:
                     mx.zeros((slots, spec.num_kv_heads, v_dim), self.dtype),
                 ]
             mx.eval(arrays)
-            layer.attn.cache.arrays = arrays
+            attn.cache.arrays = arrays
         self.num_blocks, self.block_size = num_blocks, block_size
         if self.mtp is not None:
-            self.drafter = MtpDrafter(MlxMtpOps(self.mtp, block_size), block_size)
+            self.drafter = MtpDrafter(MlxMtpOps(self.mtp, block_size, self._mtp_caches), block_size)
 
     def _block_slots(self, block_ids: list[int]) -> mx.array:
         ids = np.asarray(block_ids, dtype=np.int64)
@@ -105,8 +112,8 @@ class MlxRunner:
         """Copy rows made by `read_block_rows` (here or on another run, either backend) into these blocks."""
         slots = self._block_slots(block_ids)
         start = 0
-        for layer in self.attention_layers:
-            cache = layer.attn.cache
+        for attn in self.attentions:
+            cache = attn.cache
             for index, array in enumerate(cache.arrays):
                 row_shape = array.shape[1:]
                 width = int(np.prod(row_shape)) * array.itemsize * self.block_size
@@ -119,16 +126,32 @@ class MlxRunner:
 
     def _current_caches(self) -> list[mx.array]:
         """Every layer's cache arrays as they are now (writes replace an array's contents in place)."""
-        return [a for layer in self.attention_layers for a in layer.attn.cache.arrays]
+        return [a for attn in self.attentions for a in attn.cache.arrays]
+
+    def _mtp_caches(self) -> list[mx.array]:
+        """The MTP layer's cache arrays as they are now."""
+        return [a for attn in self.mtp_attentions for a in attn.cache.arrays]
+
+    def _current_pools(self) -> list[mx.array]:
+        """Every recurrent layer's state pools as they are now."""
+        return [a for mixer in self.recurrents for a in mixer.pools()]
+
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """Before a step: each (source, destination) slot copy in every recurrent layer (ZERO_STATE: zeroed)."""
+        for source, destination in copies:
+            for mixer in self.recurrents:
+                mixer.copy_slot(None if source == ZERO_STATE else source, destination)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         rows = step_rows(plan, self.block_size)
+        self.copy_states(rows.state_copies)
         batch = MlxBatch.from_rows(rows, self.block_size)
         hidden = self.model(batch)  # [T, H]
         drawn = None
         if rows.logits_rows:
             drawn = self.model.logits(hidden[mx.array(rows.logits_rows, mx.int32)])  # [R, V] float32
-        mx.eval([hidden, *([drawn] if drawn is not None else []), *self._current_caches()])
+        evaluated = [hidden, *([drawn] if drawn is not None else [])]
+        mx.eval([*evaluated, *self._current_caches(), *self._current_pools()])
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
         if drawn is not None:
             output.draws = sample_rows(to_torch(drawn), [d for s in plan.seqs for d in s.draws])
