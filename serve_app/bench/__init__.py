@@ -60,6 +60,22 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     store.add_argument("--prompt-tokens", type=int, default=8192)
     store.set_defaults(func=_runner("store_bench"))
 
+    snapshots = kinds.add_parser(
+        "snapshots", help="hybrid models: prompts sharing a long prefix, per state_snapshot_tokens interval"
+    )
+    snapshots.add_argument("--checkpoint", help="a hybrid checkpoint dir (default: a random bf16 one of --size)")
+    snapshots.add_argument("--size", default="qwen3_5-200m", choices=["qwen3_5-200m"])
+    snapshots.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    snapshots.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    snapshots.add_argument("--shared-tokens", type=int, default=3000, help="the prefix every prompt shares")
+    snapshots.add_argument("--question-tokens", type=int, default=64, help="each prompt's own part after it")
+    snapshots.add_argument("--requests", type=int, default=4, help="prompts after the first (which warms)")
+    snapshots.add_argument("--context", type=int, default=4096)
+    snapshots.add_argument(
+        "--every", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096], help="state_snapshot_tokens values"
+    )
+    snapshots.set_defaults(func=_runner("snapshot_bench"))
+
     grammar = kinds.add_parser("grammar", help="decode tok/s at N concurrent: json_schema grammar vs unconstrained")
     grammar.add_argument("--checkpoint", help="checkpoint dir (default: a random ~130M Qwen3-shaped bf16 model)")
     grammar.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])

@@ -100,6 +100,17 @@ def test_a_resumed_prefix_equals_a_fresh_prompt_and_the_next_turn_finds_the_last
     assert resumed.stats.cached_tokens >= 0.9 * len(turn2)
 
 
+def test_a_prompt_sharing_part_of_a_one_step_prompt_resumes_at_its_last_interval_snapshot(checkpoint) -> None:
+    engine = _engine(checkpoint, prefill_chunk_size=512, state_snapshot_tokens=48)
+    shared = [(13 * j) % 400 + 20 for j in range(150)]
+    engine.generate([greedy("long", shared + [7] * 30, 4, to_limit=True)])  # one prompt pass of 180 tokens
+    branch = shared + [9] * 20  # parts from the first prompt after 150 tokens
+    resumed = engine.generate([greedy("b", branch, 16, to_limit=True)])["b"]
+    fresh = _engine(checkpoint, prompt_cache_gib=0).generate([greedy("f", branch, 16, to_limit=True)])["f"]
+    assert resumed.stats.cached_tokens == 144  # the snapshot at 3 x 48 inside the first prompt's one pass
+    assert resumed.token_ids == fresh.token_ids
+
+
 def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
     prompts = _prompts(6)
     roomy = _engine(checkpoint).generate(_requests(prompts, "p", max_tokens=40))

@@ -273,6 +273,12 @@ class Planner:
         if step.state_from is not None and step.state_from != ZERO_STATE:
             self.states.pinned.add(step.state_from)
         boundary = (step.num_computed + count) // self.blocks.block_size * self.blocks.block_size
+        for tokens in self.states.interval_points(step.num_computed, boundary, states.named_tokens):
+            slot = self.states.take()  # a free slot, else the least recently used snapshot's
+            if slot is None:
+                break
+            step.state_captures.append((tokens - step.num_computed - 1, slot))
+            states.interval_slots.append((tokens, slot))
         if boundary > step.num_computed and states.rolling is not None:
             step.state_captures.append((boundary - step.num_computed - 1, states.rolling))
             states.rolling_tokens = boundary

@@ -4,10 +4,10 @@ for states (docs/engine.md, Hybrid models).
 A recurrent layer cannot resume a prefix from its KV rows: it needs the state after that prefix. So every
 running sequence holds a running slot (its states, advanced by each step) and a rolling slot (the states
 at the latest block boundary it crossed, captured during the step that crossed it). At the end of its
-prompt pass, every `state_snapshot_tokens` inside a long prompt, and at the end of its reply, the rolling
-slot joins the cache named by the chained block hash of the tokens it covers (the same names the KV blocks
+prompt pass and at the end of its reply, the rolling slot joins the cache named by the chained block hash of the tokens it covers (the same names the KV blocks
 have), so a later prompt sharing that prefix resumes there: a copy into its running slot, then only the
-rest is computed. Cached snapshots are evicted least recently used first, as blocks are.
+rest is computed. Inside a long prompt pass, a step also captures the states at every multiple of
+`state_snapshot_tokens` it passes into slots of their own, named the same way after the step. Cached snapshots are evicted least recently used first, as blocks are.
 """
 
 from collections import OrderedDict
@@ -28,6 +28,8 @@ class SeqStates:
     restore_from: int | None = ZERO_STATE  # a copy into `running` due before its next step
     # Verify rounds: the slot holding the states after each row but the last (row offset -> slot).
     row_slots: dict[int, int] = field(default_factory=dict)
+    # Snapshots captured inside a long prompt pass by the last step, not yet named: (tokens covered, slot).
+    interval_slots: list[tuple[int, int]] = field(default_factory=list)
 
 
 class StateSlots:
@@ -85,15 +87,35 @@ class StateSlots:
         if name in self.snapshots:
             self.snapshots.move_to_end(name)
             return
-        self.snapshots[name] = states.rolling
+        self._keep(name, states.rolling)
         states.rolling = self.take()
-        while len(self.snapshots) > self.max_snapshots:
-            _, slot = self.snapshots.popitem(last=False)
+
+    def _keep(self, name: bytes, slot: int) -> None:
+        """Cache `slot` under `name` (a slot already named so goes free), within `max_snapshots`."""
+        if name in self.snapshots:
+            self.snapshots.move_to_end(name)
             self.free.append(slot)
+            return
+        self.snapshots[name] = slot
+        while len(self.snapshots) > self.max_snapshots:
+            _, evicted = self.snapshots.popitem(last=False)
+            self.free.append(evicted)
+
+    def interval_points(self, start: int, end: int, named: int) -> list[int]:
+        """The multiples of `snapshot_tokens` a step covering tokens (start, end) passes, past `named`: where
+        a long prompt pass captures snapshots besides its rolling slot's boundary (`end`)."""
+        every = max(self.block_size, self.snapshot_tokens // self.block_size * self.block_size)  # whole blocks
+        first = (max(start, named) // every + 1) * every
+        return list(range(first, end, every)) if self.max_snapshots else []
 
     def name_if_due(self, states: SeqStates, token_ids: list[int], now: bool) -> None:
-        """Hand the rolling slot to the cache when it holds a boundary not yet named and `now` (a prompt
-        pass or a reply ended) or `snapshot_tokens` have passed since the last one."""
+        """Name the last step's interval snapshots, then hand the rolling slot to the cache when it holds a
+        boundary not yet named and `now` (a prompt pass or a reply ended) or `snapshot_tokens` have passed
+        since the last one."""
+        for tokens, slot in states.interval_slots:
+            self._keep(PromptHashes.of(token_ids[:tokens], self.block_size).hashes[-1], slot)
+            states.named_tokens = max(states.named_tokens, tokens)
+        states.interval_slots.clear()
         new = states.rolling_tokens - states.named_tokens
         if new > 0 and (now or new >= self.snapshot_tokens):
             prefix = token_ids[: states.rolling_tokens]
@@ -103,7 +125,10 @@ class StateSlots:
         """A sequence ended or was preempted: its slots go free (a named snapshot stays cached)."""
         for slot in (states.running, states.rolling, *states.row_slots.values()):
             self.give_back(slot)
+        for _, slot in states.interval_slots:  # captured, but the sequence ended before they were named
+            self.give_back(slot)
         states.row_slots.clear()
+        states.interval_slots.clear()
 
     def step_ran(self) -> None:
         """The planned step's copies are done: snapshots it read may be evicted again."""
