@@ -3,8 +3,8 @@
 A recurrent layer resumes only from its state after a prefix, so KV rows on disk are useless to a hybrid
 model without the snapshot at the same block. The engine's snapshots in RAM (state_slots.py) are named by
 the chained hash of the block they end at; each is written beside that block, once, and a prompt resumes
-from disk only at a block where a snapshot is held (on disk or still in RAM). A snapshot read back joins
-RAM's cache under its name, so admission resumes from it as from any cached snapshot.
+from disk only at a block where the store holds a snapshot. A snapshot read back joins RAM's cache under
+its name, so admission resumes from it as from any cached snapshot.
 """
 
 from typing import Protocol
@@ -31,22 +31,19 @@ class DiskSnapshots:
     def in_ram(self, name: bytes) -> bool:
         return name in self.slots.snapshots
 
-    def usable(self, name: bytes) -> bool:
-        """A prompt can resume at this block: RAM holds its snapshot, or the store does and RAM may cache it."""
-        return self.in_ram(name) or (name in self.on_disk and self.slots.max_snapshots > 0)
-
     def waiting(self, name: bytes) -> bool:
         """RAM holds this block's snapshot and the store does not yet."""
         return self.in_ram(name) and name not in self.on_disk
 
-    def resume_points(self, names: list[bytes], ram: int) -> tuple[int, int, bytes | None]:
-        """For a prompt's leading blocks held in RAM (the first `ram`) or on disk (the rest): the blocks it
-        resumes from RAM alone (the longest run ending at a cached snapshot, as the planner finds it), with
-        the disk's help (the longest ending at a usable snapshot), and the snapshot to read for that (None:
-        RAM holds it)."""
+    def resume_points(self, names: list[bytes], ram: int, disk: int) -> tuple[int, int, bytes | None]:
+        """For a prompt's block names, of which RAM holds the first `ram` and the store the first `disk`: the
+        blocks it resumes from in RAM (the longest run ending at a cached snapshot, as the planner finds
+        it) and on disk (the longest ending at a stored snapshot), and the snapshot a restore reads (None:
+        RAM holds it, or no restore is due)."""
         from_ram = next((n for n in range(ram, 0, -1) if self.in_ram(names[n - 1])), 0)
-        end = next((n for n in range(len(names), from_ram, -1) if self.usable(names[n - 1])), from_ram)
-        state_at = None if end == from_ram or self.in_ram(names[end - 1]) else names[end - 1]
+        stored = self.slots.max_snapshots > 0  # else RAM could not cache a snapshot read back
+        end = next((n for n in range(disk, 0, -1) if stored and names[n - 1] in self.on_disk), 0)
+        state_at = None if end <= from_ram or self.in_ram(names[end - 1]) else names[end - 1]
         return from_ram, end, state_at
 
     def rows_of(self, names: list[bytes]) -> StateRows:

@@ -260,22 +260,19 @@ class DiskStates:
         bs = self.blocks.block_size
         usable = (len(prompt) - 1) // bs
         ram = len(self.blocks.match_prefix(prompt, len(prompt) - 1, hashes))
-        if self.snapshots is not None:
-            return self._resumable_hybrid(len(prompt), hashes.hashes[:usable], ram)
         disk = 0
         while disk < usable and hashes.hashes[disk] in self.on_disk:
             disk += 1
+        if self.snapshots is not None:
+            return self._resumable_hybrid(len(prompt), hashes.hashes[:usable], ram, disk)
         extra = max(0, disk - ram)
         return self._plan(len(prompt), ram, disk, extra * self.block_bytes, ram)
 
-    def _resumable_hybrid(self, tokens: int, names: list[bytes], ram: int) -> Resumable:
+    def _resumable_hybrid(self, tokens: int, names: list[bytes], ram: int, disk: int) -> Resumable:
         """A hybrid prompt resumes only at a block with a snapshot (disk_snapshots.py): the blocks past
-        RAM's are read, and the snapshot too when only the store holds it."""
+        RAM's are read, and the snapshot too unless RAM holds it."""
         assert self.snapshots is not None
-        reach = ram
-        while reach < len(names) and names[reach] in self.on_disk:
-            reach += 1
-        from_ram, end, state_at = self.snapshots.resume_points(names[:reach], ram)
+        from_ram, end, state_at = self.snapshots.resume_points(names, ram, disk)
         size = max(0, end - ram) * self.block_bytes + (0 if state_at is None else self._state_bytes)
         plan = self._plan(tokens, from_ram, end, size, min(ram, end))
         plan.state_at = state_at
