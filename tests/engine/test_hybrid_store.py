@@ -3,12 +3,13 @@ rows, and a fresh engine over the same folder resumes its next turn from them, t
 a fresh prompt pass gives; a damaged snapshot is never restored; the imprint answer reports the disk's part.
 One model per mixer (Gated DeltaNet, Mamba2), in float32 and bfloat16."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from deployments.config import EngineConfig
-from deployments.messages.requests import ImprintQuery
+from deployments.messages.requests import EngineRequest, GrammarSpec, ImprintQuery, SamplingParams
 from deployments.prompt_store.links import LocalStoreLink
 from deployments.scheduler.engine.core import Engine
 from tests.support.requests import greedy
@@ -29,16 +30,17 @@ def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
     return str(out), dtype
 
 
-def _config(checkpoint: tuple[str, str], learn_dir: Path | None) -> EngineConfig:
+def _config(checkpoint: tuple[str, str], learn_dir: Path | None, **overrides: object) -> EngineConfig:
     path, dtype = checkpoint
     settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=4, prefill_chunk_size=64, draft="off")
     if learn_dir is not None:
         settings.update(learn_dir=str(learn_dir), learn_conversations=True)
+    settings.update(overrides)
     return EngineConfig(**settings)
 
 
-def _engine(checkpoint: tuple[str, str], learn_dir: Path | None) -> Engine:
-    config = _config(checkpoint, learn_dir)
+def _engine(checkpoint: tuple[str, str], learn_dir: Path | None, **overrides: object) -> Engine:
+    config = _config(checkpoint, learn_dir, **overrides)
     return Engine(config, None if learn_dir is None else LocalStoreLink(config))
 
 
@@ -48,9 +50,9 @@ def _reply(engine: Engine, prompt: list[int], request_id: str) -> tuple[list[int
     return reply.token_ids, reply.stats
 
 
-def _first_turn(checkpoint: tuple[str, str], learn_dir: Path) -> list[int]:
+def _first_turn(checkpoint: tuple[str, str], learn_dir: Path, **overrides: object) -> list[int]:
     """Run the first turn, write its states to disk, and return the next turn's prompt."""
-    engine = _engine(checkpoint, learn_dir)
+    engine = _engine(checkpoint, learn_dir, **overrides)
     reply, _ = _reply(engine, PROMPT, "first")
     engine.disk.write_waiting()
     held = engine.disk.latest
@@ -94,3 +96,20 @@ def test_a_damaged_snapshot_is_never_restored(checkpoint, tmp_path: Path) -> Non
     assert answer.resume_from != "disk"
     fresh, _ = _reply(_engine(checkpoint, None), next_turn, "fresh")
     assert resumed == fresh
+
+
+def test_a_drafted_and_sampled_turn_resumed_from_disk_equals_a_fresh_serial_one(checkpoint, tmp_path: Path) -> None:
+    """Drafts (Nemotron-H's MTP layer, else n-gram lookup over a reply a grammar makes repeat) over the
+    restored state (an MTP layer's KV rows restored too), and a sampled draw (a rejected draft resumes from
+    the last kept row's states)."""
+    drafts = dict(draft="auto", draft_policy="fixed", draft_tokens=3)
+    next_turn = _first_turn(checkpoint, tmp_path, **drafts)  # the same KV layout (an MTP layer's rows included)
+    restarted = _engine(checkpoint, tmp_path, **drafts)
+    repeats = None if restarted.draft_method == "mtp" else GrammarSpec("regex", "[ab]{24}")  # MTP drafts freely
+    sampling = SamplingParams(temperature=1.0, seed=21, ignore_eos=True)
+    request = EngineRequest("resumed", next_turn, sampling, max_tokens=30, grammar=repeats)
+    resumed = restarted.generate([request])["resumed"]
+    assert resumed.stats.disk_tokens >= len(PROMPT) - 16 and resumed.stats.drafted > 0
+    fresh_engine = _engine(checkpoint, None, prompt_cache_gib=0)
+    fresh = fresh_engine.generate([replace(request, request_id="fresh", draft=False)])["fresh"]
+    assert resumed.token_ids == fresh.token_ids and len(fresh.token_ids) >= 24
