@@ -113,3 +113,19 @@ def test_a_drafted_and_sampled_turn_resumed_from_disk_equals_a_fresh_serial_one(
     fresh_engine = _engine(checkpoint, None, prompt_cache_gib=0)
     fresh = fresh_engine.generate([replace(request, request_id="fresh", draft=False)])["fresh"]
     assert resumed.token_ids == fresh.token_ids and len(fresh.token_ids) >= 24
+
+
+def test_learn_alone_keeps_shared_prefixes_with_their_snapshots(checkpoint, tmp_path: Path) -> None:
+    shared = [(7 * i) % 400 + 30 for i in range(160)]
+    config = _config(checkpoint, tmp_path).model_copy(update={"learn_conversations": False, "learn": True})
+    engine = Engine(config, LocalStoreLink(config))
+    _reply(engine, shared + [1, 2, 3], "a")
+    _, stats = _reply(engine, shared + [4, 5, 6], "b")  # resumes at the first prompt's snapshot: shared
+    engine.disk.write_waiting()
+    assert stats.cached_tokens == len(shared) and engine.disk.latest.states_written == 1
+    engine.shutdown()
+    restarted = Engine(config, LocalStoreLink(config))
+    resumed, resumed_stats = _reply(restarted, shared + [7, 8, 9], "c")
+    assert resumed_stats.disk_tokens == resumed_stats.cached_tokens == len(shared)
+    fresh, _ = _reply(_engine(checkpoint, None), shared + [7, 8, 9], "fresh")
+    assert resumed == fresh
