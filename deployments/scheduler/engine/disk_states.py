@@ -5,11 +5,11 @@ its reply's full blocks, shared prefixes) is queued for disk and written while t
 piece (at most 16 MiB) per idle turn. A request whose prompt continues past what RAM holds, along blocks
 the store holds, reads them back into the paged KV before its prompt pass, when reading is estimated to
 take less time than prefilling those tokens (both rates measured on this machine). A hybrid model's state
-snapshots go with the blocks they end at, and its prompts resume only where one is held (disk_snapshots.py).
-The store itself (the
-PromptStore actor) does the disk I/O; `StoreLink` is how the engine reaches it from where it runs. The
-engine holds one `DiskStates` (None when the store is off) and makes its calls: a restore on admission,
-the imprint routes' queries, a piece per idle turn, the remaining writes on a planned stop.
+snapshots go with the blocks they end at, and its prompts resume only where one is stored
+(disk_snapshots.py). The store itself (the PromptStore actor) does the disk I/O; `StoreLink` is how the
+engine reaches it from where it runs. The engine holds one `DiskStates` (None when the store is off) and
+makes its calls: a restore on admission, the imprint routes' queries, a piece per idle turn, the remaining
+writes on a planned stop.
 """
 
 import logging
