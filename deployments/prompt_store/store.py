@@ -244,6 +244,8 @@ class PromptStoreFiles:
             return None
         try:
             header, payload = decode_piece(stored.path)
+            if header.hashes != [name]:
+                raise DamagedPiece(f"{stored.path.name}: it names another block")
         except (DamagedPiece, OSError) as exc:
             log.warning("prompt store: %s; deleting it", exc)
             entry.stats.damaged_pieces += 1
