@@ -1,4 +1,5 @@
-"""What an engine and its node's PromptStore actor exchange: caps, pieces to write, block rows, figures."""
+"""What an engine and its node's PromptStore actor exchange: caps, pieces to write, block rows, hybrid
+models' state snapshots, figures."""
 
 from dataclasses import dataclass
 
@@ -13,15 +14,27 @@ class StoreCaps:
 
 
 @dataclass
+class StateRows:
+    """Hybrid models' state snapshots: each is every recurrent layer's conv history and recurrent state
+    after the tokens its name covers (the chained name of the block it ends at, as in RAM)."""
+
+    names: list[bytes]
+    state_bytes: int  # one snapshot: every layer's tensors (and every rank's shard) in order
+    payload: np.ndarray  # uint8, state_bytes per snapshot, in `names` order
+
+
+@dataclass
 class PieceWrite:
-    """A run of blocks a Scheduler asks to store (the payload travels through Ray's object store)."""
+    """A run of blocks a Scheduler asks to store (the payload travels through Ray's object store), and the
+    state snapshots ending at blocks of it or at blocks the set holds (hybrid models)."""
 
     set_id: str
     parent: bytes | None  # the name of the block before the first one (None: the chain's start)
-    hashes: list[bytes]
+    hashes: list[bytes]  # empty when only states are new
     token_ids: list[list[int]]
     block_bytes: int
     payload: np.ndarray  # uint8, block_bytes per block, in `hashes` order
+    states: StateRows | None = None  # None: no snapshot to store
 
 
 @dataclass
@@ -32,13 +45,24 @@ class BlockRows:
     token_ids: list[list[int]]
     payload: np.ndarray  # uint8, block_bytes per block
     read_seconds: float
+    state: StateRows | None = None  # the snapshot asked for, when every asked block was found and it checked
+
+
+@dataclass
+class SetIndex:
+    """What a set holds when it is opened, by name."""
+
+    blocks: list[bytes]
+    states: list[bytes]  # hybrid models: the blocks a stored state snapshot ends at
 
 
 @dataclass
 class StoreStats:
-    bytes_held: int = 0  # this set's pieces
+    bytes_held: int = 0  # this set's pieces and state snapshots
     pieces_written: int = 0
     pieces_read: int = 0
     blocks_read: int = 0
-    damaged_pieces: int = 0
+    damaged_pieces: int = 0  # damaged state snapshots included
     writes_skipped: int = 0  # by a cap (total size, free disk, daily)
+    states_written: int = 0  # hybrid models' state snapshots, each beside the block it ends at
+    states_read: int = 0

@@ -70,6 +70,14 @@ class ModelRank:
         assert self.runner is not None
         self.runner.write_block_rows(block_ids, rows)
 
+    def read_state_slots(self, slots: list[int]) -> np.ndarray:
+        assert self.runner is not None
+        return self.runner.read_state_slots(slots)
+
+    def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
+        assert self.runner is not None
+        self.runner.write_state_slots(slots, rows)
+
 
 def _rank_options(config: EngineConfig, index: int) -> dict:
     on_gpu = config.device == "cuda" or (config.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)

@@ -31,6 +31,10 @@ class Executor(Protocol):
 
     def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
 
+    def read_state_slots(self, slots: list[int]) -> np.ndarray: ...  # [n, state bytes] (hybrid models' snapshots)
+
+    def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -56,6 +60,12 @@ class InProcessExecutor:
 
     def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
         self.runner.write_block_rows(block_ids, rows)
+
+    def read_state_slots(self, slots: list[int]) -> np.ndarray:
+        return self.runner.read_state_slots(slots)
+
+    def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
+        self.runner.write_state_slots(slots, rows)
 
     def shutdown(self) -> None:
         pass
@@ -99,6 +109,16 @@ class RayRanksExecutor:
         starts = np.cumsum([0, *widths])
         parts = [rows[:, starts[i] : starts[i + 1]] for i in range(len(self.ranks))]
         self._ray.get([rank.write_block_rows.remote(block_ids, part) for rank, part in zip(self.ranks, parts)])
+
+    def read_state_slots(self, slots: list[int]) -> np.ndarray:
+        """Each rank's states in these slots side by side, as block rows are."""
+        return np.concatenate(self._all("read_state_slots", slots), axis=1)
+
+    def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
+        widths = [info.state_bytes_per_slot for info in self._all("info")]
+        starts = np.cumsum([0, *widths])
+        parts = [rows[:, starts[i] : starts[i + 1]] for i in range(len(self.ranks))]
+        self._ray.get([rank.write_state_slots.remote(slots, part) for rank, part in zip(self.ranks, parts)])
 
     def shutdown(self) -> None:
         for rank in self.ranks:

@@ -102,18 +102,33 @@ class ModelRunner:
 
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
         """The KV rows of these blocks as bytes: [n, block_bytes], every cache tensor's block in order."""
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        parts = [t.index_select(0, index).reshape(len(block_ids), -1).view(torch.uint8) for t in self.caches]
-        return torch.cat(parts, dim=1).cpu().numpy()
+        return self._read_rows(self.caches, block_ids)
 
     def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None:
         """Copy rows made by `read_block_rows` (here or on another run) into these blocks."""
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        data = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device).reshape(len(block_ids), -1)
+        self._write_rows(self.caches, block_ids, rows)
+
+    def read_state_slots(self, slots: list[int]) -> np.ndarray:
+        """A hybrid model's states in these slots as bytes: [n, state_bytes_per_slot], every recurrent
+        layer's conv history then recurrent state, in layer order."""
+        return self._read_rows([t for pool in self.state_pools for t in pool], slots)
+
+    def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
+        """Copy rows made by `read_state_slots` (here or on another run) into these slots."""
+        self._write_rows([t for pool in self.state_pools for t in pool], slots, rows)
+
+    def _read_rows(self, tensors: list[torch.Tensor], rows: list[int]) -> np.ndarray:
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        parts = [t.index_select(0, index).reshape(len(rows), -1).view(torch.uint8) for t in tensors]
+        return torch.cat(parts, dim=1).cpu().numpy()
+
+    def _write_rows(self, tensors: list[torch.Tensor], rows: list[int], data: np.ndarray) -> None:
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        flat = torch.from_numpy(np.require(data, requirements=["C", "W"])).to(self.device).reshape(len(rows), -1)
         start = 0
-        for t in self.caches:
+        for t in tensors:
             width = t[0].numel() * t.element_size()
-            part = data[:, start : start + width].contiguous().view(t.dtype).reshape(len(block_ids), *t.shape[1:])
+            part = flat[:, start : start + width].contiguous().view(t.dtype).reshape(len(rows), *t.shape[1:])
             t.index_copy_(0, index, part)
             start += width
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from deployments.messages.store import BlockRows, PieceWrite, StoreCaps, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreCaps, StoreStats
 from deployments.prompt_store.store import PromptStoreFiles
 
 log = logging.getLogger("tensorfold.store")
@@ -22,14 +22,14 @@ class PromptStoreActor:
     def __init__(self, root: str, caps: StoreCaps) -> None:
         self._files = PromptStoreFiles(Path(root), caps)
 
-    def open_set(self, set_id: str) -> list[bytes]:
+    def open_set(self, set_id: str) -> SetIndex:
         return self._files.open_set(set_id)
 
     def write(self, piece: PieceWrite) -> list[bytes]:
         return self._files.write(piece)
 
-    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
-        return self._files.read(set_id, hashes)
+    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
+        return self._files.read(set_id, hashes, state_at)
 
     def delete_set(self, set_id: str) -> int:
         return self._files.delete_set(set_id)

@@ -2,7 +2,9 @@
 passes its check half-written (temp file, fsync, rename, fsync of the folder).
 
 A piece file holds a run of consecutive blocks of one prompt-state chain: a length-prefixed JSON header
-(block names, their token ids, the payload's SHA-256) then the payload, `block_bytes` per block.
+(block names, their token ids, the payload's SHA-256) then the payload, `block_bytes` per block. A state
+file (hybrid models) has the same layout: one name (the block its snapshot ends at), no tokens, and one
+snapshot's bytes.
 """
 
 import hashlib
@@ -14,6 +16,7 @@ from pathlib import Path
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
 PIECE_SUFFIX = ".piece"
+STATE_SUFFIX = ".state"
 _HEADER_LEN = struct.Struct("<I")
 
 

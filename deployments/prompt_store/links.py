@@ -2,7 +2,7 @@
 thread). An engine in the replica's child process goes through the replica (scheduler/store_relay.py)."""
 
 from deployments.config import EngineConfig
-from deployments.messages.store import BlockRows, PieceWrite, StoreCaps, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreCaps, StoreStats
 from deployments.prompt_store.actor import PromptStoreActor
 
 GIB = 1 << 30
@@ -37,15 +37,15 @@ class ActorStoreLink:
         self._actor = store_actor(config.learn_dir, store_caps(config))
         self._writes: list = []
 
-    def open_set(self, set_id: str) -> list[bytes]:
+    def open_set(self, set_id: str) -> SetIndex:
         return self._ray.get(self._actor.open_set.remote(set_id))
 
     def write(self, piece: PieceWrite) -> None:
         self._writes = [ref for ref in self._writes if not _done(self._ray, ref)]
         self._writes.append(self._actor.write.remote(piece))
 
-    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
-        return self._ray.get(self._actor.read.remote(set_id, hashes))
+    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
+        return self._ray.get(self._actor.read.remote(set_id, hashes, state_at))
 
     def delete_set(self, set_id: str) -> int:
         return self._ray.get(self._actor.delete_set.remote(set_id))

@@ -5,6 +5,7 @@ Layout under the learn folder (0700 folders, 0600 files):
   clock              the sets, least recently opened first (other sets go first when the cap needs room)
   <set id>/used      when this set was last opened
   <set id>/*.piece   runs of blocks (files.py), named by their first block; each block stored once per set
+  <set id>/*.state   hybrid models: a state snapshot, named by the block it ends at (which the set holds)
 A set is one checkpoint identity, dtype, KV layout, parallel shape and kernel build (identity.py).
 """
 
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from deployments.messages.store import BlockRows, PieceWrite, StoreCaps, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StateRows, StoreCaps, StoreStats
 from deployments.prompt_store.files import (
     PIECE_SUFFIX,
+    STATE_SUFFIX,
     DamagedPiece,
     decode_piece,
     encode_piece,
@@ -44,10 +46,17 @@ class _Piece:
 
 
 @dataclass
+class _State:
+    path: Path
+    size: int
+
+
+@dataclass
 class _Set:
     folder: Path
     pieces: dict[str, _Piece] = field(default_factory=dict)
     blocks: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # name -> (piece, index in it)
+    states: dict[bytes, _State] = field(default_factory=dict)  # a snapshot's block name -> its file
     stats: StoreStats = field(default_factory=StoreStats)
 
 
@@ -59,8 +68,8 @@ class PromptStoreFiles:
         self._skip_logged: set[str] = set()
 
     # ---- sets -----------------------------------------------------------------------------------------
-    def open_set(self, set_id: str) -> list[bytes]:
-        """Index a set's pieces (headers only) and stamp it used; returns the block names it holds."""
+    def open_set(self, set_id: str) -> SetIndex:
+        """Index a set's pieces and states (headers only) and stamp it used; returns the names it holds."""
         if set_id not in self._sets:
             folder = secure_dir(self.root / set_id)
             entry = _Set(folder)
@@ -74,21 +83,38 @@ class PromptStoreFiles:
                 self._index(
                     entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime)
                 )
+            self._index_states(entry)
             self._sets[set_id] = entry
         entry = self._sets[set_id]
         write_file_atomically(entry.folder / "used", f"{time.time():.3f}\n".encode())
         self._touch_clock(set_id)
-        return list(entry.blocks)
+        return SetIndex(list(entry.blocks), list(entry.states))
+
+    def _index_states(self, entry: _Set) -> None:
+        """A state file whose block the set no longer holds can never be used: it goes."""
+        for path in sorted(entry.folder.glob(f"*{STATE_SUFFIX}")):
+            try:
+                (name,) = read_header(path).hashes
+            except (DamagedPiece, ValueError) as exc:
+                log.warning("prompt store: deleting a damaged state: %s", exc)
+                path.unlink(missing_ok=True)
+                continue
+            if name in entry.blocks:
+                entry.states[name] = _State(path, path.stat().st_size)
+                entry.stats.bytes_held += entry.states[name].size
+            else:
+                path.unlink(missing_ok=True)
 
     def delete_set(self, set_id: str) -> int:
         """Forget a set's states: its pieces go, its folder and `used` stamp stay. Returns the bytes freed."""
         entry = self._sets.get(set_id) or self._sets.setdefault(set_id, _Set(secure_dir(self.root / set_id)))
         freed = 0
-        for path in entry.folder.glob(f"*{PIECE_SUFFIX}"):
+        for path in _stored_files(entry.folder):
             freed += path.stat().st_size
             path.unlink(missing_ok=True)
         entry.pieces.clear()
         entry.blocks.clear()
+        entry.states.clear()
         entry.stats.bytes_held = 0
         return freed
 
@@ -97,7 +123,14 @@ class PromptStoreFiles:
 
     # ---- writes ---------------------------------------------------------------------------------------
     def write(self, piece: PieceWrite) -> list[bytes]:
-        """Store the blocks the set does not hold yet; returns the names now stored ([] if a cap said no)."""
+        """Store the blocks the set does not hold yet, then the piece's states whose blocks it now holds;
+        returns the block names now stored ([] if a cap said no)."""
+        written = self._write_blocks(piece)
+        if piece.states is not None:
+            self._write_states(piece.set_id, piece.states)
+        return written
+
+    def _write_blocks(self, piece: PieceWrite) -> list[bytes]:
         entry = self._sets[piece.set_id]
         keep = [i for i, h in enumerate(piece.hashes) if h not in entry.blocks]
         if not keep:
@@ -121,15 +154,34 @@ class PromptStoreFiles:
         entry.stats.pieces_written += 1
         return [piece.hashes[i] for i in keep]
 
-    def _room_for(self, set_id: str, size: int) -> bool:
-        """Whether `size` more bytes may be written now, making room under the total cap if needed."""
+    def _write_states(self, set_id: str, states: StateRows) -> None:
+        """Each snapshot once per set, only beside its block (a state without its KV rows is never read)."""
+        entry = self._sets[set_id]
+        rows = states.payload.reshape(len(states.names), states.state_bytes)
+        for name, row in zip(states.names, rows):
+            if name in entry.states or name not in entry.blocks:
+                continue
+            data = encode_piece(None, [name], [[]], row.tobytes(), states.state_bytes)
+            if not self._room_for(set_id, len(data), keep_piece=entry.blocks[name][0]):
+                entry.stats.writes_skipped += 1
+                continue
+            path = entry.folder / f"{name.hex()}{STATE_SUFFIX}"
+            write_file_atomically(path, data)
+            self._count_written(len(data))
+            entry.states[name] = _State(path, len(data))
+            entry.stats.bytes_held += len(data)
+            entry.stats.states_written += 1
+
+    def _room_for(self, set_id: str, size: int, keep_piece: str | None = None) -> bool:
+        """Whether `size` more bytes may be written now, making room under the total cap if needed (never by
+        evicting `keep_piece`: a snapshot's own block)."""
         day, written = self._written_today()
         if written + size > self.caps.daily_bytes:
             return self._skip("daily", f"the daily write cap ({self.caps.daily_bytes} bytes) is reached")
         if shutil.disk_usage(self.root).free - size < self.caps.min_free_bytes:
             return self._skip("free", f"less than {self.caps.min_free_bytes} bytes of disk would stay free")
         while self._total_bytes() + size > self.caps.max_bytes:
-            if not self._evict_one(set_id):
+            if not self._evict_one(set_id, keep_piece):
                 return self._skip("total", f"the store's cap ({self.caps.max_bytes} bytes) is reached")
         return True
 
@@ -139,23 +191,25 @@ class PromptStoreFiles:
             self._skip_logged.add(kind)
         return False
 
-    def _evict_one(self, keep_set: str) -> bool:
+    def _evict_one(self, keep_set: str, keep_piece: str | None = None) -> bool:
         """Delete one thing: another set's folder contents first (plain --learn prefix sets, then the least
         recently opened), then this set's least recently used piece (a chain's tail before its prefix)."""
         for other in sorted(self._clock(), key=lambda name: not name.endswith(PREFIX_SET_SUFFIX)):
-            if other != keep_set and any((self.root / other).glob(f"*{PIECE_SUFFIX}")):
+            if other != keep_set and any(_stored_files(self.root / other)):
                 self.delete_set(other)
                 return True
         entry = self._sets[keep_set]
-        if not entry.pieces:
+        candidates = [name for name in entry.pieces if name != keep_piece]
+        if not candidates:
             return False
-        name = min(entry.pieces, key=lambda n: (entry.pieces[n].used, -len(self._depth(entry, n))))
+        name = min(candidates, key=lambda n: (entry.pieces[n].used, -len(self._depth(entry, n))))
         self._drop(entry, name)
         return True
 
     # ---- reads ----------------------------------------------------------------------------------------
-    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
-        """The longest leading run of `hashes` the set holds, every piece checked; None if it holds none."""
+    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
+        """The longest leading run of `hashes` the set holds, every piece checked, and the state snapshot
+        named `state_at` when every asked block was found (hybrid models); None if it holds neither."""
         started = time.perf_counter()
         entry = self._sets[set_id]
         rows: list[np.ndarray] = []
@@ -176,11 +230,29 @@ class PromptStoreFiles:
             rows.append(payload[index])
             tokens.append(piece_tokens[index])
             found.append(name)
-        if not found:
+        state = None if state_at is None or len(found) < len(hashes) else self._load_state(entry, state_at)
+        if not found and state is None:
             return None
         entry.stats.pieces_read += len(cache)
         entry.stats.blocks_read += len(found)
-        return BlockRows(found, tokens, np.concatenate(rows), time.perf_counter() - started)
+        payload = np.concatenate(rows) if rows else np.zeros(0, dtype=np.uint8)
+        return BlockRows(found, tokens, payload, time.perf_counter() - started, state)
+
+    def _load_state(self, entry: _Set, name: bytes) -> StateRows | None:
+        stored = entry.states.get(name)
+        if stored is None:
+            return None
+        try:
+            header, payload = decode_piece(stored.path)
+            if header.hashes != [name]:
+                raise DamagedPiece(f"{stored.path.name}: it names another block")
+        except (DamagedPiece, OSError) as exc:
+            log.warning("prompt store: %s; deleting it", exc)
+            entry.stats.damaged_pieces += 1
+            self._drop_state(entry, name)
+            return None
+        entry.stats.states_read += 1
+        return StateRows([name], header.block_bytes, np.frombuffer(payload, dtype=np.uint8))
 
     def _load(self, entry: _Set, piece_name: str) -> tuple[list[list[int]], np.ndarray] | None:
         piece = entry.pieces[piece_name]
@@ -207,7 +279,14 @@ class PromptStoreFiles:
         for block in piece.hashes:
             if entry.blocks.get(block, (None,))[0] == name:
                 del entry.blocks[block]
+                self._drop_state(entry, block)  # a snapshot is useless without the block it ends at
         entry.stats.bytes_held -= piece.size
+
+    def _drop_state(self, entry: _Set, name: bytes) -> None:
+        stored = entry.states.pop(name, None)
+        if stored is not None:
+            stored.path.unlink(missing_ok=True)
+            entry.stats.bytes_held -= stored.size
 
     def _drop_with_dependents(self, entry: _Set, name: str) -> None:
         """A damaged piece and every piece continuing a chain through it (they can never be reached)."""
@@ -236,7 +315,7 @@ class PromptStoreFiles:
         total = 0
         for folder in self.root.iterdir():
             if folder.is_dir() and not folder.is_symlink():
-                total += sum(p.stat().st_size for p in folder.glob(f"*{PIECE_SUFFIX}"))
+                total += sum(p.stat().st_size for p in _stored_files(folder))
         return total
 
     def _written_today(self) -> tuple[str, int]:
@@ -260,3 +339,8 @@ class PromptStoreFiles:
     def _touch_clock(self, set_id: str) -> None:
         order = [s for s in self._clock() if s != set_id and (self.root / s).is_dir()] + [set_id]
         write_file_atomically(self.root / "clock", json.dumps(order).encode())
+
+
+def _stored_files(folder: Path) -> list[Path]:
+    """A set folder's pieces and state files (what counts in the caps)."""
+    return [*folder.glob(f"*{PIECE_SUFFIX}"), *folder.glob(f"*{STATE_SUFFIX}")]

@@ -3,6 +3,7 @@
 import time
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from deployments.ingress.app import build_api
@@ -11,6 +12,7 @@ from deployments.ingress.ops.serving import OFF_MESSAGE
 from tests.support.local_app import local_backend, local_client
 
 WINDOW = 1024
+REPO = Path(__file__).resolve().parents[2]
 OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the harbour opens at dawn." for i in range(20))
 
 
@@ -61,7 +63,25 @@ def test_without_the_store_the_routes_answer_404(served_model: str) -> None:
             assert response.json()["error"]["message"] == OFF_MESSAGE
 
 
-def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module", params=["tiny-glm", "qwen3_5_text"])
+def store_model(request: pytest.FixtureRequest, served_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The trained tiny-glm, and a hybrid (Gated DeltaNet) one with its tokenizer and chat template, whose
+    recurrent states are stored beside its KV rows."""
+    if request.param == "tiny-glm":
+        return served_model
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+    out = tmp_path_factory.mktemp(request.param)
+    build_tokenizer(out, vocab_size=512, family="glm")
+    build_random_checkpoint(request.param, out, vocab_size=512, seed=3)
+    template = REPO / "serve_app" / "fixtures" / "tiny_glm" / "chat_template.jinja"
+    (out / "chat_template.jinja").write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
+    return str(out)
+
+
+def test_a_conversation_resumes_from_disk_after_a_restart(store_model: str, tmp_path: Path) -> None:
+    served_model, hybrid = store_model, not store_model.startswith("builtin:")
     first_turn = [{"role": "user", "content": OPENING}]
     with _client(served_model, tmp_path) as client:
         first = client.post("/v1/chat/completions", json=_body(first_turn)).json()
@@ -88,6 +108,7 @@ def test_a_conversation_resumes_from_disk_after_a_restart(served_model: str, tmp
         assert float(restored[0].split()[-1]) == answer["disk_tokens"]
         store = client.get("/health").json()["store"]
         assert store["pieces_read"] >= 1 and store["bytes_held"] > 0 and store["damaged_pieces"] == 0
+        assert store["states_read"] == (1 if hybrid else 0)  # a hybrid's snapshot, read with the KV rows
         assert client.get("/stats").json()["store"]["restored_tokens"] == answer["disk_tokens"]  # the dashboard
     with _client(served_model, tmp_path / "elsewhere") as client:  # a fresh server, no states anywhere
         fresh = client.post("/v1/chat/completions", json=_body(second_turn)).json()

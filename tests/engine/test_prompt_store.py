@@ -11,7 +11,7 @@ import pytest
 
 from deployments.config import EngineConfig
 from deployments.messages.prefix import PromptHashes
-from deployments.messages.store import PieceWrite, StoreCaps
+from deployments.messages.store import PieceWrite, StateRows, StoreCaps
 from deployments.prompt_store.links import LocalStoreLink
 from deployments.prompt_store.store import PromptStoreFiles
 from serve_app.args import AppArgs
@@ -34,7 +34,7 @@ def test_pieces_survive_a_reopen_and_are_checked(tmp_path: Path) -> None:
     assert store.write(piece) == piece.hashes
     assert store.write(piece) == []  # rows already stored for the same tokens are written once
     reopened = PromptStoreFiles(tmp_path, BIG)
-    assert set(reopened.open_set("s")) == set(piece.hashes)
+    assert set(reopened.open_set("s").blocks) == set(piece.hashes)
     rows = reopened.read("s", piece.hashes + [b"x" * 16])
     assert rows.hashes == piece.hashes and np.array_equal(rows.payload, piece.payload)
     assert rows.token_ids == [list(range(i, i + 4)) for i in range(0, 16, 4)]
@@ -56,6 +56,54 @@ def test_a_damaged_piece_is_deleted_with_the_states_that_need_it(tmp_path: Path)
     assert store.read("s", PromptHashes.of(tail_tokens, 4).hashes) is None
     assert not list((tmp_path / "s").glob("*.piece"))  # the tail needed the damaged piece: both went
     assert store.stats("s").damaged_pieces == 1
+
+
+def _stored_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.iterdir() if path.suffix in (".piece", ".state"))
+
+
+def test_state_snapshots_are_stored_once_beside_their_blocks_and_checked(tmp_path: Path) -> None:
+    store = PromptStoreFiles(tmp_path, BIG)
+    store.open_set("s")
+    piece = _piece("s", list(range(16)))
+    names = piece.hashes
+    snapshots = np.random.default_rng(3).integers(0, 255, 3 * 32, dtype=np.uint8)
+    piece.states = StateRows([names[1], names[3], b"y" * 16], 32, snapshots)  # the last names no stored block
+    store.write(piece)
+    assert sorted(p.stem for p in (tmp_path / "s").glob("*.state")) == sorted([names[1].hex(), names[3].hex()])
+    again = PieceWrite("s", names[-1], [], [], 64, np.zeros(0, np.uint8), StateRows([names[1]], 32, snapshots[:32]))
+    store.write(again)  # the same name is stored once
+    assert store.stats("s").states_written == 2 and store.stats("s").bytes_held == _stored_bytes(tmp_path / "s")
+    reopened = PromptStoreFiles(tmp_path, BIG)
+    assert set(reopened.open_set("s").states) == {names[1], names[3]}
+    rows = reopened.read("s", names[:2], state_at=names[1])
+    assert rows.hashes == names[:2] and np.array_equal(rows.state.payload, snapshots[:32])
+    assert np.array_equal(reopened.read("s", [], state_at=names[3]).state.payload, snapshots[32:64])
+    assert reopened.read("s", [*names, b"x" * 16], state_at=names[3]).state is None  # a block is missing
+    (damaged,) = [p for p in (tmp_path / "s").glob("*.state") if p.stem == names[3].hex()]
+    raw = bytearray(damaged.read_bytes())
+    raw[-1] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    assert reopened.read("s", [], state_at=names[3]) is None and not damaged.exists()
+    assert reopened.stats("s").damaged_pieces == 1 and reopened.stats("s").bytes_held == _stored_bytes(tmp_path / "s")
+    (block_piece,) = (tmp_path / "s").glob("*.piece")
+    block_piece.write_bytes(block_piece.read_bytes()[:-1])  # the blocks go, and the snapshot ending at one
+    assert reopened.read("s", names, state_at=names[1]) is None and not list((tmp_path / "s").glob("*.state"))
+    assert reopened.stats("s").bytes_held == 0
+
+
+def test_state_snapshots_count_in_the_caps(tmp_path: Path) -> None:
+    probe = PromptStoreFiles(tmp_path / "probe", BIG)
+    probe.open_set("p")
+    probe.write(_piece("p", list(range(8))))
+    blocks_size = probe.stats("p").bytes_held
+    store = PromptStoreFiles(tmp_path / "capped", StoreCaps(blocks_size + 100, 0, 1 << 40))
+    store.open_set("s")
+    piece = _piece("s", list(range(8)))
+    piece.states = StateRows([piece.hashes[-1]], 256, np.ones(256, np.uint8))  # more than the 100 bytes left
+    assert store.write(piece) == piece.hashes
+    assert store.stats("s").writes_skipped == 1 and not list((tmp_path / "capped" / "s").glob("*.state"))
+    assert store.stats("s").bytes_held == blocks_size
 
 
 def test_files_are_owner_only_whatever_the_umask(tmp_path: Path) -> None:

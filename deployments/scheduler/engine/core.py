@@ -9,7 +9,7 @@ when there is work, else one piece of idle work (disk writes), and returns what 
 import logging
 from collections.abc import Callable, Iterable
 
-from deployments.config import EngineConfig, StartupError
+from deployments.config import EngineConfig
 from deployments.messages.counters import EngineCounters
 from deployments.messages.engine_process import ENGINE_CALLS, CallAnswer, EngineCall, Inbox, Stepped
 from deployments.messages.memory import ReplicaMemory
@@ -53,11 +53,6 @@ class Engine:
         self.executor: Executor = make_executor(config)
         self.runner_info = self.executor.info()
         self.kv_budget_bytes = kv_budget(config, self.runner_info)  # what the pool may come out of (/memory)
-        if config.learning and self.runner_info.state_bytes_per_slot:
-            raise StartupError(
-                f"learn and learn_conversations keep KV rows on disk, not recurrent states yet, and this "
-                f"{self.runner_info.model_type} checkpoint is a hybrid model: start it without them"
-            )
         self.draft_method = draft_method(config.draft, self.runner_info)
         self.drafts = (
             None
@@ -67,11 +62,7 @@ class Engine:
         pool = self._allocate_pool()
         self.window, self.max_batch_size = pool.window, pool.max_seqs
         self.counters = EngineCounters()
-        self.disk = (
-            None
-            if not config.learning
-            else DiskStates.open(config, store_link, self.blocks, self.executor, self.runner_info.dtype)
-        )
+        self.disk = None if not config.learning else self._open_disk(store_link)
         self.policy = (
             f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
             f"threads={self.runner_info.threads} kv={pool.reason} drafts={self.draft_method}"
@@ -121,6 +112,18 @@ class Engine:
             num_slots = slots.num_slots(snapshots)
             self.states = StateSlots(num_slots, config.block_size, snapshots, config.state_snapshot_tokens)
         return pool
+
+    def _open_disk(self, link: StoreLink | None) -> DiskStates:
+        """The disk store's side of this engine (a hybrid model's snapshots go beside its KV rows)."""
+        states = None if self.states is None else (self.states, self.runner_info.state_bytes_per_slot)
+        return DiskStates.open(
+            config=self.config,
+            link=link,
+            blocks=self.blocks,
+            rows=self.executor,
+            dtype=self.runner_info.dtype,
+            states=states,
+        )
 
     def _build_parts(self) -> None:
         """The parts a request meets, in order, over the pool, the counters and the disk store."""

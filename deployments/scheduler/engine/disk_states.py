@@ -4,10 +4,12 @@ Every prompt state the engine keeps in RAM (a finished request's named blocks: t
 its reply's full blocks, shared prefixes) is queued for disk and written while the engine is idle, one
 piece (at most 16 MiB) per idle turn. A request whose prompt continues past what RAM holds, along blocks
 the store holds, reads them back into the paged KV before its prompt pass, when reading is estimated to
-take less time than prefilling those tokens (both rates measured on this machine). The store itself (the
-PromptStore actor) does the disk I/O; `StoreLink` is how the engine reaches it from where it runs. The
-engine holds one `DiskStates` (None when the store is off) and makes its calls: a restore on admission,
-the imprint routes' queries, a piece per idle turn, the remaining writes on a planned stop.
+take less time than prefilling those tokens (both rates measured on this machine). A hybrid model's state
+snapshots go with the blocks they end at, and its prompts resume only where one is stored
+(disk_snapshots.py). The store itself (the PromptStore actor) does the disk I/O; `StoreLink` is how the
+engine reaches it from where it runs. The engine holds one `DiskStates` (None when the store is off) and
+makes its calls: a restore on admission, the imprint routes' queries, a piece per idle turn, the remaining
+writes on a planned stop.
 """
 
 import logging
@@ -23,11 +25,13 @@ from deployments.config import EngineConfig
 from deployments.messages.prefix import KEY_BYTES, PromptHashes
 from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
-from deployments.messages.store import BlockRows, PieceWrite, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
 from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.prompt_store.store import PIECE_BYTES
+from deployments.scheduler.engine.disk_snapshots import DiskSnapshots, StateSlotsIO
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
+from deployments.scheduler.engine.state_slots import StateSlots
 
 log = logging.getLogger("tensorfold.store")
 STOP_WRITES_S = 15.0  # of a planned stop's 20 s (docs/store.md): the store's flush comes after
@@ -39,20 +43,20 @@ RATE_WEIGHT = 0.3  # of each new measurement in the running estimates
 class StoreLink(Protocol):
     """Calls into the PromptStore (in-process, over Ray, or relayed by the engine's parent process)."""
 
-    def open_set(self, set_id: str) -> list[bytes]: ...
+    def open_set(self, set_id: str) -> SetIndex: ...
 
     def write(self, piece: PieceWrite) -> None: ...  # never waits for the disk
 
     def flush(self, timeout_s: float) -> None: ...  # waits (up to timeout_s) for the writes sent so far
 
-    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None: ...
+    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None: ...
 
     def delete_set(self, set_id: str) -> int: ...
 
     def stats(self, set_id: str) -> StoreStats: ...
 
 
-class BlockRowsIO(Protocol):
+class BlockRowsIO(StateSlotsIO, Protocol):
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...
 
     def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
@@ -70,6 +74,8 @@ class Resumable:
     disk_bytes: int
     read_seconds: float  # estimated
     prefill_seconds: float  # estimated, for the disk tokens
+    read_from: int = 0  # the first block to read (RAM holds those before it)
+    state_at: bytes | None = None  # hybrid models: the snapshot to read with the blocks (None: RAM holds it)
 
     @property
     def worth_reading(self) -> bool:
@@ -77,9 +83,18 @@ class Resumable:
 
 
 class DiskStates:
-    def __init__(self, link: StoreLink, set_id: str, blocks: BlockManager, rows: BlockRowsIO, block_bytes: int) -> None:
+    def __init__(
+        self,
+        link: StoreLink,
+        set_id: str,
+        blocks: BlockManager,
+        rows: BlockRowsIO,
+        block_bytes: int,
+        snapshots: DiskSnapshots | None = None,
+    ) -> None:
         self.link, self.set_id = link, set_id
         self.blocks, self.rows, self.block_bytes = blocks, rows, block_bytes
+        self.snapshots = snapshots  # a hybrid model's state snapshots (None: an attention-only model)
         self._on_disk: set[bytes] | None = None  # opened on first use (the link may not answer before then)
         self._queue: deque[tuple[bytes | None, bytes, int, tuple[int, ...]]] = deque()  # (parent, name, id, tokens)
         self.read_rate = FIRST_READ_BYTES_PER_S
@@ -91,21 +106,32 @@ class DiskStates:
 
     @classmethod
     def open(
-        cls, config: EngineConfig, link: StoreLink | None, blocks: BlockManager, rows: BlockRowsIO, dtype: str
+        cls,
+        config: EngineConfig,
+        link: StoreLink | None,
+        blocks: BlockManager,
+        rows: BlockRowsIO,
+        dtype: str,
+        states: tuple[StateSlots, int] | None = None,
     ) -> "DiskStates":
-        """The engine's states in its model's set: one per checkpoint, dtype, KV layout and kind of state."""
+        """The engine's states in its model's set: one per checkpoint, dtype, KV (and state) layout and kind
+        of state. `states`: a hybrid model's slots and the bytes of one snapshot."""
         if link is None:
             raise ValueError("learn needs the node's prompt store")
         token_bytes = rows.kv_bytes_per_token()
-        layout = f"{token_bytes}B-per-token/b{config.block_size}"
+        layout = f"{token_bytes}B-per-token/b{config.block_size}" + ("" if states is None else f"/s{states[1]}")
         kind = CONVERSATIONS if config.learn_conversations else PREFIXES
         store_set = set_id(config.model, dtype, layout, config.tensor_parallel_size, kind)
-        return cls(link, store_set, blocks, rows, token_bytes * config.block_size)
+        snapshots = None if states is None else DiskSnapshots(states[0], rows, states[1])
+        return cls(link, store_set, blocks, rows, token_bytes * config.block_size, snapshots)
 
     @property
     def on_disk(self) -> set[bytes]:
         if self._on_disk is None:
-            self._on_disk = set(self.link.open_set(self.set_id))
+            held = self.link.open_set(self.set_id)
+            self._on_disk = set(held.blocks)
+            if self.snapshots is not None:
+                self.snapshots.on_disk = set(held.states)
             self.version += 1
         return self._on_disk
 
@@ -159,12 +185,19 @@ class DiskStates:
 
     # ---- writes ---------------------------------------------------------------------------------------
     def remember(self, chain: list[tuple[bytes, int, tuple[int, ...]]]) -> None:
-        """Queue a sequence's named blocks that the store does not hold yet."""
+        """Queue a sequence's named blocks that the store does not hold yet (or whose snapshot it lacks)."""
         parent: bytes | None = None
         for name, block_id, tokens in chain:
-            if name not in self.on_disk:
+            if name not in self.on_disk or self._state_waiting(name):
                 self._queue.append((parent, name, block_id, tokens))
             parent = name
+
+    def _state_waiting(self, name: bytes) -> bool:
+        return self.snapshots is not None and self.snapshots.waiting(name)
+
+    @property
+    def _state_bytes(self) -> int:
+        return 0 if self.snapshots is None else self.snapshots.state_bytes
 
     def disk_keys(self) -> bytes:
         """The keys of the blocks the store holds for this set (none before it is opened), for the router."""
@@ -178,32 +211,47 @@ class DiskStates:
         self.latest, self.stats_stale = self.link.stats(self.set_id), False
 
     def write_one(self) -> None:
-        """Send one piece of queued blocks still held in RAM (called while the engine is idle)."""
+        """Send one piece of queued blocks still held in RAM, with the snapshots RAM holds at them (called
+        while the engine is idle, so no step is writing either)."""
         run: list[tuple[bytes | None, bytes, int, tuple[int, ...]]] = []
-        per_piece = max(1, PIECE_BYTES // self.block_bytes)
-        while self._queue and len(run) < per_piece:
+        states: list[bytes] = []  # snapshots ending at blocks of the run or already stored
+        room = PIECE_BYTES
+        while self._queue:
             entry = self._queue.popleft()
             parent, name, block_id, _ = entry
-            if name in self.on_disk or not self.blocks.still_holds(name, block_id):
+            block = name not in self.on_disk and self.blocks.still_holds(name, block_id)
+            state = self._state_waiting(name) and (block or name in self.on_disk)  # never without its block
+            if not block and not state:
                 continue  # stored meanwhile, or evicted from RAM before its turn
-            if run and parent != run[-1][1]:  # a piece is one run of a chain
-                self._queue.appendleft(entry)
+            size = block * self.block_bytes + state * self._state_bytes
+            if (run or states) and (size > room or (block and run and parent != run[-1][1])):
+                self._queue.appendleft(entry)  # a piece is one run of a chain, at most PIECE_BYTES
                 break
-            run.append(entry)
-        if not run:
-            return
-        payload = self.rows.read_block_rows([block_id for _, _, block_id, _ in run]).reshape(-1)
+            room -= size
+            if block:
+                run.append(entry)
+            if state:
+                states.append(name)
+        if run or states:
+            self._send(run, states)
+
+    def _send(self, run: list[tuple[bytes | None, bytes, int, tuple[int, ...]]], states: list[bytes]) -> None:
+        ids = [block_id for _, _, block_id, _ in run]
+        payload = self.rows.read_block_rows(ids).reshape(-1) if ids else np.zeros(0, dtype=np.uint8)
         piece = PieceWrite(
             self.set_id,
-            run[0][0],
+            run[0][0] if run else None,
             [name for _, name, _, _ in run],
             [list(tokens) for *_, tokens in run],
             self.block_bytes,
             payload,
+            None if not states or self.snapshots is None else self.snapshots.rows_of(states),
         )
         self.link.write(piece)
         self.stats_stale = True
         self.on_disk.update(piece.hashes)  # optimistic: a cap may refuse it, and a later read then misses
+        if self.snapshots is not None:
+            self.snapshots.on_disk.update(states)
         self.version += 1
 
     # ---- reads ----------------------------------------------------------------------------------------
@@ -215,15 +263,25 @@ class DiskStates:
         disk = 0
         while disk < usable and hashes.hashes[disk] in self.on_disk:
             disk += 1
+        if self.snapshots is not None:
+            return self._resumable_hybrid(len(prompt), hashes.hashes[:usable], ram, disk)
         extra = max(0, disk - ram)
-        return Resumable(
-            len(prompt),
-            ram * bs,
-            disk * bs,
-            extra * self.block_bytes,
-            extra * self.block_bytes / self.read_rate,
-            extra * bs / self.prefill_rate,
-        )
+        return self._plan(len(prompt), ram, disk, extra * self.block_bytes, ram)
+
+    def _resumable_hybrid(self, tokens: int, names: list[bytes], ram: int, disk: int) -> Resumable:
+        """A hybrid prompt resumes only at a block with a snapshot (disk_snapshots.py): the blocks past
+        RAM's are read, and the snapshot too unless RAM holds it."""
+        assert self.snapshots is not None
+        from_ram, end, state_at = self.snapshots.resume_points(names, ram, disk)
+        size = max(0, end - ram) * self.block_bytes + (0 if state_at is None else self._state_bytes)
+        plan = self._plan(tokens, from_ram, end, size, min(ram, end))
+        plan.state_at = state_at
+        return plan
+
+    def _plan(self, tokens: int, ram: int, disk: int, size: int, read_from: int) -> Resumable:
+        bs = self.blocks.block_size
+        prefill = max(0, disk - ram) * bs / self.prefill_rate
+        return Resumable(tokens, ram * bs, disk * bs, size, size / self.read_rate, prefill, read_from)
 
     def restore(self, prompt: list[int], hashes: PromptHashes) -> int:
         """Read the prompt's disk state past RAM's into the cache when that pays; returns tokens restored."""
@@ -231,19 +289,34 @@ class DiskStates:
         if not plan.worth_reading:
             return 0
         bs = self.blocks.block_size
-        start, end = plan.ram_tokens // bs, plan.disk_tokens // bs
+        start, end = plan.read_from, plan.disk_tokens // bs
         pin = BlockTable()  # RAM's part of the state stays while room is made for the disk's part
-        self.blocks.adopt_prefix(pin, prompt, plan.ram_tokens, hashes)
+        self.blocks.adopt_prefix(pin, prompt, start * bs, hashes)
         try:
             if end - start > self.blocks.num_available:
                 return 0
-            return self._read_into_cache(prompt, hashes, start, end)
+            rows = self.link.read(self.set_id, hashes.hashes[start:end], plan.state_at)
+            if rows is not None:
+                state_size = 0 if rows.state is None else len(rows.state.payload)
+                self._measured_read(len(rows.payload) + state_size, rows.read_seconds)
+            restored = self._read_into_cache(prompt, hashes, start, end, rows)
+            if self.snapshots is None:
+                return restored
+            if restored < (end - start) * bs or not self.snapshots.restore(plan.state_at, rows):
+                return 0  # no snapshot at the end of the blocks read: they only wait cached
+            self.restored_tokens_total += plan.disk_tokens - plan.ram_tokens
+            self.stats_stale = True
+            return plan.disk_tokens - plan.ram_tokens
         finally:
             self.blocks.release(pin)
 
-    def _read_into_cache(self, prompt: list[int], hashes: PromptHashes, start: int, end: int) -> int:
+    def _read_into_cache(
+        self, prompt: list[int], hashes: PromptHashes, start: int, end: int, rows: BlockRows | None
+    ) -> int:
+        """The blocks read into the cache, named: the tokens they hold."""
         bs = self.blocks.block_size
-        rows = self.link.read(self.set_id, hashes.hashes[start:end])
+        if end <= start:
+            return 0
         if rows is None or not rows.hashes:
             self._forget_missing(hashes.hashes[start:end])
             return 0
@@ -258,8 +331,8 @@ class DiskStates:
         self.rows.write_block_rows(block_ids, rows.payload.reshape(count, self.block_bytes))
         for block_id, name, tokens in zip(block_ids, rows.hashes, expected):
             self.blocks.name_restored(block_id, name, tokens)
-        self._measured_read(count * self.block_bytes, rows.read_seconds)
-        self.restored_tokens_total += count * bs
+        if self.snapshots is None:
+            self.restored_tokens_total += count * bs
         self.stats_stale = True
         return count * bs
 

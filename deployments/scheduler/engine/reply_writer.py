@@ -151,17 +151,17 @@ class ReplyWriter:
         if seq.finish_reason is not None:
             return
         seq.finish_reason = reason
+        if (
+            seq.states is not None
+            and self.planner.states is not None
+            and reason in (FinishReason.STOP, FinishReason.LENGTH)
+        ):  # the next turn resumes here (named first: the disk store keeps it with the blocks)
+            self.planner.states.name_if_due(seq.states, seq.token_ids, now=True)
         if self.disk is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
             chain = self.blocks.resident_chain(seq.block_table)  # before its blocks are released
             if not self.config.learn_conversations:  # --learn: only the prefix it shared with earlier requests
                 chain = chain[: seq.stats.cached_tokens // self.config.block_size]
             self.disk.remember(chain)
-        if (
-            seq.states is not None
-            and self.planner.states is not None
-            and reason in (FinishReason.STOP, FinishReason.LENGTH)
-        ):
-            self.planner.states.name_if_due(seq.states, seq.token_ids, now=True)  # the next turn resumes here
         self.planner.remove(seq)
         self.in_flight.pop(seq.request_id, None)
         stats = seq.stats

@@ -108,6 +108,16 @@ class StateSlots:
         first = (max(start, named) // every + 1) * every
         return list(range(first, end, every)) if self.max_snapshots else []
 
+    def keep(self, name: bytes, slot: int) -> None:
+        """A snapshot read back from disk into `slot` joins the cache under `name` (most recently used)."""
+        if name in self.snapshots or self.max_snapshots == 0:
+            self.free.append(slot)
+            return
+        self.snapshots[name] = slot
+        while len(self.snapshots) > self.max_snapshots:
+            _, evicted = self.snapshots.popitem(last=False)
+            self.free.append(evicted)
+
     def name_if_due(self, states: SeqStates, token_ids: list[int], now: bool) -> None:
         """Name the last step's interval snapshots, then hand the rolling slot to the cache when it holds a
         boundary not yet named and `now` (a prompt pass or a reply ended) or `snapshot_tokens` have passed

@@ -12,7 +12,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 
 from deployments.messages.engine_process import NO_REPLY, StoreCall, StoreReply
-from deployments.messages.store import BlockRows, PieceWrite, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
 
 log = logging.getLogger("tensorfold.store")
 
@@ -36,7 +36,7 @@ class RelayStoreLink:
                 return message.value
             self.pending.append(message)
 
-    def open_set(self, set_id: str) -> list[bytes]:
+    def open_set(self, set_id: str) -> SetIndex:
         return self._call("open_set", set_id)  # type: ignore[return-value]
 
     def write(self, piece: PieceWrite) -> None:
@@ -45,9 +45,9 @@ class RelayStoreLink:
     def flush(self, timeout_s: float) -> None:
         """The parent relays the writes to the actor and waits for them as it stops (EngineProcess.shutdown)."""
 
-    def read(self, set_id: str, hashes: list[bytes]) -> BlockRows | None:
+    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
         try:
-            return self._call("read", set_id, hashes)  # type: ignore[return-value]
+            return self._call("read", set_id, hashes, state_at)  # type: ignore[return-value]
         except RuntimeError:
             log.exception("prompt store read failed; prefilling instead")
             return None
