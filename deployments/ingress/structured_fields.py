@@ -49,6 +49,8 @@ def _from_response_format(value: Any) -> GrammarSpec | None:
     kind = value["type"]
     if kind == "text":
         return None
+    if kind == "json_object" and value.get("schema") is not None:  # as instructor and other clients send one
+        return GrammarSpec("json_schema", _schema_text(value["schema"], f"{param}.schema"), param=param)
     if kind == "json_object":
         return GrammarSpec("json_object", "", param=param)
     inner = value.get("json_schema")

@@ -82,6 +82,19 @@ def test_constrained_replies_match_their_grammar(client: TestClient) -> None:
     assert re.fullmatch(r"[A-Z][a-z]{2,5}", body["choices"][0]["message"]["content"])
 
 
+def test_a_schema_sent_with_json_object_is_enforced(client: TestClient) -> None:
+    # instructor and other OpenAI-compatible clients send {"type": "json_object", "schema": ...}.
+    schema = {"type": "object", "properties": {"n": {"enum": [7]}}, "required": ["n"], "additionalProperties": False}
+    body = _chat(
+        client, max_tokens=40, chat_template_kwargs=NO_THINK, response_format={"type": "json_object", "schema": schema}
+    )
+    assert json.loads(body["choices"][0]["message"]["content"]) == {"n": 7}
+    refused = client.post(
+        "/v1/chat/completions", json={"messages": USER, "response_format": {"type": "json_object", "schema": "x"}}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format.schema"
+
+
 def test_chat_logprobs_streamed_equal_whole_and_cover_the_answer(client: TestClient) -> None:
     fields = {"max_tokens": 60, "logprobs": True, "top_logprobs": 2}
     whole = _chat(client, **fields)
