@@ -1,6 +1,6 @@
 """What the model layers call: each function takes the arguments of the torch code it replaces and runs
 the Triton kernel when its tensors are on CUDA (and Triton imports), else the CPU's native kernel where one
-takes the call (kernels/cpu_*.py: batch-invariant, RoPE and argmax with torch's bits), else the plain-torch
+takes the call (kernels/cpu_*.py: batch-invariant, RoPE, argmax and the causal conv with torch's bits), else the plain-torch
 path, which computes exactly what the layers computed before.
 
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
@@ -20,6 +20,7 @@ from kernels import (
     cpu_attention,
     cpu_layer_ops,
     cpu_native,
+    cpu_recurrent,
     fused_moe,
     kv_write,
     mla_decode,
@@ -223,6 +224,8 @@ def causal_conv_scan(
     x: torch.Tensor, history_pool: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: ScanRows
 ) -> torch.Tensor:
     """A recurrent layer's depthwise causal conv over a step's sequences (recurrent_scan.py): [T, C] float32."""
+    if backend(x, history_pool) == "torch" and cpu_recurrent.conv_supported(x, history_pool, weight, bias):
+        return cpu_recurrent.causal_conv_scan(x, history_pool, weight, bias, rows)
     return recurrent_scan.causal_conv_scan(x, history_pool, weight, bias, rows)
 
 
@@ -238,6 +241,9 @@ def gated_delta_scan(
     rows: ScanRows,
 ) -> torch.Tensor:
     """Gated DeltaNet's recurrence over a step's sequences (recurrent_scan.py): o [T, Hv, Dv] float32."""
+    args = (q, k, v, a, beta, neg_a, dt_bias)
+    if backend(state_pool, q) == "torch" and cpu_recurrent.gated_delta_supported(state_pool, *args):
+        return cpu_recurrent.gated_delta_scan(state_pool, *args, rows)
     return recurrent_scan.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, rows)
 
 
@@ -254,4 +260,7 @@ def mamba2_scan(
     rows: ScanRows,
 ) -> torch.Tensor:
     """Mamba2's selective state update over a step's sequences (recurrent_scan.py): y [T, H, P] float32."""
+    args = (x, b, c, dt, dt_bias, a, d)
+    if backend(state_pool, x) == "torch" and cpu_recurrent.mamba2_supported(state_pool, *args):
+        return cpu_recurrent.mamba2_scan(state_pool, *args, time_step_limit, rows)
     return recurrent_scan.mamba2_scan(state_pool, x, b, c, dt, dt_bias, a, d, time_step_limit, rows)
