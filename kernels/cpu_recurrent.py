@@ -136,7 +136,9 @@ def causal_conv_scan(
     return out
 
 
-def conv_supported(x: torch.Tensor, history_pool: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def conv_supported(
+    x: torch.Tensor, history_pool: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> bool:
     """One dtype throughout and a contiguous pool (advanced in place)."""
     same = all(t.dtype == x.dtype for t in (history_pool, weight) + ((bias,) if bias is not None else ()))
     return same and x.dim() == 2 and history_pool.is_contiguous() and supports(x, history_pool, weight, bias)
