@@ -31,15 +31,18 @@ SOURCE = Path(__file__).parent / "cpu" / "recurrent.c"
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off"]
 WIDEST = (("avx512f", "-mavx512f"), ("avx2", "-mavx2"))  # the first this CPU has widens the vectors
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+# Below this many elements touched (tokens x state or channels), a call runs on one thread: a decode step's
+# conv and one sequence's few heads cost less than waking the others. Results never depend on it.
+PARALLEL_WORK = 1 << 18
 
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _ROWS = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr]  # starts, ends, slots, cap_begin, cap_rows, cap_slots
 SIGNATURES = {
-    "tf_causal_conv_scan": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, *_ROWS, _i64, _i64, _i64, _int, _int],
+    "tf_causal_conv_scan": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, *_ROWS, _i64, _i64, _i64, _int, _int, _i64],
     "tf_gated_delta_scan": [_ptr, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _ptr, _ptr, _int, _ptr, *_ROWS]
-    + [_i64, _i64, _i64, _i64, _int],
+    + [_i64, _i64, _i64, _i64, _int, _i64],
     "tf_mamba2_scan": [_ptr, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int, _int, _ptr, _ptr, _int, _f32, _f32, _ptr]
-    + [*_ROWS, _i64, _i64, _i64, _i64, _int],
+    + [*_ROWS, _i64, _i64, _i64, _i64, _int, _i64],
 }
 
 
@@ -132,6 +135,7 @@ def causal_conv_scan(
         weight.shape[1],
         DTYPE_CODES[x.dtype],
         cpu_native.threads(),
+        PARALLEL_WORK,
     )
     return out
 
@@ -181,6 +185,7 @@ def gated_delta_scan(
         dk,
         dv,
         cpu_native.threads(),
+        PARALLEL_WORK,
     )
     return out
 
@@ -235,6 +240,7 @@ def mamba2_scan(
         head_dim,
         state_size,
         cpu_native.threads(),
+        PARALLEL_WORK,
     )
     return out
 

@@ -8,7 +8,8 @@
 // count. Threads split only (sequence, head) or (sequence, channel block) pairs, never a reduction.
 //
 // Sequences are given as flat rows [starts[s], ends[s]) with a state slot each; captures (sorted by row per
-// sequence, cap_begin[s] .. cap_begin[s + 1]) copy the states after a row into another slot.
+// sequence, cap_begin[s] .. cap_begin[s + 1]) copy the states after a row into another slot. A call touching
+// fewer than `parallel_work` state or input elements stays on the calling thread (a fork would cost more).
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +19,6 @@ enum { DT_F32 = 0, DT_BF16 = 1 };
 
 #define CONV_BLOCK 64    // channels per conv work item
 #define LANES 16         // Mamba2's dot products over d_state: this many running sums, then a fixed tree
-#define PARALLEL_WORK 4  // fewer work items run on the calling thread (a fork costs more than they do)
 
 static inline float bf16_to_float(uint16_t bits) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)bits << 16};
@@ -114,10 +114,12 @@ static void conv_block(const ConvArgs *p, int64_t start, int64_t end, int64_t sl
 void tf_causal_conv_scan(const void *x, int64_t x_stride, void *history, const void *weight, const void *bias,
                          float *out, const int64_t *starts, const int64_t *ends, const int64_t *slots,
                          const int64_t *cap_begin, const int64_t *cap_rows, const int64_t *cap_slots, int64_t seqs,
-                         int64_t channels, int64_t kernel, int dtype, int threads) {
+                         int64_t channels, int64_t kernel, int dtype, int threads, int64_t parallel_work) {
+    if (seqs == 0) return;
     const ConvArgs p = {x, x_stride, history, weight, bias, out, channels, kernel, dtype};
     const int64_t blocks = (channels + CONV_BLOCK - 1) / CONV_BLOCK, items = seqs * blocks;
-#pragma omp parallel for num_threads(threads) if (items >= PARALLEL_WORK) schedule(static)
+    const int64_t work = (ends[seqs - 1] - starts[0]) * channels * kernel;
+#pragma omp parallel for num_threads(threads) if (work >= parallel_work) schedule(static)
     for (int64_t item = 0; item < items; item++) {
         const int64_t s = item / blocks, c0 = (item % blocks) * CONV_BLOCK;
         const int64_t width = channels - c0 < CONV_BLOCK ? channels - c0 : CONV_BLOCK;
@@ -174,10 +176,11 @@ void tf_gated_delta_scan(float *state, const float *q, const float *k, const flo
                          const float *beta, const float *neg_a, const void *dt_bias, int bias_dtype, float *out,
                          const int64_t *starts, const int64_t *ends, const int64_t *slots, const int64_t *cap_begin,
                          const int64_t *cap_rows, const int64_t *cap_slots, int64_t seqs, int64_t heads, int64_t dk,
-                         int64_t dv, int threads) {
+                         int64_t dv, int threads, int64_t parallel_work) {
+    if (seqs == 0) return;
     const DeltaArgs p = {state, q, k, v, a, beta, neg_a, dt_bias, out, heads, dk, dv, a_dtype, bias_dtype};
-    const int64_t items = seqs * heads, size = dk * dv;
-#pragma omp parallel for num_threads(threads) if (items >= PARALLEL_WORK) schedule(static)
+    const int64_t items = seqs * heads, size = dk * dv, work = (ends[seqs - 1] - starts[0]) * heads * size;
+#pragma omp parallel for num_threads(threads) if (work >= parallel_work) schedule(static)
     for (int64_t item = 0; item < items; item++) {
         const int64_t s = item / heads, h = item % heads;
         float *acc = malloc((size_t)dv * sizeof(float));
@@ -248,11 +251,14 @@ void tf_mamba2_scan(float *state, const float *x, const float *b, const float *c
                     const void *dt_bias, int bias_dtype, int step_dtype, const float *a, const float *d, int clamp,
                     float low, float high, float *out, const int64_t *starts, const int64_t *ends,
                     const int64_t *slots, const int64_t *cap_begin, const int64_t *cap_rows, const int64_t *cap_slots,
-                    int64_t seqs, int64_t heads, int64_t head_dim, int64_t state_size, int threads) {
+                    int64_t seqs, int64_t heads, int64_t head_dim, int64_t state_size, int threads,
+                    int64_t parallel_work) {
+    if (seqs == 0) return;
     const MambaArgs p = {state,   x,     b,         c,          dt,         dt_bias, a,   d,    out,
                          heads,   head_dim, state_size, dt_dtype, bias_dtype, step_dtype, clamp, low, high};
     const int64_t items = seqs * heads, size = head_dim * state_size;
-#pragma omp parallel for num_threads(threads) if (items >= PARALLEL_WORK) schedule(static)
+    const int64_t work = (ends[seqs - 1] - starts[0]) * heads * size;
+#pragma omp parallel for num_threads(threads) if (work >= parallel_work) schedule(static)
     for (int64_t item = 0; item < items; item++) {
         const int64_t s = item / heads, h = item % heads;
         float *own = state + (slots[s] * heads + h) * size;
