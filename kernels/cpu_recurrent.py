@@ -86,6 +86,12 @@ def supports(*tensors: torch.Tensor | None) -> bool:
     return all(t.device.type == "cpu" and t.dtype in DTYPE_CODES for t in present) and available()
 
 
+@functools.lru_cache(maxsize=4)
+def row_arrays(rows: ScanRows) -> "RowArrays":
+    """One step's RowArrays, built once for all its recurrent layers (ScanRows is a value)."""
+    return RowArrays(rows)
+
+
 class RowArrays:
     """ScanRows as the C side reads them: int64 arrays, captures grouped by sequence and sorted by row."""
 
@@ -121,7 +127,7 @@ def causal_conv_scan(
     x, weight = _rows_contiguous(x), weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
     out = torch.empty(x.shape, dtype=torch.float32)
-    arrays = RowArrays(rows)
+    arrays = row_arrays(rows)
     lib.tf_causal_conv_scan(
         x.data_ptr(),
         x.stride(0),
@@ -165,7 +171,7 @@ def gated_delta_scan(
     q, k, v, beta, neg_a = (t.contiguous() for t in (q, k, v, beta, neg_a))
     a, dt_bias = a.contiguous(), dt_bias.contiguous()
     out = torch.empty(v.shape, dtype=torch.float32)
-    arrays = RowArrays(rows)
+    arrays = row_arrays(rows)
     heads, dk, dv = state_pool.shape[1:]
     lib.tf_gated_delta_scan(
         state_pool.data_ptr(),
@@ -214,7 +220,7 @@ def mamba2_scan(
     assert lib is not None
     x, b, c, dt, dt_bias, a, d = (t.contiguous() for t in (x, b, c, dt, dt_bias, a, d))
     out = torch.empty(x.shape, dtype=torch.float32)
-    arrays = RowArrays(rows)
+    arrays = row_arrays(rows)
     low, high = time_step_limit
     step_dtype = torch.promote_types(dt.dtype, dt_bias.dtype)  # where torch computes dt + dt_bias and softplus
     heads, head_dim, state_size = state_pool.shape[1:]

@@ -58,7 +58,7 @@ def bench_checkpoint(scratch: Path, size: str = "bench") -> Path:
     from serve_app.fixtures.checkpoints import BENCH_SHAPES, QWEN3_VOCAB, build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer, copy_qwen3_tokenizer, use_tokenizer_end_token
 
-    arch = BENCH_SHAPES[size][0]
+    arch = BENCH_SHAPES[size][0] if size in BENCH_SHAPES else "qwen3"  # "tiny": the tests' Qwen3
     out = scratch / f"{size}-{arch}"
     if size == "qwen3-190m":
         copy_qwen3_tokenizer(out)
