@@ -7,8 +7,8 @@ pairs only, so a token's bits never depend on its chunk, its batch or the thread
 torch's bits; the recurrences sum in their own fixed order (within float32 rounding of torch's), and their
 softplus / exp are libm's. Mamba2's step is rounded where torch rounds it (the bfloat16 sum and softplus).
 
-Unlike cpu_native's AMX library this one is portable C, built for whatever vector width the CPU has (an
-element's ops do not change with it): it runs on any x86-64 or ARM CPU with a C compiler and OpenMP.
+Unlike cpu_native's AMX library this one is portable C that needs only a C compiler with OpenMP, built for
+the widest vectors the CPU has (an element's ops do not change with the width).
 """
 
 import ctypes
@@ -149,9 +149,14 @@ def causal_conv_scan(
 def conv_supported(
     x: torch.Tensor, history_pool: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> bool:
-    """One dtype throughout and a contiguous pool (advanced in place)."""
+    """One dtype throughout, matching shapes and a contiguous pool (advanced in place)."""
+    if weight.dim() != 2:
+        return False
     same = all(t.dtype == x.dtype for t in (history_pool, weight) + ((bias,) if bias is not None else ()))
-    return same and x.dim() == 2 and history_pool.is_contiguous() and supports(x, history_pool, weight, bias)
+    channels, kernel = weight.shape
+    shapes = x.dim() == 2 and x.shape[1] == channels and history_pool.shape[1:] == (kernel - 1, channels)
+    shapes = shapes and (bias is None or bias.shape == (channels,))
+    return same and shapes and history_pool.is_contiguous() and supports(x, history_pool, weight, bias)
 
 
 def gated_delta_scan(
@@ -197,10 +202,15 @@ def gated_delta_scan(
 
 
 def gated_delta_supported(state_pool: torch.Tensor, *tensors: torch.Tensor) -> bool:
-    """A contiguous float32 pool; q, k, v, beta and neg_a float32 (a and dt_bias float32 or bfloat16)."""
+    """A contiguous float32 pool; q, k, v, beta and neg_a float32 (a and dt_bias float32 or bfloat16); the
+    pool's heads and sizes throughout."""
     q, k, v, a, beta, neg_a, dt_bias = tensors
     floats = all(t.dtype == torch.float32 for t in (state_pool, q, k, v, beta, neg_a))
-    return floats and state_pool.is_contiguous() and supports(state_pool, *tensors)
+    _, heads, dk, dv = state_pool.shape
+    tokens = q.shape[0]
+    shapes = q.shape == k.shape == (tokens, heads, dk) and v.shape == (tokens, heads, dv)
+    shapes = shapes and a.shape == beta.shape == (tokens, heads) and neg_a.shape == dt_bias.shape == (heads,)
+    return floats and shapes and state_pool.is_contiguous() and supports(state_pool, *tensors)
 
 
 def mamba2_scan(
@@ -252,7 +262,12 @@ def mamba2_scan(
 
 
 def mamba2_supported(state_pool: torch.Tensor, *tensors: torch.Tensor) -> bool:
-    """A contiguous float32 pool; x, b, c, a and d float32 (dt and dt_bias float32 or bfloat16)."""
+    """A contiguous float32 pool; x, b, c, a and d float32 (dt and dt_bias float32 or bfloat16); the pool's
+    heads and sizes throughout."""
     x, b, c, dt, dt_bias, a, d = tensors
     floats = all(t.dtype == torch.float32 for t in (state_pool, x, b, c, a, d))
-    return floats and state_pool.is_contiguous() and supports(state_pool, *tensors)
+    _, heads, head_dim, state_size = state_pool.shape
+    tokens = x.shape[0]
+    shapes = x.shape == (tokens, heads, head_dim) and b.shape == c.shape == (tokens, heads, state_size)
+    shapes = shapes and dt.shape == (tokens, heads) and dt_bias.shape == a.shape == d.shape == (heads,)
+    return floats and shapes and state_pool.is_contiguous() and supports(state_pool, *tensors)

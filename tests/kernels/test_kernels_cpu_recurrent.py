@@ -184,7 +184,16 @@ def test_dispatch_takes_the_native_kernels_unless_told_torch(monkeypatch: pytest
     assert torch.equal(run(case, dispatch, whole_step())[0], run(case, recurrent_scan, whole_step())[0])
 
 
-def test_unsupported_dtypes_keep_torch() -> None:
+def test_unsupported_dtypes_and_shapes_keep_torch() -> None:
     case = conv_case(torch.float16, sum(LENGTHS))
     assert not cpu_recurrent.conv_supported(case.tokens[0], case.pools[0], *case.fixed)
     assert torch.equal(run(case, dispatch, whole_step())[0], run(case, recurrent_scan, whole_step())[0])
+    conv = conv_case(torch.float32, sum(LENGTHS))
+    assert cpu_recurrent.conv_supported(conv.tokens[0], conv.pools[0], *conv.fixed)
+    assert not cpu_recurrent.conv_supported(conv.tokens[0][:, 1:], conv.pools[0], *conv.fixed)
+    delta = delta_case(torch.float32, sum(LENGTHS))
+    assert cpu_recurrent.gated_delta_supported(delta.pools[0], *delta.tokens, *delta.fixed)
+    assert not cpu_recurrent.gated_delta_supported(delta.pools[0][:, :2], *delta.tokens, *delta.fixed)
+    mamba = mamba_case(torch.float32, sum(LENGTHS))
+    assert cpu_recurrent.mamba2_supported(mamba.pools[0], *mamba.tokens, *mamba.fixed[:3])
+    assert not cpu_recurrent.mamba2_supported(mamba.pools[0][..., :8], *mamba.tokens, *mamba.fixed[:3])
