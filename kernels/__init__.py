@@ -12,6 +12,8 @@ scan_meta           a step's recurrent sequences and captures as device tensors 
 cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/simd.h):
                     AMX bf16 matmuls on weights packed at load, float32 paged attention in row tiles,
                     RMSNorm / RoPE / SiLU*up / greedy argmax; fixed per-row order, built on first use
+cpu_recurrent       the recurrent scans on CPU (cpu/recurrent.c, portable C: any CPU, no AMX), token after
+                    token per sequence, threads over (sequence, head) pairs
 checks, _triton     argument checks; Triton import guard (interpreter on CUDA-less machines)
 testing             test helpers (poisoned outputs, float64 references, GPU-faithful interpreter dots)
 compile_check       ahead-of-time sm_80/sm_90 compile of every kernel, no GPU needed

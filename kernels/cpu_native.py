@@ -74,7 +74,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TENSORFOLD_KERNEL_CACHE") or default)
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
@@ -85,14 +86,14 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _build(target: Path) -> None:
-    """Compile the sources to `target` atomically (another process may be building the same file)."""
+def build(target: Path, sources: list[Path], flags: list[str]) -> None:
+    """Compile `sources` to `target` atomically (another process may be building the same file)."""
     compiler = os.environ.get("CC", "cc")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as scratch:
         partial = Path(scratch.name)
     try:
-        command = [compiler, *COMPILE_FLAGS, "-o", str(partial), *map(str, SOURCES)]
+        command = [compiler, *flags, "-o", str(partial), *map(str, sources)]
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
         partial.replace(target)
     finally:
@@ -109,14 +110,14 @@ def source_digest() -> str:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels with AMX enabled for this process, or None (the reason is logged once)."""
-    missing = [flag for flag in CPU_FLAGS if flag not in _cpu_flags()]
+    missing = [flag for flag in CPU_FLAGS if flag not in cpu_flags()]
     if missing:
         log.info("native CPU kernels off: this CPU lacks %s", ", ".join(missing))
         return None
     target = cache_dir() / f"tensorfold_cpu-{source_digest()}.so"
     try:
         if not target.exists():
-            _build(target)
+            build(target, SOURCES, COMPILE_FLAGS)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("native CPU kernels off: building them failed: %s", getattr(exc, "stderr", "") or exc)

@@ -1,7 +1,7 @@
 """What the model layers call: each function takes the arguments of the torch code it replaces and runs
 the Triton kernel when its tensors are on CUDA (and Triton imports), else the CPU's native kernel where one
-takes the call (kernels/cpu_*.py: batch-invariant, RoPE and argmax with torch's bits), else the plain-torch
-path, which computes exactly what the layers computed before.
+takes the call (kernels/cpu_*.py: batch-invariant; RoPE, argmax and the causal conv with torch's bits), else
+the plain-torch path, which computes exactly what the layers computed before.
 
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
 GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests).
@@ -24,6 +24,7 @@ from kernels import (
     cpu_attention,
     cpu_layer_ops,
     cpu_native,
+    cpu_recurrent,
     fused_moe,
     kv_write,
     mla_decode,
@@ -244,6 +245,8 @@ def causal_conv_scan(
     """A recurrent layer's depthwise causal conv over a step's sequences (recurrent_scan.py): [T, C] float32."""
     if backend(x, history_pool) == "triton" and conv_triton.supports(weight):
         return conv_triton.causal_conv_scan(x, history_pool, weight, bias, scan_meta(rows, x))
+    if backend(x, history_pool) == "torch" and cpu_recurrent.conv_supported(x, history_pool, weight, bias):
+        return cpu_recurrent.causal_conv_scan(x, history_pool, weight, bias, rows)
     return recurrent_scan.causal_conv_scan(x, history_pool, weight, bias, rows)
 
 
@@ -261,6 +264,9 @@ def gated_delta_scan(
     """Gated DeltaNet's recurrence over a step's sequences (recurrent_scan.py): o [T, Hv, Dv] float32."""
     if backend(state_pool, q) == "triton":
         return delta_triton.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, scan_meta(rows, q))
+    args = (q, k, v, a, beta, neg_a, dt_bias)
+    if backend(state_pool, q) == "torch" and cpu_recurrent.gated_delta_supported(state_pool, *args):
+        return cpu_recurrent.gated_delta_scan(state_pool, *args, rows)
     return recurrent_scan.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, rows)
 
 
@@ -280,4 +286,7 @@ def mamba2_scan(
     if backend(state_pool, x) == "triton":
         meta = scan_meta(rows, x)
         return mamba2_triton.mamba2_scan(state_pool, x, b, c, dt, dt_bias, a, d, time_step_limit, meta)
+    args = (x, b, c, dt, dt_bias, a, d)
+    if backend(state_pool, x) == "torch" and cpu_recurrent.mamba2_supported(state_pool, *args):
+        return cpu_recurrent.mamba2_scan(state_pool, *args, time_step_limit, rows)
     return recurrent_scan.mamba2_scan(state_pool, x, b, c, dt, dt_bias, a, d, time_step_limit, rows)

@@ -40,10 +40,11 @@ def checkpoint_identity(model_dir: str) -> str:
 
 def kernel_build() -> str:
     """torch's version, the CPU kernels in use (they decide the bits) and the machine."""
-    from kernels.cpu_native import available, source_digest
+    from kernels import cpu_native, cpu_recurrent
 
-    native = source_digest() if available() else "torch-kernels"
-    return f"torch{torch.__version__}-{native}-{platform.machine()}"
+    native = cpu_native.source_digest() if cpu_native.available() else "torch-kernels"
+    recurrent = cpu_recurrent.source_digest() if cpu_recurrent.available() else "torch-recurrence"
+    return f"torch{torch.__version__}-{native}-{recurrent}-{platform.machine()}"
 
 
 CONVERSATIONS, PREFIXES = "conversations", "prefixes"  # --learn-conversations' store, --learn's

@@ -30,10 +30,13 @@ TIMED: list[tuple[str, str, str]] = [
     ("norms/rotary/act", "kernels.dispatch", "add_rms_norm"),
     ("norms/rotary/act", "kernels.dispatch", "apply_rotary"),
     ("norms/rotary/act", "kernels.dispatch", "silu_mul"),
+    ("recurrence", "kernels.dispatch", "causal_conv_scan"),
+    ("recurrence", "kernels.dispatch", "gated_delta_scan"),
+    ("recurrence", "kernels.dispatch", "mamba2_scan"),
     ("embedding", "deployments.model_rank.layers.embedding", "VocabEmbedding.forward"),
     ("sampling", "deployments.model_rank.runner", "sample_rows"),
 ]
-CATEGORIES = ["matmuls", "attention", "norms/rotary/act", "embedding", "sampling"]
+CATEGORIES = ["matmuls", "attention", "recurrence", "norms/rotary/act", "embedding", "sampling"]
 
 
 @dataclass
