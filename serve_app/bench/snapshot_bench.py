@@ -9,6 +9,7 @@ the cache holds afterwards: snapshots, their memory, and the KV memory of the ca
 """
 
 import argparse
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +65,16 @@ def _prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="tensorfold-bench-") as scratch:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch), args.size)
-        base = EngineConfig(model=str(checkpoint), dtype=args.dtype, device="cpu", context=args.context)
+        base = EngineConfig(
+            model=str(checkpoint),
+            dtype=args.dtype,
+            device="cpu",
+            context=args.context,
+            engine_threads=torch.get_num_threads(),
+        )
         vocab = _vocab(checkpoint)
         prompts = _prompts(args, vocab)
         rows = [
@@ -86,6 +92,7 @@ def _vocab(checkpoint: Path) -> int:
 
 
 def _print_table(args: argparse.Namespace, rows: list[IntervalFigures]) -> None:
+    print(f"state snapshot: {rows[0].snapshot_mib / max(rows[0].snapshots, 1):.1f} MiB each")
     print(
         f"shared prefix {args.shared_tokens} tokens, then {args.requests} prompts with {args.question_tokens}-token "
         f"questions of their own (one warm-up prompt first); torch threads {torch.get_num_threads()}"
