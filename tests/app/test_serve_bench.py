@@ -69,3 +69,23 @@ def test_the_load_generator_reads_long_events_and_counts_every_token() -> None:
         return [s.tokens for s in figures.streams]
 
     assert asyncio.run(run()) == [3, 3]
+
+
+def test_the_snapshot_bench_resumes_later_prompts_within_each_interval(tmp_path, capsys) -> None:
+    from serve_app.cli import main as cli_main
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+    build_random_checkpoint("qwen3_5_text", tmp_path, seed=1)
+    build_tokenizer(tmp_path, family="qwen")
+    argv = ["bench", "snapshots", "--checkpoint", str(tmp_path), "--shared-tokens", "200", "--requests", "2"]
+    assert (
+        cli_main([*argv, "--question-tokens", "8", "--every", "32", "128", "--context", "512", "--threads", "1"]) == 0
+    )
+    rows = {
+        int(line.split()[0]): line.split()
+        for line in capsys.readouterr().out.splitlines()
+        if line.strip()[:1].isdigit()
+    }
+    assert float(rows[32][1]) <= 32 + 9 < float(rows[128][1]) <= 128 + 9  # recomputed: within an interval
+    assert int(rows[32][3]) > int(rows[128][3])  # more snapshots held at the shorter interval
