@@ -158,10 +158,10 @@ class FusedProjection:
         weights = [p.weight for p in projections]
         self.sizes = [w.shape[0] for w in weights]
         self.weight = torch.cat([w.data for w in weights])  # [sum N, K]: the packs end to end
-        self.weight.amx_packed = True
+        self.weight.bf16_packed = True
         for projection, part in zip(projections, self.weight.split(self.sizes)):
             view = nn.Parameter(part, requires_grad=False)
-            view.amx_packed = True
+            view.bf16_packed = True
             projection.weight = view
 
     @staticmethod
