@@ -127,10 +127,15 @@ def level() -> Level | None:
         return None
     candidates = [lv for lv in LEVELS if lv.name == requested] or list(LEVELS)
     for candidate in candidates:
-        if all(flag in _cpu_flags() for flag in candidate.cpu_flags):
+        if candidate in supported_levels():
             return candidate
     _log_missing(candidates[-1])
     return None
+
+
+def supported_levels() -> list[Level]:
+    """The levels this CPU's features allow, best first."""
+    return [lv for lv in LEVELS if all(flag in _cpu_flags() for flag in lv.cpu_flags)]
 
 
 @functools.cache

@@ -8,7 +8,14 @@ import torch
 from kernels import attention_torch, cpu_attention, cpu_gemm, cpu_layer_ops, cpu_native, dispatch, rmsnorm, rotary
 from kernels.activation import silu
 
-pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="this CPU lacks AMX/AVX-512 BF16 or no C compiler")
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="this CPU lacks AVX-512 BF16 or no C compiler")
+
+
+@pytest.fixture(autouse=True, params=[level.name for level in cpu_native.supported_levels()] or ["auto"])
+def kernel_level(request, monkeypatch) -> str:
+    """Every test at each level this CPU has (an AMX machine tests the avx512 level too)."""
+    monkeypatch.setenv("TENSORFOLD_KERNELS", request.param)
+    return request.param
 
 
 @pytest.fixture
