@@ -9,9 +9,10 @@ rmsnorm, rotary, kv_write, moe_routing, fused_moe                  the rest of a
 recurrent_scan      Gated DeltaNet / Mamba2 per-token recurrence and causal conv over a step's sequences
 causal_conv_scan, gated_delta_scan, mamba2_scan   the same in Triton, token after token per sequence
 scan_meta           a step's recurrent sequences and captures as device tensors (and Triton's softplus)
-cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/simd.h):
-                    AMX bf16 matmuls on weights packed at load, float32 paged attention in row tiles,
+cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/*.h):
+                    bf16 matmuls on weights packed at load, float32 paged attention in row tiles,
                     RMSNorm / RoPE / SiLU*up / greedy argmax; fixed per-row order, built on first use
+                    at the level the CPU has: amx (AMX tiles) or avx512 (AVX-512 BF16, no AMX)
 cpu_recurrent       the recurrent scans on CPU (cpu/recurrent.c, portable C: any CPU, no AMX), token after
                     token per sequence, threads over (sequence, head) pairs
 checks, _triton     argument checks; Triton import guard (interpreter on CUDA-less machines)

@@ -1,9 +1,11 @@
-"""Batch-invariant bfloat16 matmuls on Intel AMX, the CPU path's projections (kernels/cpu/amx_gemm.c).
+"""Batch-invariant bfloat16 matmuls, the CPU path's projections: on Intel AMX (kernels/cpu/amx_gemm.c) or,
+at the avx512 level, on AVX-512 BF16 (kernels/cpu/avx512_gemm.c).
 
 torch's bfloat16 GEMMs on CPU read weights at 8-20 GB/s for the 1-16 rows of a decode step, and oneDNN's
 prepacked kernels change a row's bits with the row count at larger K. Here each output element is one
-fixed sequence of AMX tile ops over K, whatever M, the N split or the thread count, and one row streams
-the weights near memory bandwidth. Weights are packed in place once at load (`pack_`).
+fixed sequence of ops over K (AMX tile ops, or VDPBF16PS over pairs of K), whatever M, the N split or the
+thread count, and one row streams the weights near memory bandwidth. Weights are packed in place once at
+load (`pack_`, kernels/cpu/bf16_pack.c: one layout for both levels).
 """
 
 import torch
@@ -14,7 +16,7 @@ from kernels.cpu_native import available
 __all__ = ["available", "can_pack", "is_packed", "matmul", "pack_", "rows"]
 
 TILE_N, TILE_K = 16, 32  # the pack's tile: W rows (output features) by K elements
-GROUP_ROWS = 4 * TILE_N  # W rows per group of tiles (amx_gemm.c's GROUP_N): packs of whole groups concatenate
+GROUP_ROWS = 4 * TILE_N  # W rows per group of tiles (bf16_pack.h's GROUP_N): packs of whole groups concatenate
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -36,23 +38,23 @@ def pack_(weight: torch.Tensor) -> None:
     """
     lib = cpu_native.library()
     if lib is None or not can_pack(weight) or is_packed(weight):
-        raise ValueError("pack_ needs the AMX kernel and an unpacked contiguous bf16 weight with N%16 == K%32 == 0")
+        raise ValueError("pack_ needs the native kernels and an unpacked contiguous bf16 weight with N%16 == K%32 == 0")
     n, k = weight.shape[-2], weight.shape[-1]
     with torch.no_grad():
         for matrix in weight.reshape(-1, n, k):
             original = matrix.clone()
-            lib.tf_amx_pack(original.data_ptr(), n, k, k, matrix.data_ptr())
-    weight.amx_packed = True
+            lib.tf_bf16_pack(original.data_ptr(), n, k, k, matrix.data_ptr())
+    weight.bf16_packed = True
 
 
 def is_packed(weight: torch.Tensor) -> bool:
     """A packed weight, or one whole matrix of a packed stack (`stack[e]`)."""
-    if getattr(weight, "amx_packed", False):
+    if getattr(weight, "bf16_packed", False):
         return True
     base = weight._base
     return (
         base is not None
-        and getattr(base, "amx_packed", False)
+        and getattr(base, "bf16_packed", False)
         and base.dim() == 3
         and weight.shape == base.shape[1:]
         and weight.is_contiguous()
@@ -71,10 +73,13 @@ def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(m, n, dtype=torch.bfloat16)
     if m == 0:
         return out
-    panels = torch.empty(-(-m // 16) * 16 * k, dtype=torch.bfloat16)  # x copied into zero-padded 16-row panels
-    lib.tf_amx_gemm(
-        x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, panels.data_ptr(), cpu_native.threads()
-    )
+    if cpu_native.level() is cpu_native.AMX:
+        panels = torch.empty(-(-m // 16) * 16 * k, dtype=torch.bfloat16)  # x copied into zero-padded 16-row panels
+        lib.tf_amx_gemm(
+            x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, panels.data_ptr(), cpu_native.threads()
+        )
+    else:
+        lib.tf_avx512_gemm(x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, cpu_native.threads())
     return out
 
 
@@ -87,5 +92,5 @@ def rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
         raise IndexError(f"token id out of range for an embedding of {n} rows")
     out = torch.empty(ids.shape[0], k, dtype=weight.dtype)
-    lib.tf_amx_unpack_rows(weight.data_ptr(), n, k, ids.data_ptr(), ids.shape[0], out.data_ptr())
+    lib.tf_bf16_unpack_rows(weight.data_ptr(), n, k, ids.data_ptr(), ids.shape[0], out.data_ptr())
     return out

@@ -2,9 +2,12 @@
 
 torch's CPU kernels either change a row's bits with the row count (float32 GEMMs, oneDNN's packed bf16
 GEMMs at large K) or run far below memory bandwidth at decode shapes; these kernels do neither
-(cpu_gemm.py, cpu_attention.py say how). The sources are compiled with the system C compiler into
-`TENSORFOLD_KERNEL_CACHE` (default `~/.cache/tensorfold/kernels`), keyed by their hash. Without the CPU
-features, a compiler, or with `TENSORFOLD_KERNELS=torch`, `available()` is False and callers keep torch.
+(cpu_gemm.py, cpu_attention.py say how). They come in levels chosen at load by the CPU's features: `amx`
+(the bf16 GEMM on AMX tiles) and `avx512` (AVX-512 BF16 without AMX: the same attention and layer ops, the
+GEMM on VDPBF16PS); `TENSORFOLD_KERNELS=amx|avx512` forces one, `auto` takes the best the CPU has. The
+sources are compiled with the system C compiler into `TENSORFOLD_KERNEL_CACHE` (default
+`~/.cache/tensorfold/kernels`), keyed by level and hash. Without the CPU features, a compiler, or with
+`TENSORFOLD_KERNELS=torch`, `available()` is False and callers keep torch.
 """
 
 import ctypes
@@ -14,34 +17,47 @@ import logging
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "cpu" / name for name in ("amx_gemm.c", "paged_attention.c", "layer_ops.c")]
-HEADERS = [Path(__file__).parent / "cpu" / "simd.h"]
-CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512bw", "avx512vl", "f16c")
+CPU_DIR = Path(__file__).parent / "cpu"
+HEADERS = [CPU_DIR / "simd.h", CPU_DIR / "bf16_pack.h"]
+SHARED_SOURCES = ("paged_attention.c", "layer_ops.c")
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
-COMPILE_FLAGS = [
-    "-O3",
-    "-shared",
-    "-fPIC",
-    "-fopenmp",
-    "-ffp-contract=off",
-    "-mavx512f",
-    "-mavx512bw",
-    "-mavx512vl",
-    "-mavx512bf16",
-    "-mf16c",
-    "-mamx-tile",
-    "-mamx-bf16",
-]
+BASE_COMPILE_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
+AVX512_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One build of the native kernels, for one class of CPU (each computes its own GEMM bits)."""
+
+    name: str  # what `TENSORFOLD_KERNELS` names to force it, and the cache file's prefix
+    cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the CPU must have
+    gemm_source: str  # the bf16 GEMM (kernels/cpu/*.c); the other sources are SHARED_SOURCES
+    compile_flags: tuple[str, ...]  # the compiler's flags, BASE_COMPILE_FLAGS included
+
+    @property
+    def sources(self) -> list[Path]:
+        return [CPU_DIR / name for name in (self.gemm_source, *SHARED_SOURCES)]
+
+
+AMX = Level(
+    "amx",
+    ("amx_bf16", "amx_tile", *AVX512_FLAGS),
+    "amx_gemm.c",
+    (*BASE_COMPILE_FLAGS, *AVX512_COMPILE_FLAGS, "-mamx-tile", "-mamx-bf16"),
+)
+AVX512 = Level("avx512", AVX512_FLAGS, "avx512_gemm.c", (*BASE_COMPILE_FLAGS, *AVX512_COMPILE_FLAGS))
+LEVELS = (AMX, AVX512)  # best first: `auto` takes the first this CPU has
 
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
-    "tf_amx_pack": [_ptr, _i64, _i64, _i64, _ptr],
-    "tf_amx_unpack_rows": [_ptr, _i64, _i64, _ptr, _i64, _ptr],
-    "tf_amx_gemm": [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int],
+    "tf_bf16_pack": [_ptr, _i64, _i64, _i64, _ptr],
+    "tf_bf16_unpack_rows": [_ptr, _i64, _i64, _ptr, _i64, _ptr],
     "tf_paged_attention": [
         _ptr,
         _ptr,
@@ -67,6 +83,10 @@ SIGNATURES = {
     "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
 }
+GEMM_SIGNATURES = {
+    "amx": ("tf_amx_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int]),
+    "avx512": ("tf_avx512_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
+}
 
 
 def cache_dir() -> Path:
@@ -74,16 +94,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TENSORFOLD_KERNEL_CACHE") or default)
 
 
-def cpu_flags() -> set[str]:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
-        return set()
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
 def build(target: Path, sources: list[Path], flags: list[str]) -> None:
@@ -100,40 +121,71 @@ def build(target: Path, sources: list[Path], flags: list[str]) -> None:
         partial.unlink(missing_ok=True)
 
 
-@functools.cache
-def source_digest() -> str:
-    """The kernels' sources and compile flags: what decides the bits they compute."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [*SOURCES, *HEADERS]) + " ".join(COMPILE_FLAGS).encode())
-    return digest.hexdigest()[:16]
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled kernels with AMX enabled for this process, or None (the reason is logged once)."""
-    missing = [flag for flag in CPU_FLAGS if flag not in cpu_flags()]
-    if missing:
-        log.info("native CPU kernels off: this CPU lacks %s", ", ".join(missing))
+def level() -> Level | None:
+    """The level this process runs: `TENSORFOLD_KERNELS` names one (`torch`: none), else the best the CPU has."""
+    requested = os.environ.get("TENSORFOLD_KERNELS", "auto").strip().lower() or "auto"
+    if requested == "torch":
         return None
-    target = cache_dir() / f"tensorfold_cpu-{source_digest()}.so"
+    candidates = [lv for lv in LEVELS if lv.name == requested] or list(LEVELS)
+    for candidate in candidates:
+        if candidate in supported_levels():
+            return candidate
+    _log_missing(candidates[-1])
+    return None
+
+
+def supported_levels() -> list[Level]:
+    """The levels this CPU's features allow, best first."""
+    return [lv for lv in LEVELS if all(flag in cpu_flags() for flag in lv.cpu_flags)]
+
+
+@functools.cache
+def _log_missing(chosen: Level) -> None:
+    missing = [flag for flag in chosen.cpu_flags if flag not in cpu_flags()]
+    log.info("native CPU kernels off: this CPU lacks %s", ", ".join(missing))
+
+
+def source_digest() -> str:
+    """The running level's sources and compile flags: what decides the bits its kernels compute."""
+    chosen = level()
+    return _digest(chosen) if chosen is not None else "torch-kernels"
+
+
+@functools.cache
+def _digest(chosen: Level) -> str:
+    parts = [p.read_bytes() for p in [*chosen.sources, *HEADERS]]
+    digest = hashlib.sha256(b"".join(parts) + " ".join(chosen.compile_flags).encode())
+    return f"{chosen.name}-{digest.hexdigest()[:16]}"
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels of this process's level, or None (the reason is logged once)."""
+    chosen = level()
+    return _load(chosen) if chosen is not None else None
+
+
+@functools.cache
+def _load(chosen: Level) -> ctypes.CDLL | None:
+    target = cache_dir() / f"tensorfold_cpu-{_digest(chosen)}.so"
     try:
         if not target.exists():
-            build(target, SOURCES, COMPILE_FLAGS)
+            build(target, list(chosen.sources), list(chosen.compile_flags))
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("native CPU kernels off: building them failed: %s", getattr(exc, "stderr", "") or exc)
         return None
-    if lib.tf_amx_init() != 0:
+    if chosen is AMX and lib.tf_amx_init() != 0:
         log.warning("native CPU kernels off: the OS refused this process the AMX tile state")
         return None
-    for name, argtypes in SIGNATURES.items():
+    gemm, gemm_args = GEMM_SIGNATURES[chosen.name]
+    for name, argtypes in {**SIGNATURES, gemm: gemm_args}.items():
         getattr(lib, name).argtypes = argtypes
+    log.info("native CPU kernels: the %s level", chosen.name)
     return lib
 
 
 def available() -> bool:
     """Whether the CPU path runs these kernels (`TENSORFOLD_KERNELS=torch` keeps torch's)."""
-    if os.environ.get("TENSORFOLD_KERNELS", "auto").strip().lower() == "torch":
-        return False
     return library() is not None
 
 

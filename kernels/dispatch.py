@@ -4,7 +4,8 @@ takes the call (kernels/cpu_*.py: batch-invariant; RoPE, argmax and the causal c
 the plain-torch path, which computes exactly what the layers computed before.
 
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
-GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests).
+GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests), or a native CPU level
+(`amx`, `avx512`: kernels/cpu_native.py) forced instead of the best the CPU has, otherwise as `auto`.
 """
 
 import os
@@ -41,7 +42,7 @@ from kernels.paged_prefill_attention import paged_prefill_attention
 from kernels.recurrent_scan import ScanRows
 from kernels.scan_meta import ScanMeta, build_scan_meta
 
-MODES = ("auto", "torch", "triton")
+MODES = ("auto", "torch", "triton", *(level.name for level in cpu_native.LEVELS))
 
 
 class StepLayout(Protocol):

@@ -3,7 +3,8 @@
 // Every output element is one fixed sequence of tile ops: a zeroed fp32 tile, then TDPBF16PS over the
 // 32-wide K blocks in ascending order, then one round to bfloat16. Rows of x never meet inside a tile, so
 // a row's bits do not depend on how many rows share the call, how N is split over threads, or the thread
-// count. x is copied into a zero-padded 16-row panel; W is packed once at load into AMX's pair layout.
+// count. x is copied into a zero-padded 16-row panel; W is packed once at load into AMX's pair layout
+// (tf_bf16_pack).
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -50,38 +51,13 @@ static int64_t tile_offset(int64_t nt, int64_t kt, int64_t n_tiles, int64_t k_ti
     return (group * GROUP_N * k_tiles + kt * count + g) * (TILE_K * TILE_N);
 }
 
-// Pack W [N, K] (row stride ldw elements) into 1 KiB tiles of [16 pairs][16 n][2] (AMX's B layout),
-// zero-padded to n_pad = ceil(N/16)*16 and k_pad = ceil(K/32)*32, placed by tile_offset.
-void tf_amx_pack(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, uint16_t *packed) {
-    const int64_t n_tiles = (n + TILE_N - 1) / TILE_N, k_tiles = (k + TILE_K - 1) / TILE_K;
-    for (int64_t nt = 0; nt < n_tiles; nt++) {
-        for (int64_t kt = 0; kt < k_tiles; kt++) {
-            uint16_t *tile = packed + tile_offset(nt, kt, n_tiles, k_tiles);
-            for (int p = 0; p < TILE_K / 2; p++) {
-                for (int j = 0; j < TILE_N; j++) {
-                    const int64_t row = nt * TILE_N + j;
-                    for (int h = 0; h < 2; h++) {
-                        const int64_t col = kt * TILE_K + 2 * p + h;
-                        tile[(p * TILE_N + j) * 2 + h] = (row < n && col < k) ? w[row * ldw + col] : 0;
-                    }
-                }
-            }
-        }
-    }
+// Element (nt*16 + j, kt*32 + 2p + h) of W in the pack: 1 KiB tiles of [16 pairs][16 n][2] (AMX's B
+// layout), placed by tile_offset.
+static inline int64_t pack_index(int64_t nt, int64_t kt, int p, int j, int h, int64_t n_tiles, int64_t k_tiles) {
+    return tile_offset(nt, kt, n_tiles, k_tiles) + (p * TILE_N + j) * 2 + h;
 }
 
-// Rows `ids` of the original W back out of the packed layout (the tied embedding reads the lm_head's pack).
-void tf_amx_unpack_rows(const uint16_t *packed, int64_t n, int64_t k, const int64_t *ids, int64_t count,
-                        uint16_t *out) {
-    const int64_t k_tiles = (k + TILE_K - 1) / TILE_K, n_tiles = (n + TILE_N - 1) / TILE_N;
-    for (int64_t r = 0; r < count; r++) {
-        const int64_t row = ids[r], nt = row / TILE_N, j = row % TILE_N;
-        for (int64_t col = 0; col < k; col++) {
-            const int64_t kt = col / TILE_K, p = (col % TILE_K) / 2, h = col % 2;
-            out[r * k + col] = packed[tile_offset(nt, kt, n_tiles, k_tiles) + (p * TILE_N + j) * 2 + h];
-        }
-    }
-}
+#include "bf16_pack.h"  // tf_bf16_pack, tf_bf16_unpack_rows over pack_index
 
 // fp32 accumulator tile [16][16] -> rows [0, rows) of out (bf16, row stride ldo), columns [0, cols).
 static void store_bf16(const float *acc, int rows, int cols, uint16_t *out, int64_t ldo) {
@@ -136,7 +112,7 @@ static void panel_times_tiles(const uint16_t *panel, int64_t k_tiles, int64_t n_
     }
 }
 
-// out [M, N] (row stride ldo) = x [M, K] (row stride ldx) @ W^T, with W packed by tf_amx_pack.
+// out [M, N] (row stride ldo) = x [M, K] (row stride ldx) @ W^T, with W packed by tf_bf16_pack.
 // `panels` is scratch of ceil(M/16)*16 * k_pad bf16 elements. Threads split N in groups of n tiles.
 void tf_amx_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const uint16_t *packed, int64_t n,
                  uint16_t *out, int64_t ldo, uint16_t *panels, int threads) {

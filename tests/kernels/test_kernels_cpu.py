@@ -8,7 +8,14 @@ import torch
 from kernels import attention_torch, cpu_attention, cpu_gemm, cpu_layer_ops, cpu_native, dispatch, rmsnorm, rotary
 from kernels.activation import silu
 
-pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="this CPU lacks AMX/AVX-512 BF16 or no C compiler")
+pytestmark = pytest.mark.skipif(not cpu_native.available(), reason="this CPU lacks AVX-512 BF16 or no C compiler")
+
+
+@pytest.fixture(autouse=True, params=[level.name for level in cpu_native.supported_levels()] or ["auto"])
+def kernel_level(request, monkeypatch) -> str:
+    """Every test at each level this CPU has (an AMX machine tests the avx512 level too)."""
+    monkeypatch.setenv("TENSORFOLD_KERNELS", request.param)
+    return request.param
 
 
 @pytest.fixture
@@ -47,6 +54,19 @@ def test_matmul_rows_do_not_depend_on_row_count_or_threads(n: int, k: int, threa
     assert torch.equal(threads(1, cpu_gemm.matmul, x[:40], pack), threads(2, cpu_gemm.matmul, x[:40], pack))
 
 
+@pytest.mark.parametrize("n,k", [(80, 96), (320, 2048), (192, 32)])
+def test_matmul_rows_are_the_same_bits_at_any_row_count_and_thread_count(n: int, k: int, threads) -> None:
+    """Every (row count, thread count) pair gives each row the bits it has alone on one thread."""
+    weight, pack = packed(n, k, seed=3)
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    alone = torch.cat([threads(1, cpu_gemm.matmul, x[row : row + 1], pack) for row in range(300)])
+    reference = x.double() @ weight.double().T  # bf16 products are exact in fp32: only fp32 sums round
+    assert (alone.double() - reference).abs().max() <= 0.01 * reference.abs().max()
+    for count in (1, 2):
+        for rows in (1, 2, 3, 16, 17, 300):
+            assert torch.equal(threads(count, cpu_gemm.matmul, x[:rows], pack), alone[:rows]), (count, rows)
+
+
 def test_packed_rows_read_back_the_original_rows() -> None:
     weight, pack = packed(96, 64)
     ids = torch.tensor([0, 95, 17, 17, 48])
@@ -65,6 +85,20 @@ def test_a_packed_stack_packs_each_matrix() -> None:
         expected = cpu_gemm.matmul(x, _pack_like(original[e]))
         assert torch.equal(cpu_gemm.matmul(x, stack[e]), expected)
     assert not cpu_gemm.is_packed(stack[0, :16])
+
+
+def test_a_packed_expert_stack_matches_a_float64_reference_per_expert(threads) -> None:
+    gen = torch.Generator().manual_seed(5)
+    stack = torch.randn(4, 128, 256, generator=gen).to(torch.bfloat16)
+    original = stack.clone()
+    cpu_gemm.pack_(stack)
+    x = torch.randn(17, 256, generator=gen).to(torch.bfloat16)
+    for e in range(4):
+        reference = x.double() @ original[e].double().T
+        got = threads(2, cpu_gemm.matmul, x, stack[e])
+        assert (got.double() - reference).abs().max() <= 0.01 * reference.abs().max()
+        assert torch.equal(threads(1, cpu_gemm.matmul, x[5:6], stack[e]), got[5:6])
+        assert torch.equal(cpu_gemm.rows(stack[e], torch.tensor([0, 127, 64])), original[e][[0, 127, 64]])
 
 
 def _pack_like(weight: torch.Tensor) -> torch.Tensor:

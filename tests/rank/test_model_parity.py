@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
+from kernels import cpu_gemm
 from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, build_random_checkpoint
 from tests.support.model_harness import PagedHarness, tp_worker
 from tests.support.reference import hf_model
@@ -191,12 +192,22 @@ def _check_rows_alone_and_together(dtype: torch.dtype, shape: tuple[int, int]) -
     for _ in range(24):
         x = torch.randn(64, shape[0], generator=gen).to(dtype)
         w = (torch.randn(shape[1], shape[0], generator=gen) * 0.05).to(dtype)
-        full = invariant_linear(x, w)
-        for rows in (1, 2, 3, 4, 5, 8, 17, 33):
-            for start in (0, 64 - rows):
-                assert torch.equal(invariant_linear(x[start : start + rows], w), full[start : start + rows])
-        for row in range(64):  # every row alone
-            assert torch.equal(invariant_linear(x[row : row + 1], w), full[row : row + 1])
+        for weight in [w, *_packed_copy(w)]:
+            full = invariant_linear(x, weight)
+            for rows in (1, 2, 3, 4, 5, 8, 17, 33):
+                for start in (0, 64 - rows):
+                    assert torch.equal(invariant_linear(x[start : start + rows], weight), full[start : start + rows])
+            for row in range(64):  # every row alone
+                assert torch.equal(invariant_linear(x[row : row + 1], weight), full[row : row + 1])
+
+
+def _packed_copy(weight: torch.Tensor) -> list[torch.Tensor]:
+    """The weight packed for the native GEMM, as a model's bf16 projections are at load (none if it cannot be)."""
+    if not (cpu_gemm.available() and cpu_gemm.can_pack(weight)):
+        return []
+    copy = weight.clone()
+    cpu_gemm.pack_(copy)
+    return [copy]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

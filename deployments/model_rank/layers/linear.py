@@ -25,12 +25,11 @@ CALL_ROWS = 256  # ... at most this many rows per GEMM call (past it MKL's kerne
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
 
-    Weights packed at load (bf16 on an AMX CPU, layers/packing.py) run on kernels/cpu_gemm's fixed-order
-    tiles. Other CPU GEMMs pick kernels by row count: float32's M=1..3 differ from M>=4, and bf16 on a CPU
-    without AMX gives a lone row (a GEMV), and for small shapes up to 4 rows, other bits than 8 or more. So
-    every CPU GEMM (and float32 anywhere) runs in zero-padded 16-row tiles, CALL_ROWS per call at most: the
-    one row count measured invariant for every dtype and shape tried, at a cost in bf16 batch-1 decode
-    without AMX (lm_head 151,936x768: 25.1 ms against a GEMV's 17.2) until native kernels take that path.
+    Weights packed at load (bf16 with the native kernels on, layers/packing.py) run on kernels/cpu_gemm's
+    fixed-order kernels. Other CPU GEMMs pick kernels by row count: float32's M=1..3 differ from M>=4, and
+    bf16 on a CPU without AMX gives a lone row (a GEMV), and for small shapes up to 4 rows, other bits than
+    8 or more. So every other CPU GEMM (and float32 anywhere) runs in zero-padded 16-row tiles, CALL_ROWS per
+    call at most: the one row count measured invariant for every dtype and shape tried.
     The bias is added separately: a fused addmm is another kernel with its own row-count behaviour.
     """
     lead = x.shape[:-1]
@@ -158,10 +157,10 @@ class FusedProjection:
         weights = [p.weight for p in projections]
         self.sizes = [w.shape[0] for w in weights]
         self.weight = torch.cat([w.data for w in weights])  # [sum N, K]: the packs end to end
-        self.weight.amx_packed = True
+        self.weight.bf16_packed = True
         for projection, part in zip(projections, self.weight.split(self.sizes)):
             view = nn.Parameter(part, requires_grad=False)
-            view.amx_packed = True
+            view.bf16_packed = True
             projection.weight = view
 
     @staticmethod

@@ -39,7 +39,7 @@ def pack_projections(model: nn.Module) -> int:
             packed.add(weight.data_ptr())
     for param in model.parameters():  # another Parameter over a packed storage reads it packed too
         if param.data_ptr() in packed:
-            param.amx_packed = True
+            param.bf16_packed = True
     for module in model.modules():  # q/k/v and gate/up: one call each where their packs line up
         fuse = getattr(module, "fuse_projections", None)
         if fuse is not None:

@@ -102,7 +102,7 @@ def load_model(
     load_weights(model, files, model.checkpoint_target)
     model.after_load()
     if pack and torch.device(device).type == "cpu":
-        # bf16 projections on an AMX CPU: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).
+        # bf16 projections with the native kernels on: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).
         model.packed_weights = pack_projections(model)
     extra_eos = id_list(read_generation_config(directory).get("eos_token_id"))
     model.config.eos_token_ids += [i for i in extra_eos if i not in model.config.eos_token_ids]

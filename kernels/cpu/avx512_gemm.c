@@ -1,0 +1,95 @@
+// Batch-invariant bfloat16 GEMM on AVX512-BF16 (CPUs without AMX): out[M, N] = x[M, K] @ W[N, K]^T.
+//
+// Every output element is one fixed sequence of ops: a zeroed fp32 lane, then VDPBF16PS over the pairs of
+// K in ascending order, then one round to bfloat16. Rows of x never meet inside a lane, so a row's bits do
+// not depend on how many rows share the call, the M blocks, how N is split over threads, or the thread
+// count. W is packed once at load (pack_index): each pair of K of 16 columns is one 64-byte vector, and a
+// block of up to ROWS rows by one group of n tiles reads the group's pack once, front to back.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TILE_N 16   // columns of W per tile: one fp32 vector of accumulators
+#define TILE_K 32   // bfloat16 elements of K per step (16 pairs)
+#define GROUP_N 4   // n tiles streamed together
+
+#define ROWS 4          // rows of x per register block (ROWS x GROUP_N accumulators)
+#define CHUNK_ROWS 64   // rows per work item: threads split M in chunks as well as N in groups
+#define TILE_ELEMS (TILE_K * TILE_N)
+
+// Element (nt*16 + j, kt*32 + 2p + h) of W in the pack: groups of GROUP_N n tiles, each group K-major,
+// and in each 32-wide K step pair-major, the group's tiles side by side: [kt][p][tile][16 n][2]. Every
+// load of a block walks forward through memory (tiles 1 KiB apart read together stream at a third of
+// the bandwidth).
+static inline int64_t pack_index(int64_t nt, int64_t kt, int p, int j, int h, int64_t n_tiles, int64_t k_tiles) {
+    const int64_t group = nt / GROUP_N, g = nt % GROUP_N;
+    const int64_t count = n_tiles - group * GROUP_N < GROUP_N ? n_tiles - group * GROUP_N : GROUP_N;
+    return group * GROUP_N * k_tiles * TILE_ELEMS + (kt * TILE_K / 2 + p) * count * TILE_N * 2 + g * TILE_N * 2 +
+           j * 2 + h;
+}
+
+#include "bf16_pack.h"  // tf_bf16_pack, tf_bf16_unpack_rows over pack_index
+
+// out rows [0, R) x columns of one group's T tiles (cols_left columns remain in W from there).
+static inline __attribute__((always_inline)) void block(const uint16_t *x, int64_t ldx, const uint16_t *b,
+                                                         int64_t k_tiles, uint16_t *out, int64_t ldo,
+                                                         int64_t cols_left, const int R, const int T) {
+    __m512 acc[ROWS][GROUP_N];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t kt = 0; kt < k_tiles; kt++) {
+        const uint16_t *bk = b + kt * T * TILE_ELEMS, *xk = x + kt * TILE_K;
+        for (int p = 0; p < TILE_K / 2; p++) {
+            __m512bh w[GROUP_N];
+            for (int t = 0; t < T; t++) w[t] = (__m512bh)_mm512_loadu_si512(bk + (p * T + t) * 2 * TILE_N);
+            for (int r = 0; r < R; r++) {
+                int32_t pair;
+                memcpy(&pair, xk + r * ldx + 2 * p, sizeof(pair));
+                const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], a, w[t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const int64_t left = cols_left - t * TILE_N;
+        const __mmask16 mask = left >= TILE_N ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        for (int r = 0; r < R; r++)
+            _mm256_mask_storeu_epi16(out + r * ldo + t * TILE_N, mask, (__m256i)_mm512_cvtneps_pbh(acc[r][t]));
+    }
+}
+
+#define BLOCK_CASE(R, T) \
+    case (R) * 8 + (T): block(x, ldx, b, k_tiles, out, ldo, cols_left, R, T); return;
+
+// One block, its R and T made constants so each case keeps its accumulators in registers.
+static void block_dispatch(const uint16_t *x, int64_t ldx, const uint16_t *b, int64_t k_tiles, uint16_t *out,
+                           int64_t ldo, int64_t cols_left, int rows, int tiles) {
+    switch (rows * 8 + tiles) {
+        BLOCK_CASE(1, 1) BLOCK_CASE(1, 2) BLOCK_CASE(1, 3) BLOCK_CASE(1, 4)
+        BLOCK_CASE(2, 1) BLOCK_CASE(2, 2) BLOCK_CASE(2, 3) BLOCK_CASE(2, 4)
+        BLOCK_CASE(3, 1) BLOCK_CASE(3, 2) BLOCK_CASE(3, 3) BLOCK_CASE(3, 4)
+        BLOCK_CASE(4, 1) BLOCK_CASE(4, 2) BLOCK_CASE(4, 3) BLOCK_CASE(4, 4)
+    }
+}
+
+// out [M, N] (row stride ldo) = x [M, K] (row stride ldx) @ W^T, with W packed by tf_bf16_pack; K must be
+// a multiple of TILE_K (the pack's padding would meet x's next elements otherwise).
+void tf_avx512_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const uint16_t *packed, int64_t n,
+                    uint16_t *out, int64_t ldo, int threads) {
+    const int64_t k_tiles = k / TILE_K, n_tiles = (n + TILE_N - 1) / TILE_N;
+    const int64_t groups = (n_tiles + GROUP_N - 1) / GROUP_N, chunks = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    const int64_t work = groups * chunks;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && work > 1)
+    for (int64_t item = 0; item < work; item++) {
+        const int64_t group = item / chunks, chunk = item % chunks;  // a thread keeps its W group in cache
+        const int64_t nt0 = group * GROUP_N;
+        const int tiles = (int)(n_tiles - nt0 < GROUP_N ? n_tiles - nt0 : GROUP_N);
+        const uint16_t *b = packed + pack_index(nt0, 0, 0, 0, 0, n_tiles, k_tiles);
+        const int64_t end = (chunk + 1) * CHUNK_ROWS < m ? (chunk + 1) * CHUNK_ROWS : m;
+        for (int64_t r0 = chunk * CHUNK_ROWS; r0 < end; r0 += ROWS) {
+            const int rows = (int)(end - r0 < ROWS ? end - r0 : ROWS);
+            block_dispatch(x + r0 * ldx, ldx, b, k_tiles, out + r0 * ldo + nt0 * TILE_N, ldo, n - nt0 * TILE_N, rows,
+                           tiles);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+"""The native kernels' levels (kernels/cpu_native.py): which one a CPU and `TENSORFOLD_KERNELS` pick, and
+that each has its own build identity (they compute different GEMM bits)."""
+
+import pytest
+
+from kernels import cpu_native, dispatch
+
+
+@pytest.fixture
+def cpu_has(monkeypatch):
+    """Pretend the CPU has exactly these /proc/cpuinfo flags."""
+
+    def set_flags(*flags: str) -> None:
+        monkeypatch.setattr(cpu_native, "_cpu_flags", lambda: frozenset(flags))
+
+    return set_flags
+
+
+AMX_CPU = ("amx_bf16", "amx_tile", *cpu_native.AVX512_FLAGS)
+
+
+@pytest.mark.parametrize(
+    "flags,requested,expected",
+    [
+        (AMX_CPU, "auto", "amx"),
+        (AMX_CPU, "avx512", "avx512"),
+        (AMX_CPU, "triton", "amx"),
+        (cpu_native.AVX512_FLAGS, "auto", "avx512"),
+        (cpu_native.AVX512_FLAGS, "amx", None),  # a forced level the CPU lacks: torch
+        (cpu_native.AVX512_FLAGS[:-1], "auto", None),  # no f16c
+        (AMX_CPU, "torch", None),
+    ],
+)
+def test_the_level_follows_the_cpu_and_the_setting(cpu_has, monkeypatch, flags, requested, expected) -> None:
+    cpu_has(*flags)
+    monkeypatch.setenv("TENSORFOLD_KERNELS", requested)
+    chosen = cpu_native.level()
+    assert (chosen.name if chosen else None) == expected
+    assert dispatch.mode() == requested
+
+
+def test_each_level_has_its_own_build_identity(cpu_has, monkeypatch) -> None:
+    cpu_has(*AMX_CPU)
+    digests = {}
+    for requested in ("amx", "avx512", "torch"):
+        monkeypatch.setenv("TENSORFOLD_KERNELS", requested)
+        digests[requested] = cpu_native.source_digest()
+    assert digests["amx"].startswith("amx-") and digests["avx512"].startswith("avx512-")
+    assert len(set(digests.values())) == 3
+
+
+def test_the_avx512_level_leaves_out_amx() -> None:
+    assert not any("amx" in flag for flag in (*cpu_native.AVX512.cpu_flags, *cpu_native.AVX512.compile_flags))
+    assert cpu_native.AMX.sources[1:] == cpu_native.AVX512.sources[1:]  # attention and layer ops: one source
+
+
+@pytest.mark.skipif(
+    not all(flag in cpu_native._cpu_flags() for flag in cpu_native.AVX512.cpu_flags), reason="no AVX-512 BF16"
+)
+def test_the_avx512_level_builds_and_runs_here(monkeypatch) -> None:
+    import torch
+
+    from kernels import cpu_gemm
+
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "avx512")
+    assert cpu_native.available()
+    weight = torch.randn(64, 64).to(torch.bfloat16)
+    pack = weight.clone()
+    cpu_gemm.pack_(pack)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    reference = x.double() @ weight.double().T
+    assert (cpu_gemm.matmul(x, pack).double() - reference).abs().max() <= 0.01 * reference.abs().max()
