@@ -11,7 +11,7 @@ def cpu_has(monkeypatch):
     """Pretend the CPU has exactly these /proc/cpuinfo flags."""
 
     def set_flags(*flags: str) -> None:
-        monkeypatch.setattr(cpu_native, "_cpu_flags", lambda: frozenset(flags))
+        monkeypatch.setattr(cpu_native, "cpu_flags", lambda: frozenset(flags))
 
     return set_flags
 
@@ -55,7 +55,7 @@ def test_the_avx512_level_leaves_out_amx() -> None:
 
 
 @pytest.mark.skipif(
-    not all(flag in cpu_native._cpu_flags() for flag in cpu_native.AVX512.cpu_flags), reason="no AVX-512 BF16"
+    not all(flag in cpu_native.cpu_flags() for flag in cpu_native.AVX512.cpu_flags), reason="no AVX-512 BF16"
 )
 def test_the_avx512_level_builds_and_runs_here(monkeypatch) -> None:
     import torch
