@@ -3,7 +3,6 @@ bitwise the same solo, batched, chunked and verified, captured and copied states
 slot copies honour the scheduler's plan, and Nemotron-H's MTP step drafts as torch's does. Linux runs MLX's
 CPU build; a Mac runs the same code on Metal."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,7 @@ PROMPT_LEN, NEW_TOKENS = 48, 12
 FLOAT32_TOLERANCE = 1e-4  # the torch rank's own float32 bound against transformers (test_model_parity.py)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/rank/conftest.py
 
 
 @pytest.fixture(scope="module")

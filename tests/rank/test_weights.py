@@ -3,7 +3,7 @@ malformed files."""
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,7 @@ pytest.importorskip("transformers")
 PROMPT = list(range(2, 40))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/rank/conftest.py
 
 
 @pytest.fixture(scope="module")
