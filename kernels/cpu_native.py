@@ -189,6 +189,12 @@ def available() -> bool:
     return library() is not None
 
 
+def level_name() -> str:
+    """What the CPU path runs, as benchmarks print it: the native level's name, or "torch"."""
+    chosen = level()
+    return chosen.name if chosen is not None and available() else "torch"
+
+
 def threads() -> int:
     """The intra-op thread count torch uses, which these kernels follow."""
     import torch

@@ -18,6 +18,7 @@ import torch
 from deployments.config import EngineConfig
 from deployments.model_rank.runner import RunnerInfo
 from deployments.scheduler.engine.core import Engine
+from kernels import cpu_native
 from serve_app.bench.engine_profile import print_profile, profile_steps
 from serve_app.bench.workload import StepTally, bench_checkpoint, bench_requests, random_prompts
 
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
         f"{torch.get_num_threads()}  drafts {args.draft}  temperature {args.temperature}  "
         f"read bandwidth {bandwidth / 1e9:.1f} GB/s  "
-        f"roofline {roofline:.1f} tok/s"
+        f"roofline {roofline:.1f} tok/s  CPU kernels {cpu_native.level_name()}"
     )
     _print_table(args, ours, theirs, roofline)
     return 0

@@ -70,3 +70,11 @@ def test_the_avx512_level_builds_and_runs_here(monkeypatch) -> None:
     x = torch.randn(3, 64).to(torch.bfloat16)
     reference = x.double() @ weight.double().T
     assert (cpu_gemm.matmul(x, pack).double() - reference).abs().max() <= 0.01 * reference.abs().max()
+
+
+def test_benchmarks_name_the_level_that_runs(monkeypatch) -> None:
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "torch")
+    assert cpu_native.level_name() == "torch"
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "auto")
+    chosen = cpu_native.level()
+    assert cpu_native.level_name() == (chosen.name if chosen is not None and cpu_native.available() else "torch")
