@@ -4,10 +4,11 @@ for states (docs/engine.md, Hybrid models).
 A recurrent layer cannot resume a prefix from its KV rows: it needs the state after that prefix. So every
 running sequence holds a running slot (its states, advanced by each step) and a rolling slot (the states
 at the latest block boundary it crossed, captured during the step that crossed it). At the end of its
-prompt pass and at the end of its reply, the rolling slot joins the cache named by the chained block hash of the tokens it covers (the same names the KV blocks
-have), so a later prompt sharing that prefix resumes there: a copy into its running slot, then only the
-rest is computed. Inside a long prompt pass, a step also captures the states at every multiple of
-`state_snapshot_tokens` it passes into slots of their own, named the same way after the step. Cached snapshots are evicted least recently used first, as blocks are.
+prompt pass and at the end of its reply, the rolling slot joins the cache named by the chained block hash
+of the tokens it covers (the same names the KV blocks have), so a later prompt sharing that prefix resumes
+there: a copy into its running slot, then only the rest is computed. Inside a long prompt pass, a step also
+captures the states at every multiple of `state_snapshot_tokens` it passes into slots of their own, named
+the same way after the step. Cached snapshots are evicted least recently used first, as blocks are.
 """
 
 from collections import OrderedDict
@@ -87,19 +88,8 @@ class StateSlots:
         if name in self.snapshots:
             self.snapshots.move_to_end(name)
             return
-        self._keep(name, states.rolling)
+        self.keep(name, states.rolling)
         states.rolling = self.take()
-
-    def _keep(self, name: bytes, slot: int) -> None:
-        """Cache `slot` under `name` (a slot already named so goes free), within `max_snapshots`."""
-        if name in self.snapshots:
-            self.snapshots.move_to_end(name)
-            self.free.append(slot)
-            return
-        self.snapshots[name] = slot
-        while len(self.snapshots) > self.max_snapshots:
-            _, evicted = self.snapshots.popitem(last=False)
-            self.free.append(evicted)
 
     def interval_points(self, start: int, end: int, named: int) -> list[int]:
         """The multiples of `snapshot_tokens` a step covering tokens (start, end) passes, past `named`: where
@@ -109,8 +99,11 @@ class StateSlots:
         return list(range(first, end, every)) if self.max_snapshots else []
 
     def keep(self, name: bytes, slot: int) -> None:
-        """A snapshot read back from disk into `slot` joins the cache under `name` (most recently used)."""
+        """Cache `slot` (captured, or read back from disk) under `name`, most recently used, within
+        `max_snapshots`; a name already cached keeps its slot and this one goes free."""
         if name in self.snapshots or self.max_snapshots == 0:
+            if name in self.snapshots:
+                self.snapshots.move_to_end(name)
             self.free.append(slot)
             return
         self.snapshots[name] = slot
@@ -123,7 +116,7 @@ class StateSlots:
         boundary not yet named and `now` (a prompt pass or a reply ended) or `snapshot_tokens` have passed
         since the last one."""
         for tokens, slot in states.interval_slots:
-            self._keep(PromptHashes.of(token_ids[:tokens], self.block_size).hashes[-1], slot)
+            self.keep(PromptHashes.of(token_ids[:tokens], self.block_size).hashes[-1], slot)
             states.named_tokens = max(states.named_tokens, tokens)
         states.interval_slots.clear()
         new = states.rolling_tokens - states.named_tokens
