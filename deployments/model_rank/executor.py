@@ -27,6 +27,8 @@ class Executor(Protocol):
 
     def kv_bytes_per_token(self) -> int: ...  # every rank's shard together
 
+    def state_bytes_per_slot(self) -> int: ...  # every rank's recurrent states of one slot together
+
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...  # [n, block bytes] (the disk store's rows)
 
     def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
@@ -54,6 +56,9 @@ class InProcessExecutor:
 
     def kv_bytes_per_token(self) -> int:
         return self.runner.info().kv_bytes_per_token
+
+    def state_bytes_per_slot(self) -> int:
+        return self.runner.info().state_bytes_per_slot
 
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
         return self.runner.read_block_rows(block_ids)
@@ -109,6 +114,10 @@ class RayRanksExecutor:
         starts = np.cumsum([0, *widths])
         parts = [rows[:, starts[i] : starts[i + 1]] for i in range(len(self.ranks))]
         self._ray.get([rank.write_block_rows.remote(block_ids, part) for rank, part in zip(self.ranks, parts)])
+
+    def state_bytes_per_slot(self) -> int:
+        """Every rank's states of one slot together (what a stored snapshot holds)."""
+        return sum(info.state_bytes_per_slot for info in self._all("info"))
 
     def read_state_slots(self, slots: list[int]) -> np.ndarray:
         """Each rank's states in these slots side by side, as block rows are."""

@@ -115,7 +115,7 @@ class Engine:
 
     def _open_disk(self, link: StoreLink | None) -> DiskStates:
         """The disk store's side of this engine (a hybrid model's snapshots go beside its KV rows)."""
-        states = None if self.states is None else (self.states, self.runner_info.state_bytes_per_slot)
+        states = None if self.states is None else (self.states, self.executor.state_bytes_per_slot())  # all ranks
         return DiskStates.open(
             config=self.config,
             link=link,
