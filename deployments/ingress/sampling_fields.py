@@ -105,11 +105,11 @@ def stop_field(value: Any) -> list[str]:
     return list(items)
 
 
-def token_ids_field(name: str) -> Callable[[Any], list[int]]:
-    """A list of non-negative integer token ids (null = empty)."""
+def token_ids_field(name: str, nullable: bool = True) -> Callable[[Any], list[int]]:
+    """A list of non-negative integer token ids (null = empty where `nullable`, else refused)."""
 
     def check(value: Any) -> list[int]:
-        if value is None:
+        if value is None and nullable:
             return []
         if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
             raise ValueError(f"{name} must be a list of integer token ids")

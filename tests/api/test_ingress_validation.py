@@ -293,3 +293,15 @@ def test_names_at_each_vendors_length_limit_pass() -> None:
     check_tools([_anthropic_tool(name="mcp__" + "c" * 123), _anthropic_tool(input_schema={"properties": {}})], MESSAGES)
     check_tools([], CHAT)
     check_tools(None, MESSAGES)
+
+
+def test_a_wrong_method_is_405_naming_the_allowed_ones(client: TestClient) -> None:
+    response = client.get("/v1/chat/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert _error(response)["type"] == "invalid_request_error"
+
+
+def test_detokenize_refuses_null_tokens(client: TestClient) -> None:
+    for tokens in (None, "1 2", [1, -2]):
+        response = client.post("/detokenize", json={"tokens": tokens})
+        assert response.status_code == 400 and _error(response)["param"] == "tokens", response.text

@@ -159,9 +159,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _envelope(request, exc.status_code, str(exc.detail), kind)
+        response = _envelope(request, exc.status_code, str(exc.detail), kind)
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in a route")
-        return _envelope(request, 500, f"internal server error: {exc}", "server_error")
+        return _envelope(request, 500, "internal server error (logged by the server)", "server_error")  # no internals

@@ -56,7 +56,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    tokens: Annotated[list[int], BeforeValidator(token_ids_field("tokens"))]
+    tokens: Annotated[list[int], BeforeValidator(token_ids_field("tokens", nullable=False))]
 
 
 def read_tokenize_body(body: dict[str, Any]) -> TokenizeRequest:
