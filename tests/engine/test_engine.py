@@ -11,7 +11,7 @@ from deployments.config import EngineConfig
 from deployments.messages.replies import FinishReason
 from deployments.messages.requests import EngineRequest, Priority, SamplingParams
 from deployments.scheduler.engine.core import Engine
-from tests.support.requests import greedy
+from tests.support.requests import alternating, greedy, reply_tokens
 
 NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
 CASES = [
@@ -46,25 +46,13 @@ def _prompts(count: int, vocab: int = 400) -> list[list[int]]:
 
 
 def _requests(prompts: list[list[int]], tag: str, max_tokens: int = 24) -> list[EngineRequest]:
-    requests = []
-    for i, prompt in enumerate(prompts):
-        sampling = (
-            SamplingParams(temperature=0.0, ignore_eos=True)
-            if i % 2 == 0
-            else SamplingParams(temperature=0.8, top_p=0.95, seed=1000 + i, ignore_eos=True)
-        )
-        requests.append(EngineRequest(f"{tag}-{i}", prompt, sampling=sampling, max_tokens=max_tokens))
-    return requests
-
-
-def _tokens(replies: dict, tag: str, count: int) -> list[list[int]]:
-    return [replies[f"{tag}-{i}"].token_ids for i in range(count)]
+    return alternating(prompts, tag, max_tokens, top_p=0.95, seed_base=1000)
 
 
 def test_concurrent_equals_solo(checkpoint) -> None:
     engine = _engine(checkpoint)
     prompts = _prompts(16)
-    together = _tokens(engine.generate(_requests(prompts, "c")), "c", 16)
+    together = reply_tokens(engine.generate(_requests(prompts, "c")), "c", 16)
     solo = [engine.generate([r])[r.request_id].token_ids for r in _requests(prompts, "s")]
     assert together == solo
     assert all(len(t) == 24 for t in together)
@@ -87,7 +75,7 @@ def test_chunked_prefill_equals_whole(checkpoint, chunk: int) -> None:
     prompts = _prompts(8)[5:8]
     whole = _engine(checkpoint, prefill_chunk_size=512).generate(_requests(prompts, "w"))
     chunked = _engine(checkpoint, prefill_chunk_size=chunk).generate(_requests(prompts, "w"))
-    assert _tokens(whole, "w", 3) == _tokens(chunked, "w", 3)
+    assert reply_tokens(whole, "w", 3) == reply_tokens(chunked, "w", 3)
     assert max(chunked["w-2"].stats.prefill_widths) <= chunk
 
 
@@ -101,7 +89,7 @@ def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
     assert tight_engine.blocks.num_blocks == 12
     tight = tight_engine.generate(_requests(prompts, "p", max_tokens=40))
     assert tight_engine.counters.preemptions_total > 0
-    assert _tokens(roomy, "p", 6) == _tokens(tight, "p", 6)
+    assert reply_tokens(roomy, "p", 6) == reply_tokens(tight, "p", 6)
 
 
 def test_stop_string_cuts_text_and_ends_at_completing_token(checkpoint) -> None:

@@ -13,7 +13,7 @@ import pytest
 from deployments.config import EngineConfig
 from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams
 from deployments.scheduler.engine.core import Engine
-from tests.support.requests import greedy
+from tests.support.requests import alternating, greedy, reply_tokens
 
 # One model per mixer and layout (the rest share these files; tests/rank checks each against transformers):
 # Qwen3-Next's grouped projections and MoE, Qwen3.5's multimodal checkpoint with split projections, Mamba2.
@@ -50,25 +50,13 @@ def _prompts(count: int) -> list[list[int]]:
 
 
 def _requests(prompts: list[list[int]], tag: str, max_tokens: int = 20) -> list[EngineRequest]:
-    out = []
-    for i, prompt in enumerate(prompts):
-        sampling = (
-            SamplingParams(temperature=0.0, ignore_eos=True)
-            if i % 2 == 0
-            else SamplingParams(temperature=0.8, top_p=0.9, seed=77 + i, ignore_eos=True)
-        )
-        out.append(EngineRequest(f"{tag}-{i}", prompt, sampling=sampling, max_tokens=max_tokens))
-    return out
-
-
-def _tokens(replies: dict, tag: str, count: int) -> list[list[int]]:
-    return [replies[f"{tag}-{i}"].token_ids for i in range(count)]
+    return alternating(prompts, tag, max_tokens, top_p=0.9, seed_base=77)
 
 
 def test_concurrent_equals_solo(checkpoint) -> None:
     engine = _engine(checkpoint)
     prompts = _prompts(8)
-    together = _tokens(engine.generate(_requests(prompts, "c")), "c", 8)
+    together = reply_tokens(engine.generate(_requests(prompts, "c")), "c", 8)
     fresh = _engine(checkpoint, prompt_cache_gib=0)
     solo = [fresh.generate([r])[r.request_id].token_ids for r in _requests(prompts, "s")]
     assert together == solo and all(len(t) == 20 for t in together)
@@ -79,7 +67,7 @@ def test_chunked_prefill_equals_whole(checkpoint, chunk: int) -> None:
     prompts = _prompts(6)[3:6]
     whole = _engine(checkpoint, prefill_chunk_size=512).generate(_requests(prompts, "w"))
     chunked = _engine(checkpoint, prefill_chunk_size=chunk).generate(_requests(prompts, "w"))
-    assert _tokens(whole, "w", 3) == _tokens(chunked, "w", 3)
+    assert reply_tokens(whole, "w", 3) == reply_tokens(chunked, "w", 3)
     assert max(chunked["w-2"].stats.prefill_widths) <= chunk
 
 
@@ -124,7 +112,7 @@ def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
     assert tight_engine.blocks.num_blocks == 12
     tight = tight_engine.generate(_requests(prompts, "p", max_tokens=40))
     assert tight_engine.counters.preemptions_total > 0
-    assert _tokens(roomy, "p", 6) == _tokens(tight, "p", 6)
+    assert reply_tokens(roomy, "p", 6) == reply_tokens(tight, "p", 6)
 
 
 def test_drafted_replies_equal_serial_ones(checkpoint) -> None:
@@ -161,15 +149,23 @@ def test_snapshots_stay_under_a_small_cap_and_replies_stay_exact(checkpoint) -> 
     first = engine.generate(_requests(prompts, "a"))
     assert len(engine.states.snapshots) <= 2
     again = engine.generate(_requests(prompts, "b"))
-    assert _tokens(first, "a", 4) == _tokens(again, "b", 4)
+    assert reply_tokens(first, "a", 4) == reply_tokens(again, "b", 4)
 
 
+def _case_arch(case) -> str:
+    return (case.values[0] if hasattr(case, "values") else case)[0]
+
+
+# Only Nemotron-H drafts with its MTP step (the Qwen hybrids' MTP weights are not read).
+MTP_CASES = [case for case in CASES if _case_arch(case) == "nemotron_h"]
+
+
+@pytest.mark.parametrize("checkpoint", MTP_CASES, indirect=True, ids=lambda case: "-".join(case))
 def test_mtp_drafted_replies_equal_serial_ones(checkpoint) -> None:
-    """Nemotron-H drafts with its MTP step (the Qwen hybrids' MTP weights are not read): each verify round
-    captures the states after its rows, so replies equal `draft: false` ones, kept drafts or not."""
-    engine = _engine(checkpoint, draft="auto", draft_policy="fixed", draft_tokens=2)  # mtp where loaded
-    if not engine.runner_info.mtp:
-        pytest.skip("this checkpoint has no MTP layer that drafts")
+    """Each verify round captures the states after its rows, so MTP-drafted replies equal `draft: false`
+    ones, kept drafts or not."""
+    engine = _engine(checkpoint, draft="auto", draft_policy="fixed", draft_tokens=2)
+    assert engine.runner_info.mtp
     requests = _requests(_prompts(4), "m", max_tokens=24)
     drafted = engine.generate(requests)
     serial = engine.generate([replace(r, request_id=r.request_id + "-serial", draft=False) for r in requests])
