@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.messages.images import ImageInput
+
 
 @dataclass
 class ChatRenderRequest:
@@ -35,6 +37,7 @@ class RenderedPrompt:
 
     prompt_token_ids: list[int]
     reply: ReplyFormat
+    images: list[ImageInput] = field(default_factory=list)  # in prompt order, placeholders expanded
 
 
 @dataclass

@@ -7,6 +7,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from deployments.messages.images import ImageInput
 from deployments.messages.prefix import PromptHashes
 
 
@@ -88,6 +89,9 @@ class EngineRequest:
     # False: the serial reference (one token per round, no drafts); True: the engine's drafter, if it has one.
     # Either way the reply is the same, token for token (set by Ingress from the request's `draft`).
     draft: bool = True
+    # The prompt's images in order, their placeholders already expanded in `prompt_token_ids` (set by Ingress
+    # from the rendered prompt; empty for text).
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass
