@@ -60,7 +60,7 @@ def resolve_device(args: AppArgs) -> str:
 
 def placement_bundles(args: AppArgs, device: str) -> list[dict[str, float]]:
     """Bundle 0 for the Scheduler replica, then one bundle per tensor-parallel rank (a GPU each on CUDA)."""
-    rank: dict[str, float] = {"CPU": args.rank_cpus}
+    rank: dict[str, float] = {"CPU": args.rank_cpus, **args.rank_resources}
     if device == "cuda":
         rank["GPU"] = 1
     return [{"CPU": args.scheduler_cpus}] + [dict(rank) for _ in range(args.tensor_parallel_size)]
@@ -76,6 +76,8 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
         "num_replicas": args.data_parallel_size,
         "max_ongoing_requests": args.max_ongoing_requests,
     }
+    if args.max_replicas_per_node is not None:
+        options["max_replicas_per_node"] = args.max_replicas_per_node
     actor = actor_options(args.scheduler_cpus)
     if args.tensor_parallel_size > 1:
         options["placement_group_bundles"] = placement_bundles(args, device)
