@@ -4,7 +4,8 @@
 - Only the leading run of system and developer messages merges, in order, into one leading system message.
 - Later system and developer messages stay in place as system messages; `demote_later_system` turns them
   into user messages for templates that cannot render a system message there.
-- Text content parts concatenate in order.
+- Text content parts concatenate in order; content holding images (`{"type": "image"}` items, placed there by
+  the Renderer's image reader) stays a list of text and image items, which templates with vision place.
 - The caller's messages are never mutated: every function returns new dicts.
 """
 
@@ -20,10 +21,17 @@ class MessageError(ValueError):
     """A message the renderer cannot turn into template input (an HTTP 400 naming `messages`)."""
 
 
-def content_text(content: Any, index: int) -> str | None:
-    """A message's content as one string: text parts concatenate in order; None stays None."""
+def _is_image_item(part: Any) -> bool:
+    return isinstance(part, dict) and part == {"type": "image"}
+
+
+def content_text(content: Any, index: int) -> str | list[dict[str, Any]] | None:
+    """A message's content as one string: text parts concatenate in order; None stays None. Content with
+    images stays a list: its text parts joined between the images."""
     if content is None or isinstance(content, str):
         return content
+    if isinstance(content, list) and any(_is_image_item(part) for part in content):
+        return _items_with_images(content, index)
     if not isinstance(content, list):
         raise MessageError(f"messages[{index}].content must be a string, null or a list of text parts")
     pieces: list[str] = []
@@ -37,6 +45,22 @@ def content_text(content: Any, index: int) -> str | None:
             raise MessageError(f"{where}: only text content parts are supported (got type {kind!r})")
         pieces.append(part["text"])
     return "".join(pieces)
+
+
+def _items_with_images(content: list[Any], index: int) -> list[dict[str, Any]]:
+    """Text runs joined, each image item kept in its place."""
+    items: list[dict[str, Any]] = []
+    run: list[Any] = []
+    for part in [*content, None]:
+        if part is not None and not _is_image_item(part):
+            run.append(part)
+            continue
+        if run:
+            items.append({"type": "text", "text": content_text(run, index)})
+            run = []
+        if part is not None:
+            items.append({"type": "image"})
+    return items
 
 
 def _decoded_call(call: Any) -> Any:
