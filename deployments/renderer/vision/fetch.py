@@ -7,6 +7,7 @@ differently a moment later (DNS rebinding) gains nothing. The body is read in a 
 with connect and read timeouts.
 """
 
+import ipaddress
 import socket
 import ssl
 import time
@@ -51,7 +52,7 @@ class PinnedBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
-        addresses = self._resolver(host, port)
+        addresses = [host.strip("[]")] if _is_address(host) else self._resolver(host, port)
         if not addresses:
             raise FetchError(f"the image URL's host {host!r} does not resolve")
         for address in addresses:
@@ -127,6 +128,14 @@ class UrlFetcher:
                 raise FetchError("the image URL's server did not send the image in time")
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _check_https(url: str) -> None:
