@@ -71,10 +71,10 @@ def _reference_ids(checkpoint: Path, messages: list[dict[str, Any]], counts: lis
 
 
 def test_expanded_ids_and_images_match_transformers(vision_checkpoint: Path) -> None:
+    import io
+
     from PIL import Image
     from transformers import AutoImageProcessor
-
-    import io
 
     renderer = _renderer(vision_checkpoint)
     rendered = _render(renderer, CONVERSATION)
