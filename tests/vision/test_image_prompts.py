@@ -171,8 +171,8 @@ def test_model_without_tower_refuses(vision_checkpoint: Path) -> None:
 
 
 def test_translated_image_items_keep_their_field(vision_checkpoint: Path) -> None:
-    """Messages and Responses hand over `{"type": "image", "image": URL, "field": WHERE}` items."""
-    item = {"type": "image", "image": "data:image/gif;base64," + base64.b64encode(b"GIF89a").decode(), "field": "x.y"}
+    """Messages and Responses hand over image_url parts with a `field` naming the client's own field."""
+    item = {**_image("data:image/gif;base64," + base64.b64encode(b"GIF89a").decode()), "field": "x.y"}
     message, param = _refusal(_renderer(vision_checkpoint), _user(item))
     assert param == "x.y" and "not a PNG, JPEG, WebP or GIF" in message
 

@@ -1,7 +1,7 @@
 """Image parts as the Renderer receives them inside the messages, and the refusal naming the client's field.
 
-Chat's `image_url` parts arrive as the client sent them; Messages and Responses arrive translated by Ingress
-into `{"type": "image", "image": URL, "field": WHERE}`, where WHERE is the field in the client's own body.
+Chat's `image_url` parts arrive as the client sent them; Messages' and Responses' images arrive translated by
+Ingress into the same part with a `field` key naming where the client put it in its own body.
 """
 
 from dataclasses import dataclass
@@ -30,16 +30,13 @@ class ImagePart:
 
 
 def is_image_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") in ("image_url", "image")
+    return isinstance(part, dict) and part.get("type") == "image_url"
 
 
 def _part(part: dict[str, Any], role: str, where: str) -> ImagePart:
-    if part["type"] == "image":  # translated by Ingress from another family's block
-        url, field = part.get("image"), part.get("field") or where
-    else:
-        inner = part.get("image_url")
-        url = inner.get("url") if isinstance(inner, dict) else None
-        field = f"{where}.image_url"
+    inner = part.get("image_url")
+    url = inner.get("url") if isinstance(inner, dict) else None
+    field = part.get("field") if isinstance(part.get("field"), str) else f"{where}.image_url"
     if not isinstance(url, str) or not url:
         raise ImageRefusal("an image part needs a URL string (a data: URL, or https:// with --vision-urls)", field)
     return ImagePart(url, field, role)
