@@ -18,7 +18,14 @@ _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
 class MessageError(ValueError):
-    """A message the renderer cannot turn into template input (an HTTP 400 naming `messages`)."""
+    """A message the renderer cannot turn into template input (an HTTP 400 naming `param`, or `messages`)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+IMAGES_OFF = "image input is off on this server (start it with --vision on a model with a vision tower)"
 
 
 def _is_image_item(part: Any) -> bool:
@@ -40,8 +47,11 @@ def content_text(content: Any, index: int) -> str | list[dict[str, Any]] | None:
             pieces.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        where = f"messages[{index}].content[{part_index}]"
+        if kind == "image_url":  # the Renderer's image reader takes these first where images are on
+            field = part.get("field") if isinstance(part.get("field"), str) else f"{where}.image_url"
+            raise MessageError(f"{field}: {IMAGES_OFF}", field)
         if kind != "text" or not isinstance(part.get("text"), str):
-            where = f"messages[{index}].content[{part_index}]"
             raise MessageError(f"{where}: only text content parts are supported (got type {kind!r})")
         pieces.append(part["text"])
     return "".join(pieces)

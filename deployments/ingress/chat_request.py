@@ -43,7 +43,13 @@ MESSAGES_SCHEMA = {
         "required": ["role", "content"],
         "properties": {
             "role": {"enum": list(MESSAGE_ROLES)},
-            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}}]},
+            "content": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}},
+                ]
+            },
         },
     },
 }

@@ -47,5 +47,6 @@ class ChatPromptRenderer(PromptRenderer):
 
 
 def render_refusal(exc: Exception) -> Refusal:
-    """A client's rendering error as a 400 naming its field (an image part's, else `messages`)."""
+    """A client's rendering error (TemplateRenderError, MessageError) as a 400 naming its field (an image
+    part's, else `messages`)."""
     return Refusal(str(exc), param=getattr(exc, "param", None) or "messages")

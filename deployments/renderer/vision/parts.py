@@ -16,8 +16,7 @@ class ImageRefusal(MessageError):
     """An image part the server will not read: HTTP 400 naming the part's field (`param`)."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
+        super().__init__(f"{param}: {message}", param)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from deployments.chat_format.conversation import MessageError
+from deployments.chat_format.conversation import IMAGES_OFF, MessageError
 from deployments.config import ImageSettings
 from deployments.messages.images import ImageInput
 from deployments.renderer.vision.decode import DecodeError, decode_image, pixels_sha256
@@ -62,7 +62,7 @@ class ImageReader:
 
     def _off_reason(self) -> str:
         if not self.settings.vision:
-            return "image input is off on this server (start it with --vision on a model with a vision tower)"
+            return IMAGES_OFF
         return "this model has no vision tower: it reads text only"
 
     def read(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[LoadedImage]]:
