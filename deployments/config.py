@@ -226,8 +226,14 @@ class ImageSettings(VisionModel):
         default=5.0, gt=0.0, description="seconds to connect to an image URL's server"
     )
     image_read_timeout_s: Annotated[float, Flag(name="--image-read-timeout", metavar="SECONDS")] = Field(
-        default=10.0, gt=0.0, description="seconds between two reads of an image URL's reply"
+        default=10.0, gt=0.0, description="seconds an image URL's reply may take to arrive whole (and each read)"
     )
+
+    @model_validator(mode="after")
+    def _urls_need_vision(self) -> "ImageSettings":
+        if self.vision_urls and not self.vision:
+            raise ValueError("vision_urls needs vision: image URLs are read only when images are")
+        return self
 
 
 class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel, VisionModel):
