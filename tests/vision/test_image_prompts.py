@@ -183,3 +183,17 @@ def test_placeholder_typed_in_text_refused(vision_checkpoint: Path) -> None:
     assert param == "messages" and "2 image placeholders for 1 images" in message
     assert isinstance(Preprocessing.read(vision_checkpoint), Preprocessing)
     assert issubclass(ImageRefusal, MessageError)
+
+
+def test_settings_declared_once_reach_engine_and_renderer() -> None:
+    """`vision` reaches both the engine's config and the Renderer's settings; URLs need vision."""
+    from pydantic import ValidationError
+
+    from serve_app.args import AppArgs
+
+    args = AppArgs(vision=True, vision_urls=True, max_images=2)
+    assert args.engine_config().vision is True
+    assert args.image_settings() == ImageSettings(vision=True, vision_urls=True, max_images=2)
+    assert AppArgs().engine_config().vision is False and AppArgs().image_settings().vision is False
+    with pytest.raises(ValidationError, match="vision_urls needs vision"):
+        AppArgs(vision_urls=True)
