@@ -120,6 +120,7 @@ REFUSALS = {
     "vision_off": ({"vision": False}, _user(_image(data_url(RED))), FIELD, "image input is off"),
     "http": ({}, _user(_image("http://example.com/a.png")), FIELD, "unsupported image URL scheme 'http'"),
     "file": ({}, _user(_image("file:///etc/passwd")), FIELD, "unsupported image URL scheme 'file'"),
+    "no_scheme": ({}, _user(_image("cat.png")), FIELD, "unsupported image URL scheme 'none'"),
     "https_off": ({}, _user(_image("https://example.com/a.png")), FIELD, "image URLs are off"),
     "bad_base64": ({}, _user(_image("data:image/png;base64,@@@not base64")), FIELD, "base64 data is malformed"),
     "no_base64": ({}, _user(_image("data:image/png,rawbytes")), FIELD, "must be base64-encoded"),

@@ -4,8 +4,9 @@ Input items become chat messages the way a chat client would write them: `instru
 system message (never stored, so it is not carried to a later turn); a reasoning item's text becomes the
 next assistant message's `reasoning_content`; function calls join the assistant message before them; a
 function_call_output is a tool message. `input_image` parts (in messages and function_call_output outputs)
-become image parts, read by the Renderer with --vision (docs/vision.md). A continuation is the stored messages followed by the new
-input, so its prompt repeats the earlier one and the prompt cache resumes the shared prefix.
+become image parts, read by the Renderer with --vision (docs/vision.md). A continuation is the stored
+messages followed by the new input, so its prompt repeats the earlier one and the prompt cache resumes the
+shared prefix.
 """
 
 from typing import Any

@@ -12,6 +12,7 @@ from deployments.renderer.vision.fetch import FetchError, UrlFetcher
 from deployments.renderer.vision.parts import ImagePart, ImageRefusal
 
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif")
+_SCHEME = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]{0,31}):")
 _DATA_URL = re.compile(r"data:(?P<type>[^;,]*)(?P<params>(;[^;,]*)*),(?P<data>.*)", re.DOTALL)
 
 
@@ -50,7 +51,8 @@ class ImageSources:
 
     def check(self, part: ImagePart) -> None:
         """The scheme is one this server reads (before any image is fetched or decoded)."""
-        scheme = part.url.split(":", 1)[0].lower() if ":" in part.url else ""
+        match = _SCHEME.match(part.url)
+        scheme = match[1].lower() if match else ""
         if scheme == "data":
             return
         if scheme == "https" and self.settings.vision_urls:
