@@ -12,6 +12,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urljoin, urlsplit
 
 import httpcore
@@ -20,7 +21,9 @@ from deployments.renderer.vision.addresses import refused_reason
 
 MAX_REDIRECTS = 3
 REDIRECTS = (301, 302, 303, 307, 308)
+RESOLVE_TIMEOUT_S = 5.0
 Resolver = Callable[[str, int], list[str]]
+_RESOLVERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="image-dns")
 
 
 class FetchError(Exception):
@@ -28,12 +31,16 @@ class FetchError(Exception):
 
 
 def system_resolver(host: str, port: int) -> list[str]:
-    """Every address the system's resolver gives for `host`."""
+    """Every address the system's resolver gives for `host`, within RESOLVE_TIMEOUT_S (getaddrinfo has no
+    timeout of its own, so it runs on a worker thread that a stuck lookup cannot hold the request on)."""
+    lookup = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = lookup.result(timeout=RESOLVE_TIMEOUT_S)
+    except TimeoutError:
+        raise FetchError(f"the image URL's host {host!r} did not resolve in time") from None
     except OSError:
         raise FetchError(f"the image URL's host {host!r} does not resolve") from None
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 class PinnedBackend(httpcore.NetworkBackend):
