@@ -123,7 +123,7 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
     renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus), logging_config=QUIET)
-    renderer = renderer.bind(str(args.model_dir), options)
+    renderer = renderer.bind(str(args.model_dir), options, args.image_settings())
     scheduler = Scheduler.options(**scheduler_options(args, device), logging_config=QUIET).bind(engine_config)
     ingress_actor = actor_options(args.ingress_cpus)
     if args.http_entry == "ingress":  # the replica runs the HTTP server on the port the controller hands it

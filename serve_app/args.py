@@ -18,6 +18,7 @@ from deployments.config import (
     EngineConfig,
     EngineKnobs,
     Flag,
+    ImageSettings,
     IngressHttp,
     IngressSettings,
     Section,
@@ -213,6 +214,7 @@ class AppArgs(
     EngineKnobs,
     ChatSettings,
     ThinkingDefaults,
+    ImageSettings,
     GraphSettings,
     RoutingSettings,
     ResourceSettings,
@@ -232,6 +234,10 @@ class AppArgs(
     def ingress_settings(self, auth: AuthSettings) -> IngressSettings:
         """The Ingress replicas' settings; `auth` holds the keys' digests only (deployments/ingress/http/keys.py)."""
         return self._derive(IngressSettings, served_name=self.served_name, model_ids=self.model_ids, auth=auth)
+
+    def image_settings(self) -> ImageSettings:
+        """The Renderer's image settings: whether it reads images, from where, and their limits."""
+        return self._derive(ImageSettings)
 
     def _derive(self, target: type[Derived], **derived: object) -> Derived:
         """`target` from every field it shares with these args by name, then `derived` (which wins: `model`

@@ -18,6 +18,7 @@ from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.renderer.chat_prompts import render_refusal
 from deployments.response_store.store import ResponseStore
 from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.transports.thread import EngineLoop
@@ -57,7 +58,7 @@ class LocalBackend:
         try:
             return self._renderer.render_chat(request)
         except (TemplateRenderError, MessageError) as exc:
-            return Refusal(str(exc), param="messages")
+            return render_refusal(exc)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._renderer.tokenize(text, add_special_tokens)

@@ -102,7 +102,8 @@ async def start_chat(ctx: ServingContext, fields: ChatCompletionRequest, request
     card = await ctx.backend.card()
     settings = ctx.settings
     thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
-    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
+    ids = rendered.prompt_token_ids
+    request = engine_request(fields, request_id, ids, "messages", card, arrival, thinking, rendered.images)
     request.grammar, request.logprobs = chat_extras(fields, rendered.reply)
     facts = await ctx.facts()  # valid and rendered: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, rendered.reply, facts.engine)

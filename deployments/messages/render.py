@@ -47,3 +47,4 @@ class TokenizerCard:
     vocab_size: int
     eos_token_ids: list[int]
     has_chat_template: bool
+    vision: bool = False  # the Renderer reads image parts (--vision on a checkpoint with a vision tower)

@@ -16,10 +16,15 @@ WINDOW = 160
 
 @contextmanager
 def local_backend(
-    served_model: str, window: int = WINDOW, learn_dir: str | None = None, **engine: object
+    served_model: str,
+    window: int = WINDOW,
+    learn_dir: str | None = None,
+    renderer: PromptRenderer | None = None,
+    **engine: object,
 ) -> Iterator[LocalBackend]:
-    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process); `engine`:
-    other EngineConfig settings."""
+    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process); `renderer`:
+    one built by the test (images, a template file), else the checkpoint's; `engine`: other EngineConfig
+    settings."""
     from deployments.prompt_store.links import LocalStoreLink
     from deployments.scheduler.engine.core import Engine
     from deployments.scheduler.transports.thread import EngineLoop
@@ -33,7 +38,7 @@ def local_backend(
     loop = EngineLoop(engine)
     loop.start()
     try:
-        yield LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
+        yield LocalBackend(renderer or PromptRenderer.from_checkpoint(model_dir), loop)
     finally:
         loop.shutdown()
 

@@ -81,13 +81,15 @@ def loading_body(settings: IngressSettings, minimal: bool) -> dict[str, Any]:
     }
 
 
-def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dict[str, Any]:
+def health_body(settings: IngressSettings, replicas: list[ReplicaStatus], vision: bool = False) -> dict[str, Any]:
+    """`vision`: the Renderer reads image parts (--vision on a model with a vision tower)."""
     first = replicas[0]
     body: dict[str, Any] = {
         "status": "ok",
         "model": settings.served_name,
         "model_ids": list(settings.model_ids),
         "max_batch_size": sum(r.max_batch_size for r in replicas),
+        "vision": vision,
     }
     if first.policy:
         body["policy"] = first.policy

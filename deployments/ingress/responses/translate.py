@@ -3,13 +3,15 @@
 Input items become chat messages the way a chat client would write them: `instructions` is a leading
 system message (never stored, so it is not carried to a later turn); a reasoning item's text becomes the
 next assistant message's `reasoning_content`; function calls join the assistant message before them; a
-function_call_output is a tool message. A continuation is the stored messages followed by the new
-input, so its prompt repeats the earlier one and the prompt cache resumes the shared prefix.
+function_call_output is a tool message. `input_image` parts (in messages and function_call_output outputs)
+become image parts, read by the Renderer with --vision (docs/vision.md). A continuation is the stored
+messages followed by the new input, so its prompt repeats the earlier one and the prompt cache resumes the
+shared prefix.
 """
 
 from typing import Any
 
-from deployments.ingress.chat_request import ChatCompletionRequest, chat_request
+from deployments.ingress.chat_request import ChatCompletionRequest, chat_request, image_part, joined_content
 from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.responses.models import ResponsesRequest
 from deployments.ingress.tool_checks import RESPONSES, check_tools
@@ -45,25 +47,43 @@ def _refuse(where: str, why: str, param: str = "input") -> APIError:
     return bad_request(f"{where}: {why}", param)
 
 
-def _part_text(part: Any, where: str) -> str:
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input_image part as an image part: its image_url (a data: URL, or https:// with --vision-urls)."""
+    if part.get("file_id") is not None:
+        raise _refuse(where, "input_image file IDs are not supported: send image_url", f"{where}.file_id")
+    if not isinstance(part.get("image_url"), str):
+        raise _refuse(f"{where}.image_url", "must be a string (a data: URL)", f"{where}.image_url")
+    return image_part(part["image_url"], f"{where}.image_url")
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-        return part["text"]
+        return {"type": "text", "text": part["text"]}
     if kind == "refusal" and isinstance(part.get("refusal"), str):
-        return part["refusal"]
+        return {"type": "text", "text": part["refusal"]}
     if kind == "input_image":
-        raise _refuse(where, "image input needs a vision model, and this server serves none")
+        return _image(part, where)
     if kind == "input_file" or (isinstance(part, dict) and "file_id" in part):
         raise _refuse(where, "input_file parts and file IDs are not supported")
-    raise _refuse(where, f"content parts of type {kind!r} are not supported (send input_text)")
+    raise _refuse(where, f"content parts of type {kind!r} are not supported (send input_text or input_image)")
 
 
-def _content_text(content: Any, where: str) -> str:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """Text parts joined into one string, or, where images are, chat's text and image parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _refuse(where, "content must be a string or a list of parts")
-    return "".join(_part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
+    return joined_content([_part(part, f"{where}[{i}]") for i, part in enumerate(content)])
+
+
+def _content_text(content: Any, where: str) -> str:
+    """Content that may hold no image (assistant turns)."""
+    joined = _content(content, where)
+    if not isinstance(joined, str):
+        raise _refuse(where, "images are read in user messages and function_call_output only")
+    return joined
 
 
 class _Messages:
@@ -104,11 +124,10 @@ class _Messages:
         role = item.get("role")
         if role not in INPUT_ROLES:
             raise _refuse(f"{where}.role", f"must be one of {', '.join(INPUT_ROLES)}, got {role!r}")
-        text = _content_text(item.get("content"), f"{where}.content")
         if role == "assistant":
-            self._assistant(text)
+            self._assistant(_content_text(item.get("content"), f"{where}.content"))
             return
-        self.messages.append({"role": role, "content": text})
+        self.messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
         self.joinable = False
 
     def _call(self, item: dict[str, Any], where: str) -> None:
@@ -126,8 +145,8 @@ class _Messages:
     def _call_output(self, item: dict[str, Any], where: str) -> None:
         if not isinstance(item.get("call_id"), str):
             raise _refuse(f"{where}.call_id", "must be a string")
-        text = _content_text(item.get("output"), f"{where}.output")
-        self.messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+        output = _content(item.get("output"), f"{where}.output")
+        self.messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         self.joinable = False
 
     def _reasoning(self, item: dict[str, Any], where: str) -> None:
