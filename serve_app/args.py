@@ -22,6 +22,7 @@ from deployments.config import (
     IngressSettings,
     Section,
     ThinkingDefaults,
+    ToolPolicy,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -203,6 +204,7 @@ class AppArgs(
     EngineKnobs,
     ChatSettings,
     ThinkingDefaults,
+    ToolPolicy,
     GraphSettings,
     RoutingSettings,
     ResourceSettings,
