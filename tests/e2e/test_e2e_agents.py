@@ -94,15 +94,15 @@ def _logs_dir() -> Path:
     return Path(ray._private.worker._global_node.get_logs_dir_path())
 
 
-def _access_lines(since: float) -> list[str]:
-    """The Ingress access-log lines stamped at or after `since`: while this module runs, its app is the
-    only one deployed (the path in a line is the app's own, without the route prefix)."""
+def _log_lines(since: float, logger: str) -> list[str]:
+    """The app's `logger` lines stamped at or after `since`: while this module runs, its app is the only one
+    deployed (an access line's path is the app's own, without the route prefix)."""
     start = datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
     lines = []
     for path in _logs_dir().glob("worker-*.err"):
         if path.stat().st_mtime >= since:
             text = path.read_text(encoding="utf-8", errors="replace")
-            lines += [ln for ln in text.splitlines() if " tensorfold.access: " in ln and ln[:19] >= start]
+            lines += [ln for ln in text.splitlines() if f" {logger}: " in ln and ln[:19] >= start]
     return lines
 
 
@@ -130,7 +130,7 @@ def _answered(since: float, route: str, count_at_least: int) -> list[str]:
     """The access lines for `route`; every one 200, and at least `count_at_least` of them."""
     deadline = time.monotonic() + 10  # Ray writes a worker's stderr to its file as it comes; allow a flush
     while True:
-        lines = [ln for ln in _access_lines(since) if f"POST {route} " in ln]
+        lines = [ln for ln in _log_lines(since, "tensorfold.access") if f"POST {route} " in ln]
         if len(lines) >= count_at_least or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -173,3 +173,5 @@ def test_codex_completes_a_round_trip_with_its_default_tools(agents_url: str, tm
     # `codex` section, and a reply cut at the limit would be an ERROR line).
     assert "tokens used" in done.stderr, done.stderr[-3000:]
     _answered(since, "/v1/responses", 1)
+    dropped = [ln for ln in _log_lines(since, "tensorfold.ingress") if "dropped built-in tools" in ln]
+    assert dropped and all(ln.endswith("the server does not run: web_search") for ln in dropped), dropped
