@@ -66,8 +66,14 @@ def _cli(name: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def clis() -> dict[str, Path]:
+    """Both CLIs, checked before anything is built, started or deployed (autouse, session: set up first)."""
+    return {name: _cli(name) for name in ("claude", "codex")}
+
+
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_dir(clis: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The agents' checkpoint, built by the pages' fixture command."""
     line = _line("claude-code.md", "tensorfold fixture ")
     assert line == _line("codex.md", "tensorfold fixture ")
@@ -140,7 +146,6 @@ def _answered(since: float, route: str, count_at_least: int) -> list[str]:
 
 
 def test_claude_code_completes_a_round_trip(agents_url: str, tmp_path: Path) -> None:
-    _cli("claude")
     since = time.time() - 1
     done = _run(_agent_block("claude-code.md", "claude -p"), agents_url, tmp_path / "home")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -154,7 +159,6 @@ def test_claude_code_completes_a_round_trip(agents_url: str, tmp_path: Path) -> 
 
 def test_claude_code_without_its_output_limit_gets_the_windows_refusal(agents_url: str, tmp_path: Path) -> None:
     """What the page says happens when CLAUDE_CODE_MAX_OUTPUT_TOKENS is not set: a 400 before any work."""
-    _cli("claude")
     block = _agent_block("claude-code.md", "claude -p")
     done = _run(block, agents_url, tmp_path / "home", drop=("CLAUDE_CODE_MAX_OUTPUT_TOKENS",))
     assert done.returncode == 1
@@ -164,7 +168,6 @@ def test_claude_code_without_its_output_limit_gets_the_windows_refusal(agents_ur
 
 
 def test_codex_completes_a_round_trip_with_its_default_tools(agents_url: str, tmp_path: Path) -> None:
-    _cli("codex")
     since = time.time() - 1
     done = _run(_agent_block("codex.md", "codex exec"), agents_url, tmp_path / "home")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
