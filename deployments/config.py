@@ -306,6 +306,19 @@ class ThinkingDefaults(Section):
     loop_guard: bool = Field(default=False, description="close a think block caught in a short exact loop")
 
 
+class ToolPolicy(Section):
+    """What the Ingress does with tools it does not run (docs/agents/codex.md)."""
+
+    SECTION = "chat"
+
+    # Codex offers OpenAI's hosted tools (web_search) by default; refusing them is the documented default.
+    drop_builtin_tools: bool = Field(
+        default=False,
+        description="leave built-in tools (web_search, file_search, ...) out of Responses requests, logging their "
+        "types, instead of refusing the request",
+    )
+
+
 def package_version() -> str:
     try:
         return metadata.version("tensorfold")
@@ -313,7 +326,7 @@ def package_version() -> str:
         return "0.0.0+source"
 
 
-class IngressSettings(IngressHttp, ThinkingDefaults):
+class IngressSettings(IngressHttp, ThinkingDefaults, ToolPolicy):
     """What an Ingress replica is built with: `AppArgs.ingress_settings(auth)`, or built directly in tests."""
 
     served_name: str

@@ -23,6 +23,7 @@ from deployments.config import (
     IngressSettings,
     Section,
     ThinkingDefaults,
+    ToolPolicy,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -215,6 +216,7 @@ class AppArgs(
     ChatSettings,
     ThinkingDefaults,
     ImageSettings,
+    ToolPolicy,
     GraphSettings,
     RoutingSettings,
     ResourceSettings,

@@ -9,12 +9,13 @@ messages followed by the new input, so its prompt repeats the earlier one and th
 shared prefix.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
 from deployments.ingress.chat_request import ChatCompletionRequest, chat_request, image_part, joined_content
 from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.responses.models import ResponsesRequest
-from deployments.ingress.tool_checks import RESPONSES, check_tools
+from deployments.ingress.responses.tools import offered_tools
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -134,6 +135,8 @@ class _Messages:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise _refuse(f"{where}.{key}", "must be a string")
+        if item.get("namespace") is not None and not isinstance(item["namespace"], str):
+            raise _refuse(f"{where}.namespace", "must be a string")  # the call renders under its function's name
         call = {
             "id": item["call_id"],
             "type": "function",
@@ -169,24 +172,6 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     for index, item in enumerate(value):
         folded.add(item, f"input[{index}]")
     return folded.messages
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Function tools in chat's shape; any built-in tool is refused."""
-    if tools is None:
-        return None
-    for index, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise _refuse(
-                f"tools[{index}]", f"built-in tools ({kind!r}) are not supported; send function tools", "tools"
-            )
-    check_tools(tools, RESPONSES)
-    keys = ("name", "description", "parameters", "strict")
-    return [
-        {"type": "function", "function": {key: tool[key] for key in keys if tool.get(key) is not None}}
-        for tool in tools
-    ]
 
 
 def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
@@ -241,11 +226,20 @@ def _effort(reasoning: dict[str, Any] | None) -> Any:
     return (reasoning or {}).get("effort")
 
 
+@dataclass
+class ResponsesChat:
+    """A Responses body translated: what runs, what is stored, and where the reply's calls belong."""
+
+    chat: ChatCompletionRequest  # the equivalent chat completion
+    conversation: list[dict[str, Any]]  # the messages without instructions (what a stored response keeps)
+    namespaces: dict[str, str]  # a function offered from a namespace tool -> that namespace's name
+
+
 def responses_chat(
-    fields: ResponsesRequest, history: list[dict[str, Any]]
-) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
-    """The chat completion to run, and the conversation without instructions (what a stored response keeps);
-    a refusal names chat's field (responses_error renames it)."""
+    fields: ResponsesRequest, history: list[dict[str, Any]], drop_builtin_tools: bool = False
+) -> ResponsesChat:
+    """The chat completion to run and what goes with it; a refusal names chat's field (responses_error renames
+    it). `drop_builtin_tools`: leave built-in tools out instead of refusing them."""
     if fields.input is None:
         raise bad_request("input is required (a string or a list of items)", "input")
     conversation = history + input_messages(fields.input)
@@ -256,10 +250,10 @@ def responses_chat(
         max_completion_tokens=fields.max_output_tokens,
         reasoning_effort=_effort(fields.reasoning),
     )
-    tools = chat_tools(fields.tools)
-    chat["tool_choice"], chat["tools"] = chat_tool_choice(fields.tool_choice, tools)
+    tools = offered_tools(fields.tools, drop_builtin_tools)
+    chat["tool_choice"], chat["tools"] = chat_tool_choice(fields.tool_choice, tools.chat)
     chat["response_format"] = response_format(fields.text)
-    return chat_request(**chat), conversation
+    return ResponsesChat(chat_request(**chat), conversation, tools.namespaces)
 
 
 def responses_error(exc: APIError) -> APIError:
