@@ -8,6 +8,8 @@ and hence the reply tokens are the ones the equivalent chat completion gets; onl
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from deployments.chat_format.render_lanes import text_chars
+from deployments.chat_format.rendering import past_window
 from deployments.chat_format.reply_parser import ReplyParser
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
@@ -63,7 +65,8 @@ class ChatPrompt(Protocol):
 
 
 async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedPrompt:
-    """The prompt a chat body renders to (also what count_tokens and /tokenize answer); a refusal is a 400."""
+    """The prompt a chat body renders to (also what count_tokens and /tokenize answer); a refusal is a 400,
+    a prompt past the window among them: one whose size proves it is refused before it is tokenised."""
     too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
     if too_many:
         raise bad_request(too_many, "messages", "context_length_exceeded")
@@ -73,11 +76,22 @@ async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedP
         chat_template_kwargs=fields.chat_template_kwargs,
         add_generation_prompt=fields.add_generation_prompt is not False,
         reasoning_effort=fields.reasoning_effort,
+        window=await ctx.window_for(text_chars(fields.messages) + text_chars(fields.offered_tools)),
     )
     rendered = await ctx.backend.render_chat(render)
     if isinstance(rendered, Refusal):
         raise refusal_error(rendered)
     return rendered
+
+
+async def tokenize_prompt(ctx: ServingContext, text: str, add_special_tokens: bool) -> list[int]:
+    """A raw prompt's ids (completions, /tokenize); one whose size proves it fills the window is a 400
+    naming `prompt` before it is tokenised."""
+    card = await ctx.backend.card()
+    too_long = past_window(text, card.max_token_bytes, await ctx.window_for(len(text)), "prompt")
+    if too_long is not None:
+        raise refusal_error(too_long)
+    return await ctx.backend.tokenize(text, add_special_tokens)
 
 
 def chat_extras(fields: ChatCompletionRequest, reply: ReplyFormat) -> tuple[GrammarSpec | None, int | None]:

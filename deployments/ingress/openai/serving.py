@@ -7,7 +7,7 @@ logs it as `refused <id>`, and the Generation logs `finished` or `ended`.
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.ingress.chat_request import ChatCompletionRequest
-from deployments.ingress.chat_run import start_chat
+from deployments.ingress.chat_run import start_chat, tokenize_prompt
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids, engine_request
 from deployments.ingress.generation import Generation, GenerationFailed
@@ -60,7 +60,7 @@ async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> 
     if fields.prompt is None:
         raise bad_request("prompt is required (a string or a list of token ids)", "prompt")
     if isinstance(fields.prompt, str):
-        return await ctx.backend.tokenize(fields.prompt, bool(fields.add_special_tokens))
+        return await tokenize_prompt(ctx, fields.prompt, bool(fields.add_special_tokens))
     ids = list(fields.prompt)
     check_token_ids(ids, await ctx.backend.card(), "prompt")
     return ids
