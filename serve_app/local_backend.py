@@ -82,6 +82,9 @@ class LocalBackend:
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self.loop.engine_call("imprint", query)  # type: ignore[return-value]
 
+    async def client_left(self) -> None:
+        await self.loop.engine_call("client_left")
+
     async def forget_disk(self) -> int:
         return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
 

@@ -5,6 +5,7 @@ from their own typed bodies (deployments/ingress/chat_request.py). Either way th
 and hence the reply tokens are the ones the equivalent chat completion gets; only the framing differs.
 """
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from deployments.ingress.engine_request import engine_request, thinking_controls
 from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import bad_request, refusal_error
 from deployments.ingress.http.limits import messages_over_window
+from deployments.ingress.http.sse import counting_departures
 from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations
 from deployments.ingress.reply_reader import ReplyReader
 from deployments.ingress.structured_fields import (
@@ -84,6 +86,13 @@ async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedP
     return rendered
 
 
+def counted_stream(ctx: ServingContext, generation: Generation, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A reply stream whose client, leaving before all of it went out, is counted as a disconnection
+    (`client_disconnections_total`) by this replica, once, whether or not the reply had finished upstream
+    (its request is `streamed`, so the engine does not count its abort too)."""
+    return counting_departures(body, ctx.backend.client_left)
+
+
 async def tokenize_prompt(ctx: ServingContext, text: str, add_special_tokens: bool) -> list[int]:
     """A raw prompt's ids (completions, /tokenize); one whose size proves it fills the window is a 400
     naming `prompt` before it is tokenised."""
@@ -110,14 +119,18 @@ def chat_extras(fields: ChatCompletionRequest, reply: ReplyFormat) -> tuple[Gram
     return grammar, top
 
 
-async def start_chat(ctx: ServingContext, fields: ChatCompletionRequest, request_id: str, arrival: float) -> ChatRun:
-    """Render a chat body, then start its generation; every refusal is an APIError first."""
+async def start_chat(
+    ctx: ServingContext, fields: ChatCompletionRequest, request_id: str, arrival: float, streamed: bool = False
+) -> ChatRun:
+    """Render a chat body, then start its generation; every refusal is an APIError first (`streamed`: the
+    reply goes out as a stream, through `counted_stream`)."""
     rendered = await render_chat_body(ctx, fields)
     card = await ctx.backend.card()
     settings = ctx.settings
     thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
     request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
     request.grammar, request.logprobs = chat_extras(fields, rendered.reply)
+    request.streamed = streamed
     facts = await ctx.facts()  # valid and rendered: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, rendered.reply, facts.engine)
     parallel = fields.parallel_tool_calls is not False
