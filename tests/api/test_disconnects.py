@@ -107,7 +107,7 @@ def _run(backend: LocalBackend, path: str, body: dict[str, Any], pieces: int | N
             got = await _read_then_leave(app, path, body, pieces)
             assert got, path
             if pieces is None:
-                assert got[-1].rstrip().endswith((b"[DONE]", b"message_stop\"}", b"}")), got[-1][-80:]
+                assert got[-1].rstrip().endswith((b"[DONE]", b'message_stop"}', b"}")), got[-1][-80:]
         await asyncio.sleep(0.2)  # the asyncio finaliser closes a stream the server dropped
 
     asyncio.run(all_of_them())
