@@ -73,6 +73,7 @@ class PromptRenderer:
         self._opener_id = bundle.token_to_id(THINK.opener)
         self._closer_id = bundle.token_to_id(THINK.closer)
         self._close_ids = bundle.encode(THINK.forced_close, add_special_tokens=False)
+        self._max_token_bytes = bundle.max_token_bytes  # read over the vocabulary once, at load
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, options: RendererOptions | None = None) -> "PromptRenderer":
@@ -83,7 +84,7 @@ class PromptRenderer:
             vocab_size=self.bundle.vocab_size,
             eos_token_ids=list(self.bundle.eos_token_ids),
             has_chat_template=self.template is not None,
-            max_token_bytes=self.bundle.max_token_bytes,
+            max_token_bytes=self._max_token_bytes,
         )
 
     def render_or_refuse(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
@@ -99,7 +100,7 @@ class PromptRenderer:
         """Prompt ids exactly as the chat route runs them; raises TemplateRenderError/MessageError (HTTP 400),
         or PromptPastWindow before tokenising a prompt too large for `request.window`."""
         text, kwargs = self.render_text(request)
-        too_long = past_window(text, self.bundle.max_token_bytes, request.window, "messages")
+        too_long = past_window(text, self._max_token_bytes, request.window, "messages")
         if too_long is not None:
             raise PromptPastWindow(too_long)
         ids = self.bundle.encode(text, add_special_tokens=False)  # the template wrote the special tokens

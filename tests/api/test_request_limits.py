@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
+from deployments.tokenizer import load_tokenizer, min_tokens
 from serve_app.local_backend import LocalBackend
 from tests.support.bodies import USER, user
 from tests.support.local_app import local_backend
@@ -180,3 +181,27 @@ def test_the_documented_errors_are_what_the_route_answers(client: TestClient, pa
         assert required <= set(reply.json()), (path, reply.json())
     assert [a.status_code for a in answers] == [404, 415, 405]
     assert "POST" in answers[2].headers["allow"]
+
+
+def _bound_holds(bundle: Any) -> None:
+    texts = [
+        "Paris is lovely. " * 200,
+        " " * 3000 + "\n" * 500 + "\t" * 300,
+        "日本語のテキスト、そして絵文字 🎉🎉🎉 " * 50,
+        "def f(x):\n        return x  # comment\n" * 100,
+        "".join(chr(c) for c in range(32, 3000)),
+        "<|user|>hello<|assistant|>" * 40,
+    ]
+    for text in texts:
+        assert len(bundle.encode(text)) >= min_tokens(text, bundle.max_token_bytes), text[:40]
+
+
+def test_the_size_bound_never_exceeds_the_real_count(served_model: str) -> None:
+    """The refusal is a proof: no text encodes to fewer tokens than its bytes over `max_token_bytes`."""
+    from serve_app.args import AppArgs
+    from serve_app.fixtures.tokenizer_builder import qwen3_tokenizer_dir
+
+    _bound_holds(load_tokenizer(AppArgs(model=served_model).model_dir))
+    qwen = qwen3_tokenizer_dir()
+    if qwen is not None:  # the real Qwen3 vocabulary, where the package is installed (the test extras)
+        _bound_holds(load_tokenizer(qwen))

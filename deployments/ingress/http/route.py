@@ -4,9 +4,9 @@ Arrival: stamp the wall clock (the request's `created` and its latency start) an
 label for per-key metrics. The reply id is minted next (from the body, where its shape decides the id's
 kind); the body is read as JSON, its `model` checked against the ids this server answers to (404
 `model_not_found` otherwise, as OpenAI and vLLM answer; a body without one means the served model), and
-parsed once into the route's typed model. Refusal: an APIError raised
-before the reply is sent is logged as `refused <id>` and answered in the route's own error format. A route
-that only answers from its body (counting, tokenizing) has no reply id and logs nothing: `json_query`.
+it is parsed once into the route's typed model. Refusal: an APIError raised before the reply is sent is
+logged as `refused <id>` and answered in the route's own error format. A route that only answers from its
+body (counting, tokenizing) has no reply id and logs nothing: `json_query`.
 """
 
 import time
@@ -54,11 +54,6 @@ def served_body(http: Request, body: dict[str, Any]) -> dict[str, Any]:
     return body  # a non-string model is the typed body's 400
 
 
-async def model_body(http: Request) -> dict[str, Any]:
-    """The JSON body of a request for a model this server answers to (415, 400 or 404 otherwise)."""
-    return served_body(http, await json_body(http))
-
-
 def refusal(request_id: str, exc: APIError, respond: ErrorFormat = APIError.response) -> JSONResponse:
     log_refused(request_id, exc.status, exc.message)
     return respond(exc)
@@ -82,13 +77,9 @@ def json_route(
                 body = await json_body(http)
             except APIError as exc:
                 return refusal(reply_id(None), exc, errors)
-            try:
-                served_body(http, body)
-            except APIError as exc:
-                return refusal(reply_id(body), exc, errors)
             arrival = Arrival(arrived, reply_id(body))
             try:
-                return await run(read(body), arrival)
+                return await run(read(served_body(http, body)), arrival)
             except APIError as exc:
                 return refusal(arrival.request_id, exc, errors)
 
@@ -106,7 +97,7 @@ def json_query(
     def decorate(run: QueryRun[Body]) -> Endpoint:
         async def endpoint(http: Request) -> Response:
             try:
-                return await run(read(await model_body(http)))
+                return await run(read(served_body(http, await json_body(http))))
             except APIError as exc:
                 return errors(exc)
 
