@@ -109,14 +109,14 @@ def test_large_bodies_past_the_window_are_refused_by_their_size(client: TestClie
 
 
 def test_small_chats_are_not_held_up_by_large_tokenisations(backend: LocalBackend) -> None:
-    """8 large prompts tokenised (500 kB each, ~0.7 s of CPU: what a wide window lets through) and 8 3 MB
+    """8 large prompts tokenised (250 kB each, ~0.4 s of CPU: what a wide window lets through) and 8 3 MB
     chat bodies (refused by their size) arrive with 8 small chats: each small chat finishes before the large
     tokenisations are all done (on the event loop, or in one shared pool, it would wait for them), and its
     reply is the one it gets alone."""
     app = build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))
     small = {"messages": USER, "max_tokens": 2, "temperature": 0}
     huge = json.dumps({"messages": user("Paris is lovely. " * 185_000), "max_tokens": 2})
-    wide = "Paris is lovely. " * 30_000
+    wide = "Paris is lovely. " * 15_000
 
     async def run() -> tuple[list[float], float, list[dict[str, Any]], dict[str, Any]]:
         transport = httpx.ASGITransport(app=app)
@@ -140,7 +140,7 @@ def test_small_chats_are_not_held_up_by_large_tokenisations(backend: LocalBacken
             counts = [len(ids) for ids in await asyncio.gather(*large)]
             large_done = time.monotonic() - started
             assert await asyncio.gather(*huge_tasks) == [400] * 8
-            assert len(set(counts)) == 1 and counts[0] > 100_000
+            assert len(set(counts)) == 1 and counts[0] > 50_000
             return done, large_done, chats, alone
 
     done, large_done, chats, alone = asyncio.run(run())
