@@ -39,8 +39,17 @@ async def counting_departures(
         raise
     finally:
         await body.aclose()  # type: ignore[attr-defined]
-        if left:
-            try:
-                await client_left()
-            except Exception:  # no replica to tell: the count is lost, nothing else
-                log.debug("could not count a client that left", exc_info=True)
+        if left:  # in a task of its own: this one is being cancelled, and would cancel the report with it
+            report = asyncio.get_running_loop().create_task(_report(client_left))
+            _REPORTS.add(report)
+            report.add_done_callback(_REPORTS.discard)
+
+
+_REPORTS: set[asyncio.Task[None]] = set()  # reports in flight (the loop keeps only weak references)
+
+
+async def _report(client_left: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await client_left()
+    except Exception:  # no replica to tell: the count is lost, nothing else
+        log.warning("could not count a client that left", exc_info=True)
