@@ -108,7 +108,11 @@ def _run(backend: LocalBackend, path: str, body: dict[str, Any], pieces: int | N
             assert got, path
             if pieces is None:
                 assert got[-1].rstrip().endswith((b"[DONE]", b'message_stop"}', b"}")), got[-1][-80:]
-        await asyncio.sleep(0.2)  # the asyncio finaliser closes a stream the server dropped
+        # The asyncio finaliser closes a stream the server dropped, and the report runs in a task of its
+        # own: wait for every other task (asyncio.run would cancel them).
+        deadline = time.monotonic() + 30
+        while len(asyncio.all_tasks()) > 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     asyncio.run(all_of_them())
 
