@@ -159,7 +159,9 @@ class GraphSettings(Section):
         "`{gpu_node: 0.01}`, given to the nodes by `ray start --resources`)",
     )
     max_replicas_per_node: int | None = Field(
-        default=None, ge=1, description="at most this many Scheduler replicas (model copies) on one node; unset: no limit"
+        default=None,
+        ge=1,
+        description="at most this many Scheduler replicas (model copies) on one node; unset: no limit",
     )
     max_ongoing_requests: Annotated[int, NO_FLAG] = Field(
         default=1024,

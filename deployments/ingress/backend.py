@@ -49,6 +49,8 @@ class Backend(Protocol):
 
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer: ...
 
+    async def client_left(self) -> None: ...
+
     async def forget_disk(self) -> int: ...
 
     async def save_response(self, entry: StoredResponse) -> None: ...
@@ -146,6 +148,10 @@ class GraphBackend:
 
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self._scheduler.imprint.remote(query)  # the router picks its conversation's replica
+
+    async def client_left(self) -> None:
+        """A client left its streamed reply: any Scheduler replica counts it (the replicas' counts are summed)."""
+        await self._scheduler.client_left.remote()
 
     async def forget_disk(self) -> int:
         """Every replica forgets its node's set; replicas sharing a node's store free it once."""

@@ -10,7 +10,6 @@ from pathlib import Path
 from deployments.chat_format.rendering import PromptRenderer, RendererOptions
 from deployments.config import ImageSettings
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
-from deployments.messages.replies import Refusal
 from deployments.renderer.vision.preprocess import Preprocessing
 from deployments.renderer.vision.reader import IMAGE_PAD, ImageReader, has_vision_tower
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
@@ -44,9 +43,3 @@ class ChatPromptRenderer(PromptRenderer):
             return rendered
         ids, placed = self.images.place(rendered.prompt_token_ids, images)
         return replace(rendered, prompt_token_ids=ids, images=placed)
-
-
-def render_refusal(exc: Exception) -> Refusal:
-    """A client's rendering error (TemplateRenderError, MessageError) as a 400 naming its field (an image
-    part's, else `messages`)."""
-    return Refusal(str(exc), param=getattr(exc, "param", None) or "messages")

@@ -90,6 +90,10 @@ class Scheduler:
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self._loop.engine_call("imprint", query)  # type: ignore[return-value]
 
+    async def client_left(self) -> None:
+        """Ingress saw a client leave its streamed reply: counted with the disconnections."""
+        await self._loop.engine_call("client_left")
+
     async def forget_disk(self) -> int:
         return await self._loop.engine_call("forget_disk")  # type: ignore[return-value]
 

@@ -16,7 +16,7 @@ OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the ferry leaves at
 
 def _body(messages: list[dict]) -> dict:
     return {
-        "model": "m",
+        "model": "tiny-glm",
         "messages": messages,
         "max_tokens": 10,
         "temperature": 0,

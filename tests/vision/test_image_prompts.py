@@ -12,7 +12,7 @@ from deployments.chat_format.conversation import MessageError
 from deployments.chat_format.rendering import RendererOptions
 from deployments.config import ImageSettings
 from deployments.messages.render import ChatRenderRequest
-from deployments.renderer.chat_prompts import ChatPromptRenderer, render_refusal
+from deployments.renderer.chat_prompts import ChatPromptRenderer
 from deployments.renderer.vision.parts import ImageRefusal
 from deployments.renderer.vision.preprocess import Preprocessing
 from deployments.renderer.vision.reader import ImageReader
@@ -105,9 +105,9 @@ def test_text_only_prompts_unchanged(vision_checkpoint: Path) -> None:
 
 
 def _refusal(renderer: ChatPromptRenderer, messages: list[dict[str, Any]]) -> tuple[str, str]:
-    with pytest.raises(MessageError) as caught:
+    with pytest.raises(MessageError):
         _render(renderer, messages)
-    refusal = render_refusal(caught.value)
+    refusal = renderer.render_or_refuse(ChatRenderRequest(messages=messages))
     return refusal.message, refusal.param or ""
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from deployments.ingress.chat_request import ChatCompletionRequest
-from deployments.ingress.chat_run import render_chat_body
+from deployments.ingress.chat_run import render_chat_body, tokenize_prompt
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids
 from deployments.ingress.http.errors import APIError, refusal_error
@@ -27,7 +27,7 @@ OFF_MESSAGE = "saved conversations are off: start the server with --learn-conver
 
 async def tokenize_body(ctx: ServingContext, fields: TokenizeRequest) -> dict[str, Any]:
     if fields.prompt is not None:
-        ids = await ctx.backend.tokenize(fields.prompt, fields.add_special_tokens is not False)
+        ids = await tokenize_prompt(ctx, fields.prompt, fields.add_special_tokens is not False)
     else:
         ids = (await render_chat_body(ctx, fields)).prompt_token_ids
     facts = await ctx.facts()

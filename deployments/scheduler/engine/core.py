@@ -260,6 +260,11 @@ class Engine:
         """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first)."""
         return 0 if self.disk is None else self.disk.forget_all()
 
+    def client_left(self) -> None:
+        """A client that left its streamed reply before all of it went out (Ingress counts each once, whether
+        the reply had finished here or was aborted): a disconnection (`requests_aborted_total`)."""
+        self.counters.requests_aborted_total += 1
+
     def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         """GET /memory's snapshot of this engine (the replica names itself)."""
         return replica_memory("", self, reset_peak)
