@@ -18,6 +18,7 @@ from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.messages.store import StoreUnavailable
 from deployments.response_store.store import ResponseStore
 from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.transports.thread import EngineLoop
@@ -84,7 +85,7 @@ class LocalBackend:
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self.loop.engine_call("imprint", query)  # type: ignore[return-value]
 
-    async def forget_disk(self) -> int:
+    async def forget_disk(self) -> int | StoreUnavailable:
         return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
 
     async def save_response(self, entry: StoredResponse) -> None:
