@@ -23,7 +23,9 @@ BIG = StoreCaps(max_bytes=1 << 40, min_free_bytes=0, daily_bytes=1 << 40)
 def _piece(tokens: list[int], block_bytes: int) -> PieceWrite:
     hashes = PromptHashes.of(tokens, 4).hashes
     payload = np.random.default_rng(len(tokens)).integers(0, 255, len(hashes) * block_bytes, dtype=np.uint8)
-    return PieceWrite("s", None, hashes, [tokens[i * 4 : (i + 1) * 4] for i in range(len(hashes))], block_bytes, payload)
+    return PieceWrite(
+        "s", None, hashes, [tokens[i * 4 : (i + 1) * 4] for i in range(len(hashes))], block_bytes, payload
+    )
 
 
 def _files(folder: Path) -> list[str]:
