@@ -16,8 +16,7 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,12 +24,13 @@ from deployments.config import EngineConfig
 from deployments.messages.prefix import KEY_BYTES, PromptHashes
 from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
-from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats, StoreUnavailable
+from deployments.messages.store import BlockRows, PieceWrite, StoreStats, StoreUnavailable
 from deployments.prompt_store.failures import FailureBurst
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
 from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.prompt_store.store import PIECE_BYTES
-from deployments.scheduler.engine.disk_snapshots import DiskSnapshots, StateSlotsIO
+from deployments.scheduler.engine.disk_snapshots import DiskSnapshots
+from deployments.scheduler.engine.disk_types import BlockRowsIO, Resumable, StoreLink
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
 from deployments.scheduler.engine.state_slots import StateSlots
 
@@ -41,48 +41,6 @@ FIRST_PREFILL_TOKENS_PER_S = 1000.0  # until a prompt pass is measured
 RATE_WEIGHT = 0.3  # of each new measurement in the running estimates
 STORE_RETRY_S = 2.0  # after a failed call, the set's index is asked for again no sooner
 DELETE_REFUSED = "the prompt store is not available (it restarts after a failure): nothing was deleted; try again"
-
-
-class StoreLink(Protocol):
-    """Calls into the PromptStore (in-process, over Ray, or relayed by the engine's parent process)."""
-
-    def open_set(self, set_id: str) -> SetIndex: ...
-
-    def write(self, piece: PieceWrite) -> None: ...  # never waits for the disk
-
-    def flush(self, timeout_s: float) -> None: ...  # waits (up to timeout_s) for the writes sent so far
-
-    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None: ...
-
-    def delete_set(self, set_id: str) -> int: ...
-
-    def stats(self, set_id: str) -> StoreStats: ...
-
-
-class BlockRowsIO(StateSlotsIO, Protocol):
-    def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...
-
-    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
-
-    def kv_bytes_per_token(self) -> int: ...  # every rank's shard
-
-
-@dataclass
-class Resumable:
-    """How much of a prompt resumes, and from where (the imprint routes' answer, before any read)."""
-
-    tokens: int
-    ram_tokens: int
-    disk_tokens: int
-    disk_bytes: int
-    read_seconds: float  # estimated
-    prefill_seconds: float  # estimated, for the disk tokens
-    read_from: int = 0  # the first block to read (RAM holds those before it)
-    state_at: bytes | None = None  # hybrid models: the snapshot to read with the blocks (None: RAM holds it)
-
-    @property
-    def worth_reading(self) -> bool:
-        return self.disk_tokens > self.ram_tokens and self.read_seconds < self.prefill_seconds
 
 
 class DiskStates:
