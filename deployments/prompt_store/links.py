@@ -52,7 +52,7 @@ class ActorStoreLink:
         self._writes: list = []
         self.set_id: str | None = None  # the set its engine opened: the one /health's figures are about
         self.writes_lost = 0  # writes sent to an actor that died before running them
-        self.unreachable = FailureBurst("prompt store: calling its actor", "the engine goes on without it")
+        self.lost = FailureBurst("prompt store: a write sent to its actor", "its states stay in RAM only")
 
     def open_set(self, set_id: str) -> SetIndex:
         self.set_id = set_id
@@ -106,9 +106,8 @@ class ActorStoreLink:
                     time.sleep(RETRY_PAUSE_S)
                     self._actor = store_actor(self._root, self._caps)  # the same actor, or a new one if it is gone
                     continue
-                self.unreachable.failed(UNAVAILABLE, type(exc).__name__)
-                raise StoreFailedError(UNANSWERED) from None
-            self.unreachable.succeeded()
+                raise StoreFailedError(UNANSWERED) from None  # the engine logs it, once per burst
+            self.lost.succeeded()
             return value
 
     def _prune(self) -> None:
@@ -121,7 +120,7 @@ class ActorStoreLink:
                 self._ray.get(ref, timeout=0)
             except self._ray.exceptions.RayError as exc:
                 self.writes_lost += 1
-                self.unreachable.failed(UNAVAILABLE, f"a write was lost ({type(exc).__name__})")
+                self.lost.failed(UNAVAILABLE, f"the actor died before running it ({type(exc).__name__})")
                 self._actor = store_actor(self._root, self._caps)
 
     def _with_own_figures(self, stats: StoreStats) -> StoreStats:

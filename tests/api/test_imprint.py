@@ -241,6 +241,15 @@ def test_while_the_store_is_down_nothing_is_claimed_from_disk_and_delete_answers
             store = client.get("/health").json()["store"]
             assert store["available"] is False and "not answering" in store["unavailable_reason"]
             assert _metric(client, "tensorfold:store_available") == 0
+            failures = [
+                line for line in client.get("/metrics").text.splitlines() if "store_write_failures_total{" in line
+            ]
+            assert sorted(line.split('reason="')[1].split('"')[0] for line in failures) == [
+                "io_error",
+                "no_space",
+                "permission",
+                "unavailable",
+            ]
         finally:
             _StoreThatGoesDown.down = False
         assert list(tmp_path.rglob("*.piece"))  # nothing was deleted

@@ -25,7 +25,7 @@ from deployments.messages.prefix import KEY_BYTES, PromptHashes
 from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.store import BlockRows, PieceWrite, StoreStats, StoreUnavailable
-from deployments.prompt_store.failures import FailureBurst
+from deployments.prompt_store.failures import FailureBurst, StoreFailedError
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
 from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.prompt_store.store import PIECE_BYTES
@@ -110,6 +110,8 @@ class DiskStates:
     def _store_failed(self, exc: Exception) -> None:
         """A call the store did not answer (or refused): logged once per burst, and nothing is claimed from
         disk until its index is read again (writes sent meanwhile may be lost)."""
+        if not isinstance(exc, (StoreFailedError, OSError)):  # not the store's failure: a bug, with its traceback
+            log.error("prompt store: a call failed unexpectedly", exc_info=exc)
         self.failures.failed("unavailable", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
         self._retry_at = time.monotonic() + STORE_RETRY_S
         self.latest = replace(self.latest or StoreStats(), available=False, unavailable_reason=str(exc)[:300])
