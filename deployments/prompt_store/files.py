@@ -7,6 +7,7 @@ file (hybrid models) has the same layout: one name (the block its snapshot ends 
 snapshot's bytes.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -49,7 +50,8 @@ def write_file_atomically(path: Path, data: bytes) -> None:
             os.close(fd)
         os.replace(temp, path)
     except BaseException:  # a full disk, an I/O error: no partial file stays behind
-        temp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the original error is the one to report
+            temp.unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:

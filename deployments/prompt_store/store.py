@@ -9,6 +9,7 @@ Layout under the learn folder (0700 folders, 0600 files):
 A set is one checkpoint identity, dtype, KV layout, parallel shape and kernel build (identity.py).
 """
 
+import contextlib
 import json
 import logging
 import shutil
@@ -371,7 +372,8 @@ def _write_indexed_file(path: Path, data: bytes) -> None:
     try:
         write_file_atomically(path, data)
     except OSError:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the original error is the one to report
+            path.unlink(missing_ok=True)
         raise
 
 
