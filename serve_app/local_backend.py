@@ -17,6 +17,7 @@ from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.messages.store import StoreUnavailable
 from deployments.response_store.store import ResponseStore
 from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.transports.thread import EngineLoop
@@ -85,7 +86,7 @@ class LocalBackend:
     async def client_left(self) -> None:
         await self.loop.engine_call("client_left")
 
-    async def forget_disk(self) -> int:
+    async def forget_disk(self) -> int | StoreUnavailable:
         return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
 
     async def save_response(self, entry: StoredResponse) -> None:

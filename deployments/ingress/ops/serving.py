@@ -21,6 +21,7 @@ from deployments.ingress.http.errors import APIError, refusal_error
 from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest
 from deployments.messages.replies import Refusal
 from deployments.messages.requests import ImprintQuery
+from deployments.messages.store import StoreUnavailable
 
 OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
 
@@ -69,6 +70,10 @@ async def imprint_body(ctx: ServingContext, fields: ChatCompletionRequest, load:
 
 
 async def forget_body(ctx: ServingContext) -> dict[str, Any]:
+    """503 when a replica's store did not delete (its actor restarting): the client may try again."""
     require_store(ctx)
     await ctx.facts()
-    return {"freed_bytes": await ctx.backend.forget_disk()}
+    freed = await ctx.backend.forget_disk()
+    if isinstance(freed, StoreUnavailable):
+        raise APIError(503, freed.message, "server_error")
+    return {"freed_bytes": freed}
