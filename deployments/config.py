@@ -112,6 +112,12 @@ class EngineSettings(Section):
         ge=1,
         description="intra-op threads of the forward pass; unset: the node's cores less Ingress's and the Renderer's",
     )
+    # The tower runs on every rank (docs/engine.md, Vision); off, its weights are never read.
+    vision: bool = Field(
+        default=False,
+        description="load the checkpoint's vision tower and run image input (Qwen3.5 checkpoints with "
+        "`model.visual.*`); off: requests with images are refused",
+    )
     # Hybrid models: besides the end of every prompt pass and reply, a long prompt's recurrent states join
     # the prefix cache at least this often (each snapshot costs a state slot: docs/engine.md, Hybrid models).
     state_snapshot_tokens: Annotated[int, NO_FLAG] = Field(

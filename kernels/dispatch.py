@@ -209,6 +209,22 @@ def apply_rotary(
     return rotary.rotary_torch(positions, q, k, inv_freq, attention_scaling, interleaved)
 
 
+def apply_mrope(
+    positions: torch.Tensor,
+    axes: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal rotate-half RoPE: positions [3, T], pair j turning with row axes[j]. On CPU a text row
+    gets `apply_rotary`'s bits (the same table values and rotation kernel)."""
+    cos, sin = rotary.mrope_cos_sin(positions, axes, inv_freq, attention_scaling, q.dtype)  # [T, 1, rot]
+    if q.dim() == k.dim() == 3 and cpu_layer_ops.supports(q, k):
+        return cpu_layer_ops.rotate_with_table(q, k, cos[:, 0].contiguous(), sin[:, 0].contiguous())
+    return rotary.rotate_with_table(q, k, cos, sin)
+
+
 def grouped_topk(
     logits: torch.Tensor,
     correction_bias: torch.Tensor,

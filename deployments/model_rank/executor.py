@@ -43,7 +43,9 @@ class Executor(Protocol):
 class InProcessExecutor:
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_engine_threads(config.engine_threads, config.reserved_cpus)
-        self.runner = ModelRunner(config.model, config.dtype, config.device, ParallelContext(), mtp=config.wants_mtp)
+        self.runner = ModelRunner(
+            config.model, config.dtype, config.device, ParallelContext(), mtp=config.wants_mtp, vision=config.vision
+        )
 
     def info(self) -> RunnerInfo:
         return self.runner.info()

@@ -139,7 +139,9 @@ class DiskStates:
     def restore_prompt(self, request: EngineRequest) -> int:
         """Tokens of a new request's prompt read back from disk (0 when RAM holds as much, a read does not
         pay, or it fails)."""
-        hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.blocks.block_size)
+        hashes = request.prompt_hashes or PromptHashes.of(
+            request.prompt_token_ids, self.blocks.block_size, request.images
+        )
         try:
             return self.restore(request.prompt_token_ids, hashes)
         except Exception:  # the store failing costs a prompt pass, never the request
