@@ -22,7 +22,9 @@ def picture(seed: int, height: int, width: int) -> np.ndarray:
 def pixels_sha256(pixels: np.ndarray) -> bytes:
     """The image's name: SHA-256 of RGB, its width and height, then the raw bytes."""
     height, width = pixels.shape[:2]
-    return hashlib.sha256(b"RGB" + width.to_bytes(4, "little") + height.to_bytes(4, "little") + pixels.tobytes()).digest()
+    return hashlib.sha256(
+        b"RGB" + width.to_bytes(4, "little") + height.to_bytes(4, "little") + pixels.tobytes()
+    ).digest()
 
 
 class ImagePrompts:
@@ -51,7 +53,9 @@ class ImagePrompts:
             grid = tuple(int(n) for n in out["image_grid_thw"][0])
             length = grid[0] * grid[1] * grid[2] // self.merge**2
             ids.append(self.start)
-            images.append(ImageInput(pixels_sha256(part), grid, out["pixel_values"].astype(np.float32), len(ids), length))
+            images.append(
+                ImageInput(pixels_sha256(part), grid, out["pixel_values"].astype(np.float32), len(ids), length)
+            )
             ids += [self.pad] * length + [self.end]
         return ids, images
 
@@ -68,3 +72,14 @@ def hf_image_greedy(checkpoint: Path, ids: list[int], images: list[ImageInput], 
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
     return out[0, len(ids) :].tolist()
+
+
+def vision_checkpoint(out: Path, arch: str = "qwen3_5", dtype: str = "float32", seed: int = 5) -> Path:
+    """A tiny random multimodal checkpoint, as `tensorfold fixture checkpoint --arch qwen3_5` writes it."""
+    from serve_app.fixtures.checkpoints import build_random_checkpoint
+    from serve_app.fixtures.tokenizer_builder import build_tokenizer
+    from serve_app.fixtures.vision import use_vision_tokens
+
+    build_tokenizer(out, family="qwen_vl")
+    build_random_checkpoint(arch, out, seed=seed, dtype=dtype)
+    return use_vision_tokens(out)
