@@ -162,3 +162,36 @@ def test_block_names_fold_in_images_as_the_router_names_them(one_image) -> None:
     assert PromptHashes.of(prompt, 16, pair).hashes[0] != PromptHashes.of(prompt, 16, swapped_order).hashes[0]
     assert blocks.match_prefix(prompt, len(prompt), None, images) == table.block_ids[:3]
     assert blocks.match_prefix(prompt, len(prompt), None, [other]) == []
+
+
+def test_a_conversation_with_an_image_resumes_from_disk_only_with_the_same_image(checkpoint, prompts, tmp_path) -> None:
+    from deployments.prompt_store.links import LocalStoreLink
+
+    def on_disk() -> Engine:
+        config = EngineConfig(
+            model=str(checkpoint), dtype="float32", kv_cache_gib=0.02, parallel=4, draft="off", vision=True,
+            learn_dir=str(tmp_path), learn_conversations=True,
+        )  # fmt: skip
+        return Engine(config, LocalStoreLink(config))
+
+    text = [(13 * j) % 400 + 20 for j in range(30)]
+    first_parts = [[30, 31], picture(7, 40, 52), text]
+    writer = on_disk()
+    first = writer.generate([_ask("first", prompts.build(first_parts))])["first"]
+    writer.disk.write_waiting()
+    writer.shutdown()
+    same = prompts.build([*first_parts, first.token_ids, [60, 61]])
+    resumed = on_disk().generate([_ask("same", same)])["same"]  # a fresh RAM cache over the folder
+    assert resumed.stats.disk_tokens >= 48 and resumed.stats.cached_tokens == resumed.stats.disk_tokens
+    assert resumed.token_ids == hf_image_greedy(checkpoint, *same, REPLY)
+    swapped = prompts.build([[30, 31], picture(8, 40, 52), text, first.token_ids, [60, 61]])
+    assert swapped[0] == same[0]
+    other = on_disk().generate([_ask("swapped", swapped)])["swapped"]
+    assert other.stats.disk_tokens == 0 and other.stats.cached_tokens == 0
+
+
+def test_moe_replies_with_an_image_as_transformers(tmp_path, one_image) -> None:
+    checkpoint = vision_checkpoint(tmp_path / "moe", arch="qwen3_5_moe")
+    prompt = ImagePrompts(checkpoint).build([[30, 31, 32], picture(1, 40, 52), [40, 41, 42, 43]])
+    reply = _engine(checkpoint).generate([_ask("moe", prompt)])["moe"]
+    assert reply.token_ids == hf_image_greedy(checkpoint, *prompt, REPLY)
