@@ -52,23 +52,16 @@ class StepRows:
 def step_rows(plan: StepPlan, block_size: int) -> StepRows:
     rows = StepRows([], [], [], [], [], [], [])
     hybrid = any(seq.state_slot >= 0 for seq in plan.seqs)
-    axes_of: list[list[list[int]] | None] = []
     for seq in plan.seqs:
-        start, first_row = seq.num_computed, len(rows.input_ids)
+        start, shift = seq.num_computed, seq.num_computed + seq.rope_delta
         for offset, token in enumerate(seq.new_token_ids):
             pos = start + offset
             rows.input_ids.append(token)
+            rows.positions.append(shift + offset)
             rows.slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
-        if seq.images:
-            axes = image_positions(seq)
-            rows.positions.extend(axes[0])
-            rows.image_rows.extend(image_rows(seq, first_row))
-            axes_of.append(axes)
-        else:
-            delta = start + seq.rope_delta
-            rows.positions.extend(range(delta, delta + len(seq.new_token_ids)))
-            axes_of.append(None)
         total = len(rows.input_ids)
+        if seq.images:
+            rows.image_rows.extend(image_rows(seq, total - len(seq.new_token_ids)))
         rows.logits_rows.extend(range(total - len(seq.draws), total))
         rows.query_lens.append(len(seq.new_token_ids))
         rows.context_lens.append(seq.num_computed + len(seq.new_token_ids))
@@ -79,7 +72,7 @@ def step_rows(plan: StepPlan, block_size: int) -> StepRows:
             if seq.state_from is not None:
                 rows.state_copies.append((seq.state_from, seq.state_slot))
     if rows.image_rows:
-        rows.mrope_positions = _three_rows(plan, axes_of, rows.positions)
+        rows.mrope_positions = _three_rows(plan, rows)
     return rows
 
 
@@ -118,15 +111,18 @@ def image_rows(seq: SeqStep, first_row: int) -> list[ImageRows]:
     return found
 
 
-def _three_rows(plan: StepPlan, axes_of: list[list[list[int]] | None], positions: list[int]) -> list[list[int]]:
-    """Every row's three positions: a text sequence's rows repeat their one position on each axis."""
+def _three_rows(plan: StepPlan, rows: StepRows) -> list[list[int]]:
+    """Every row's three positions: a text sequence's rows repeat their one position on each axis; the
+    temporal ones become the rotary positions of the step."""
     three: list[list[int]] = [[], [], []]
     start = 0
-    for seq, axes in zip(plan.seqs, axes_of):
+    for seq in plan.seqs:
         count = len(seq.new_token_ids)
+        axes = image_positions(seq) if seq.images else [rows.positions[start : start + count]] * 3
         for axis in range(3):
-            three[axis].extend(positions[start : start + count] if axes is None else axes[axis])
+            three[axis].extend(axes[axis])
         start += count
+    rows.positions = three[0]
     return three
 
 
