@@ -3,6 +3,7 @@ transformers' multimodal model fed the same patches; replies are the same solo, 
 through an image, cached, preempted and drafted; block names carry each image's SHA-256, so a repeated image
 is a cache hit and another image behind the same placeholder ids never is."""
 
+import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -195,3 +196,15 @@ def test_moe_replies_with_an_image_as_transformers(tmp_path, one_image) -> None:
     prompt = ImagePrompts(checkpoint).build([[30, 31, 32], picture(1, 40, 52), [40, 41, 42, 43]])
     reply = _engine(checkpoint).generate([_ask("moe", prompt)])["moe"]
     assert reply.token_ids == hf_image_greedy(checkpoint, *prompt, REPLY)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+def test_the_mlx_rank_replies_with_images_as_transformers(checkpoint, prompts) -> None:
+    two = prompts.build([[30, 31], picture(2, 16, 40), [40, 41, 42], picture(3, 48, 24), [50, 51]])
+    expected = hf_image_greedy(checkpoint, *two, REPLY)
+    engine = _engine(checkpoint, backend="mlx", prefill_chunk_size=7)  # chunks through both images
+    assert engine.runner_info.backend == "mlx"
+    assert engine.generate([_ask("mlx", two)])["mlx"].token_ids == expected
+    longer = (two[0] + [60], two[1])
+    again = engine.generate([_ask("again", longer)])["again"]
+    assert again.stats.cached_tokens > 0 and again.token_ids == hf_image_greedy(checkpoint, *longer, REPLY)

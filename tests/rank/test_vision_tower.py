@@ -2,6 +2,7 @@
 embeddings per image, the multimodal positions of a prompt with images (transformers' rope index), and
 the multimodal rotary, which must leave text rows exactly as plain RoPE leaves them."""
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +101,17 @@ def test_multimodal_rotary_leaves_text_rows_as_plain_rope() -> None:
     row_pairs = rotary.mrope_axes == 1
     expected = torch.cat([row_pairs, row_pairs, torch.zeros(256 - 64, dtype=torch.bool)])
     assert (moved[0] != plain[0]).any(dim=0).any(dim=0).tolist() == expected.tolist()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+def test_the_mlx_tower_equals_the_torch_tower(checkpoint, prompts) -> None:
+    from deployments.model_rank.mlx_rank.arrays import from_torch, to_torch
+    from deployments.model_rank.mlx_rank.vision import MlxVisionTower
+
+    _, images = _two_images(prompts)
+    model = load_model(checkpoint, vision=True)
+    tower = MlxVisionTower(model.visual)
+    for image in images:
+        patches = torch.from_numpy(image.pixel_values)
+        ours = to_torch(tower(from_torch(patches), image.grid_thw))
+        torch.testing.assert_close(ours, model.encode_image(patches, image.grid_thw), atol=1e-5, rtol=0)

@@ -148,11 +148,7 @@ class VisionTower(nn.Module):
 
     def _positions(self, rows: torch.Tensor, cols: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """The square learned table resampled to the grid (bilinear, corners aligned), per patch [N, D]."""
-        side = int(self.cfg.num_position_embeddings**0.5)
-        h_taps, h_weights = _bilinear_taps(rows, grid[1], side)
-        w_taps, w_weights = _bilinear_taps(cols, grid[2], side)
-        index = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
-        weight = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, 4)
+        index, weight = position_taps(rows, cols, grid, int(self.cfg.num_position_embeddings**0.5))
         return (self.pos_embed(index) * weight[:, :, None]).sum(1)  # float32 weights, as transformers
 
     def _rotary(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,6 +168,16 @@ def merge_order(grid: tuple[int, int, int], merge: int) -> tuple[torch.Tensor, t
     cols = torch.arange(w)[None, :].expand(h, w).reshape(h // merge, merge, w // merge, merge)
     rows, cols = (x.transpose(1, 2).flatten() for x in (rows, cols))
     return rows.repeat(t), cols.repeat(t)
+
+
+def position_taps(
+    rows: torch.Tensor, cols: torch.Tensor, grid: tuple[int, int, int], side: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each patch's four entries of the square position table [N, 4] and their float32 weights [N, 4]."""
+    h_taps, h_weights = _bilinear_taps(rows, grid[1], side)
+    w_taps, w_weights = _bilinear_taps(cols, grid[2], side)
+    index = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
+    return index, (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, 4)
 
 
 def _bilinear_taps(index: torch.Tensor, size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
