@@ -61,16 +61,9 @@ def rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate-half RoPE of q [T, Hq, D] and k [T, Hk, D] over the first 2 * len(inv_freq) features."""
-    cos, sin = _cos_sin(positions, inv_freq, scaling, q.dtype)  # [T, rot] each
-    return rotate_with_table(q, k, cos, sin)
-
-
-def rotate_with_table(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half RoPE of q [T, Hq, D] and k [T, Hk, D] by a contiguous cos/sin table [T, rot]."""
     lib = cpu_native.library()
     assert lib is not None
+    cos, sin = _cos_sin(positions, inv_freq, scaling, q.dtype)  # [T, rot] each
     rot = cos.shape[-1]
     rotated = []
     for x in (q, k):

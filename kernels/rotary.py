@@ -148,8 +148,7 @@ def cos_sin(
 def mrope_cos_sin(
     positions: torch.Tensor, axes: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multimodal RoPE's table: pair j turns with position row `axes[j]` of positions [3, T]; a row whose
-    three positions are equal gets exactly `cos_sin`'s values (the same ops on the same numbers)."""
+    """Multimodal RoPE's table: pair j turns with position row `axes[j]` of positions [3, T]."""
     picked = positions.float()[axes].transpose(0, 1).contiguous()  # [T, rot/2]
     freqs = picked * inv_freq.to(positions.device)
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]

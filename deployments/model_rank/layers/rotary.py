@@ -168,5 +168,6 @@ class RotaryEmbedding(nn.Module):
         if mrope_positions is not None:
             if self.mrope_axes is None:
                 raise ValueError("multimodal positions need a rope config with mrope_section")
-            return dispatch.apply_mrope(mrope_positions, self.mrope_axes, q, k, self.inv_freq, self.attention_scaling)
+            args = (self.mrope_axes, q, k, self.inv_freq, self.attention_scaling)
+            return dispatch.apply_mrope(positions, mrope_positions, *args)
         return dispatch.apply_rotary(positions, q, k, self.inv_freq, self.attention_scaling, self.interleaved)
