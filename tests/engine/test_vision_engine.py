@@ -12,7 +12,7 @@ import pytest
 from deployments.config import EngineConfig
 from deployments.messages.images import ImageInput
 from deployments.messages.prefix import PromptHashes
-from deployments.messages.requests import EngineRequest, GrammarSpec
+from deployments.messages.requests import EngineRequest, GrammarSpec, ImprintQuery
 from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
 from tests.support.images import ImagePrompts, hf_image_greedy, picture, vision_checkpoint
@@ -182,7 +182,10 @@ def test_a_conversation_with_an_image_resumes_from_disk_only_with_the_same_image
     writer.disk.write_waiting()
     writer.shutdown()
     same = prompts.build([*first_parts, first.token_ids, [60, 61]])
-    resumed = on_disk().generate([_ask("same", same)])["same"]  # a fresh RAM cache over the folder
+    restarted = on_disk()  # a fresh RAM cache over the folder
+    assert restarted.imprint(ImprintQuery(same[0], images=same[1])).disk_tokens >= 48
+    assert restarted.imprint(ImprintQuery(same[0])).disk_tokens == 0  # the same ids without their image
+    resumed = restarted.generate([_ask("same", same)])["same"]
     assert resumed.stats.disk_tokens >= 48 and resumed.stats.cached_tokens == resumed.stats.disk_tokens
     assert resumed.token_ids == hf_image_greedy(checkpoint, *same, REPLY)
     swapped = prompts.build([[30, 31], picture(8, 40, 52), text, first.token_ids, [60, 61]])

@@ -151,7 +151,7 @@ class DiskStates:
     def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         """The imprint routes' answer for a rendered conversation (loading its disk state first if asked)."""
         prompt = query.prompt_token_ids
-        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.blocks.block_size)
+        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.blocks.block_size, query.images)
         if not query.load:
             return self.answer(prompt, hashes)
         started = time.perf_counter()
