@@ -196,7 +196,8 @@ class TensorParallel(Section):
 
 
 class VisionModel(Section):
-    """Whether the checkpoint's vision tower is loaded: the engine builds it, the Renderer reads images for it."""
+    """Whether the checkpoint's vision tower is loaded: the engine builds it (on every rank: docs/engine.md,
+    Vision; off, its weights are never read), the Renderer reads images for it."""
 
     SECTION = "vision"
 

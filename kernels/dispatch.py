@@ -209,6 +209,27 @@ def apply_rotary(
     return rotary.rotary_torch(positions, q, k, inv_freq, attention_scaling, interleaved)
 
 
+def apply_mrope(
+    positions: torch.Tensor,
+    three: torch.Tensor,
+    axes: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal rotate-half RoPE: rows' positions [3, T], pair j turning with row axes[j]. Every row goes
+    through `apply_rotary` at `positions` (the temporal row), so a text row (three equal positions) gets
+    its bits on every device; rows whose positions differ (image placeholders) are redone by the table."""
+    q_out, k_out = apply_rotary(positions, q, k, inv_freq, attention_scaling, False)
+    rows = (three != three[0]).any(dim=0).nonzero().squeeze(1)
+    if rows.numel():
+        cos, sin = rotary.mrope_cos_sin(three[:, rows], axes, inv_freq, attention_scaling, q.dtype)  # [n, 1, rot]
+        q_image, k_image = rotary.rotate_with_table(q[rows], k[rows], cos, sin)
+        q_out[rows], k_out[rows] = q_image, k_image
+    return q_out, k_out
+
+
 def grouped_topk(
     logits: torch.Tensor,
     correction_bias: torch.Tensor,

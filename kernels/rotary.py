@@ -145,6 +145,25 @@ def cos_sin(
     return cos[:, None, :], sin[:, None, :]  # [T, 1, rot]
 
 
+def mrope_cos_sin(
+    positions: torch.Tensor, axes: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal RoPE's table: pair j turns with position row `axes[j]` of positions [3, T]."""
+    picked = positions.float()[axes].transpose(0, 1).contiguous()  # [T, rot/2]
+    freqs = picked * inv_freq.to(positions.device)
+    emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]
+    cos = (emb.cos() * scaling).to(dtype)
+    sin = (emb.sin() * scaling).to(dtype)
+    return cos[:, None, :], sin[:, None, :]  # [T, 1, rot]
+
+
+def rotate_with_table(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE of q [T, Hq, D] and k [T, Hk, D] by a cos/sin table [T, 1, rot]."""
+    return _rotate_torch(q, cos, sin, False), _rotate_torch(k, cos, sin, False)
+
+
 def _rotate_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     rot = cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]

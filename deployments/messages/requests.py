@@ -105,3 +105,4 @@ class ImprintQuery:
     load: bool = False  # True: read its disk state into RAM now (POST /v1/imprint/load)
     prompt_hashes: PromptHashes | None = None  # set by the router, as on EngineRequest
     route_reason: str = ""
+    images: list[ImageInput] = field(default_factory=list)  # the conversation's images, as on EngineRequest

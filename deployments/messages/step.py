@@ -6,10 +6,15 @@ A verify round appends drafts d1..dK to the last known token: its K+1 last rows 
 keyed rule at its own reply position, so a kept draft is exactly the token serial decoding would draw there.
 A sequence asking for prompt logprobs also gets a row for each prompt position of the step (`prompt_rows`).
 Prefill chunks, prefix hits, recomputation after preemption, decode and verify rounds are all this one shape.
+A sequence with images also says where their placeholders sit (multimodal positions) and, the first time a
+step reaches an image, its patches: the rank encodes it once and keeps the embeddings until its last
+placeholder row is computed (docs/engine.md, Vision).
 """
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from deployments.messages.replies import LogprobRow, PromptLogprobRow
 
@@ -92,6 +97,34 @@ class StepOutput:
 
 
 @dataclass
+class StepImage:
+    """An image some of whose placeholder rows a step computes (set by the planner from an `ImageInput`)."""
+
+    key: str  # the rank's name for its embeddings: unique per request and image
+    offset: int  # the sequence position of its first placeholder
+    token_grid: tuple[int, int, int]  # its placeholders as (frames, rows, columns): the patch grid merged
+    patch_grid: tuple[int, int, int]  # the tower's patch grid (transformers' `image_grid_thw` row)
+    # The patches [t * h * w, C * Tp * P * P] float32, sent with the first step reaching the image (or the
+    # first after the rank dropped it); None: the rank holds its embeddings from an earlier step.
+    pixel_values: np.ndarray | None = None
+
+    @property
+    def length(self) -> int:
+        t, h, w = self.token_grid
+        return t * h * w
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    @property
+    def position_shift(self) -> int:
+        """How far the rotary positions of the tokens after it move: an image takes max(rows, columns)
+        positions (transformers' rope index), not its placeholder count."""
+        return max(self.token_grid[1], self.token_grid[2]) - self.length
+
+
+@dataclass
 class SeqStep:
     """One sequence's share of a step."""
 
@@ -114,6 +147,10 @@ class SeqStep:
     state_slot: int = -1
     state_from: int | None = None
     state_captures: list[tuple[int, int]] = field(default_factory=list)
+    # Images (multimodal models): the position shift of the images wholly before the step's first row
+    # (added to every row's rotary position), and the images whose placeholder rows the step covers.
+    rope_delta: int = 0
+    images: list[StepImage] = field(default_factory=list)
 
     @property
     def draws(self) -> list[SeqDraw]:
@@ -131,6 +168,8 @@ class StepPlan:
 
     kind: str  # "prefill" (a chunk of prompts) or "decode" (a round of running replies)
     seqs: list[SeqStep] = field(default_factory=list)
+    # Keys of image embeddings a rank holds for sequences that ended or were preempted mid-image: drop them.
+    drop_images: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -47,7 +47,12 @@ class ModelRank:
         # Ranks of one copy share their node (STRICT_PACK by default): each takes its share of the cores.
         use_engine_threads(self.config.engine_threads, self.config.reserved_cpus, self.config.tensor_parallel_size)
         self.runner = ModelRunner(
-            self.config.model, self.config.dtype, self.config.device, self.parallel, mtp=self.config.wants_mtp
+            self.config.model,
+            self.config.dtype,
+            self.config.device,
+            self.parallel,
+            mtp=self.config.wants_mtp,
+            vision=self.config.vision,
         )
 
     def info(self) -> RunnerInfo:

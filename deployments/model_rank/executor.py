@@ -43,7 +43,9 @@ class Executor(Protocol):
 class InProcessExecutor:
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_engine_threads(config.engine_threads, config.reserved_cpus)
-        self.runner = ModelRunner(config.model, config.dtype, config.device, ParallelContext(), mtp=config.wants_mtp)
+        self.runner = ModelRunner(
+            config.model, config.dtype, config.device, ParallelContext(), mtp=config.wants_mtp, vision=config.vision
+        )
 
     def info(self) -> RunnerInfo:
         return self.runner.info()
@@ -141,7 +143,9 @@ class MlxExecutor(InProcessExecutor):
     def __init__(self, config: EngineConfig) -> None:
         from deployments.model_rank.mlx_rank.runner import MlxRunner
 
-        self.runner = MlxRunner(config.model, config.dtype, mtp=config.wants_mtp)  # type: ignore[assignment]
+        self.runner = MlxRunner(  # type: ignore[assignment]
+            config.model, config.dtype, mtp=config.wants_mtp, vision=config.vision
+        )
 
 
 def make_executor(config: EngineConfig) -> Executor:

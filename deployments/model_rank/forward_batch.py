@@ -14,7 +14,9 @@ class ForwardBatch:
     """One forward pass over S sequences holding T new tokens in all (built by the runner)."""
 
     input_ids: torch.Tensor  # [T] int64: the new tokens, sequence after sequence
-    positions: torch.Tensor  # [T] int64: each new token's position in its own sequence
+    # [T] int64: each new token's rotary position in its own sequence (its index, moved by the shift of
+    # the images before it: step_rows.py)
+    positions: torch.Tensor
     query_lens: list[int]  # [S]: new tokens per sequence (sums to T)
     context_lens: list[int]  # [S]: tokens of each sequence in the cache after this step (cached + new)
     block_tables: list[list[int]]  # [S][n]: the cache blocks holding each sequence, in order
@@ -27,6 +29,11 @@ class ForwardBatch:
     # [S]: (row offset within the sequence's new tokens, slot): the states after that row are copied there
     # (a prefix-cache snapshot at a block boundary, or a verify round's per-position states).
     state_captures: list[list[tuple[int, int]]] = field(default_factory=list)
+    # Steps covering image placeholders only (None otherwise): [3, T] int64 each row's (temporal, row,
+    # column) rotary positions; the flat rows [N] int64 whose input embeddings are the images' [N, H].
+    mrope_positions: torch.Tensor | None = None
+    image_rows: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

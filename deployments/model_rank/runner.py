@@ -13,6 +13,7 @@ import torch
 from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
+from deployments.model_rank.image_embeds import ImageEmbeddings
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.sampler import sample_rows
@@ -36,6 +37,10 @@ class RunnerInfo:
     mtp: bool = False  # the rank drafts with the checkpoint's MTP layer (its cache is in kv_bytes_per_token)
     backend: str = "torch"  # "torch" or "mlx": what computes the forward pass
     state_bytes_per_slot: int = 0  # hybrid models: one sequence's recurrent states on this rank (0: none)
+    # The rank runs a vision tower: the placeholder id images expand to, patches per placeholder side.
+    vision: bool = False
+    image_token_id: int | None = None
+    spatial_merge_size: int = 0
 
 
 def resolve_device(device: str) -> torch.device:
@@ -48,13 +53,20 @@ def resolve_device(device: str) -> torch.device:
 
 class ModelRunner:
     def __init__(
-        self, model_dir: str | Path, dtype: str, device: str, parallel: ParallelContext, mtp: bool = False
+        self,
+        model_dir: str | Path,
+        dtype: str,
+        device: str,
+        parallel: ParallelContext,
+        mtp: bool = False,
+        vision: bool = False,
     ) -> None:
-        """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
+        """`mtp`: draft with the checkpoint's MTP layer, if it has one; `vision`: load its vision tower."""
         self.device = resolve_device(device)
         if self.device.type == "cuda" and parallel.is_parallel:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.model: CausalLM = load_model(model_dir, dtype=dtype, device=self.device, parallel=parallel)
+        self.model: CausalLM = load_model(model_dir, dtype=dtype, device=self.device, parallel=parallel, vision=vision)
+        self.images = ImageEmbeddings(self.model.encode_image, self.device)
         self.mtp_on = mtp and self.model.config.has_mtp
         self.mtp_specs = self.model.mtp_kv_cache_specs() if self.mtp_on else []
         self.specs = self.model.kv_cache_specs()
@@ -81,6 +93,9 @@ class ModelRunner:
             threads=torch.get_num_threads(),
             mtp=self.mtp_on,
             state_bytes_per_slot=sum(s.bytes_per_slot(cfg.dtype) for s in self.state_specs),
+            vision=cfg.vision,
+            image_token_id=cfg.image_token_id,
+            spatial_merge_size=cfg.spatial_merge_size,
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
@@ -134,6 +149,7 @@ class ModelRunner:
 
     def forward_batch(self, rows: StepRows) -> ForwardBatch:
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        images = self.images.gather(rows.image_rows)
         return ForwardBatch(
             input_ids=as_long(rows.input_ids),
             positions=as_long(rows.positions),
@@ -145,6 +161,9 @@ class ModelRunner:
             block_size=self.block_size,
             state_slots=rows.state_slots,
             state_captures=rows.state_captures,
+            mrope_positions=as_long(rows.mrope_positions) if rows.mrope_positions else None,
+            image_rows=None if images is None else images[0],
+            image_embeds=None if images is None else images[1],
         )
 
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
@@ -163,8 +182,10 @@ class ModelRunner:
         and the prompt rows of sequences that asked for them."""
         rows = step_rows(plan, self.block_size)
         self.copy_states(rows.state_copies)
+        self.images.prepare(plan)
         batch = self.forward_batch(rows)
         hidden = self.model.forward(batch)  # [T, H]
+        self.images.finish(plan)
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
         draws = [d for s in plan.seqs for d in s.draws]
         if draws:

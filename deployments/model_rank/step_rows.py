@@ -1,6 +1,8 @@
 """A step's flat rows on the host, shared by every backend's runner (torch and MLX build their tensors from it).
 
 Sequences are laid out one after another: each new token's id, position and cache slot, and which rows draw.
+A sequence with images moves its rotary positions by their shift; a step covering placeholder rows also
+gets every row's three multimodal positions (temporal, row, column) and where the image embeddings go.
 """
 
 from collections.abc import Callable
@@ -9,10 +11,20 @@ from dataclasses import dataclass, field
 import torch
 
 from deployments.messages.replies import PromptLogprobRow
-from deployments.messages.step import StepPlan
+from deployments.messages.step import SeqStep, StepPlan
 from deployments.model_rank.sampler import prompt_rows
 
 PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
+
+
+@dataclass
+class ImageRows:
+    """Placeholder rows of one image in a step: they take its embeddings [first, first + count)."""
+
+    row: int  # the flat row of the first of them
+    key: str  # the image's StepImage key
+    first: int  # the index of that row's placeholder within the image
+    count: int
 
 
 @dataclass
@@ -31,19 +43,25 @@ class StepRows:
     state_slots: list[int] = field(default_factory=list)  # [S]
     state_captures: list[list[tuple[int, int]]] = field(default_factory=list)  # [S]: (row offset, slot)
     state_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Steps covering image placeholders only (empty otherwise): [3][T] each row's (temporal, row, column)
+    # rotary positions, and the rows the image embeddings replace.
+    mrope_positions: list[list[int]] = field(default_factory=list)
+    image_rows: list[ImageRows] = field(default_factory=list)
 
 
 def step_rows(plan: StepPlan, block_size: int) -> StepRows:
     rows = StepRows([], [], [], [], [], [], [])
     hybrid = any(seq.state_slot >= 0 for seq in plan.seqs)
     for seq in plan.seqs:
-        start = seq.num_computed
+        start, shift = seq.num_computed, seq.num_computed + seq.rope_delta
         for offset, token in enumerate(seq.new_token_ids):
             pos = start + offset
             rows.input_ids.append(token)
-            rows.positions.append(pos)
+            rows.positions.append(shift + offset)
             rows.slots.append(seq.block_ids[pos // block_size] * block_size + pos % block_size)
         total = len(rows.input_ids)
+        if seq.images:
+            rows.image_rows.extend(image_rows(seq, total - len(seq.new_token_ids)))
         rows.logits_rows.extend(range(total - len(seq.draws), total))
         rows.query_lens.append(len(seq.new_token_ids))
         rows.context_lens.append(seq.num_computed + len(seq.new_token_ids))
@@ -53,7 +71,59 @@ def step_rows(plan: StepPlan, block_size: int) -> StepRows:
             rows.state_captures.append(list(seq.state_captures))
             if seq.state_from is not None:
                 rows.state_copies.append((seq.state_from, seq.state_slot))
+    if rows.image_rows:
+        rows.mrope_positions = _three_rows(plan, rows)
     return rows
+
+
+def image_positions(seq: SeqStep) -> list[list[int]]:
+    """[3][n] the step's rows' (temporal, row, column) positions (transformers' rope index): text at its
+    index plus the shift of the images before it on every axis; a placeholder at its image's start
+    position plus its (frame, row, column) within the image's token grid."""
+    axes: list[list[int]] = [[], [], []]
+    images = sorted(seq.images, key=lambda image: image.offset)
+    delta, index = seq.rope_delta, 0
+    for pos in range(seq.num_computed, seq.num_computed + len(seq.new_token_ids)):
+        while index < len(images) and images[index].end <= pos:
+            delta += images[index].position_shift
+            index += 1
+        image = images[index] if index < len(images) and images[index].offset <= pos else None
+        if image is None:
+            for axis in axes:
+                axis.append(pos + delta)
+            continue
+        _, height, width = image.token_grid
+        base, within = image.offset + delta, pos - image.offset
+        axes[0].append(base + within // (height * width))
+        axes[1].append(base + within // width % height)
+        axes[2].append(base + within % width)
+    return axes
+
+
+def image_rows(seq: SeqStep, first_row: int) -> list[ImageRows]:
+    """Where each of the step's images meets its rows."""
+    start, end = seq.num_computed, seq.num_computed + len(seq.new_token_ids)
+    found = []
+    for image in seq.images:
+        low, high = max(start, image.offset), min(end, image.end)
+        if low < high:
+            found.append(ImageRows(first_row + low - start, image.key, low - image.offset, high - low))
+    return found
+
+
+def _three_rows(plan: StepPlan, rows: StepRows) -> list[list[int]]:
+    """Every row's three positions: a text sequence's rows repeat their one position on each axis; the
+    temporal ones become the rotary positions of the step."""
+    three: list[list[int]] = [[], [], []]
+    start = 0
+    for seq in plan.seqs:
+        count = len(seq.new_token_ids)
+        axes = image_positions(seq) if seq.images else [rows.positions[start : start + count]] * 3
+        for axis in range(3):
+            three[axis].extend(axes[axis])
+        start += count
+    rows.positions = three[0]
+    return three
 
 
 def prompt_logprob_rows(

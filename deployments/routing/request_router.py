@@ -120,7 +120,7 @@ class PrefixAffinityRouter(RequestRouter):
     def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
         """The request's block names (computed once: a retry of the same request reuses them)."""
         if request.prompt_hashes is None or request.prompt_hashes.block_size != self._block_size:
-            request.prompt_hashes = PromptHashes.of(request.prompt_token_ids, self._block_size)
+            request.prompt_hashes = PromptHashes.of(request.prompt_token_ids, self._block_size, request.images)
         return request.prompt_hashes
 
     def _record(self, pending: PendingRequest | None, replica_id: str, keys: list[bytes], now: float) -> None:

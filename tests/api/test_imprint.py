@@ -23,7 +23,7 @@ OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the harbour opens a
 def _client(served_model: str, learn_dir: Path, store: type | None = None):
     class Served:
         def __enter__(self) -> TestClient:
-            self._backend = local_backend(served_model, WINDOW, str(learn_dir), store)
+            self._backend = local_backend(served_model, WINDOW, str(learn_dir), store=store)
             backend = self._backend.__enter__()
             settings = IngressSettings(served_name="tiny", model_ids=["tiny"], learn_conversations=True, dashboard=True)
             self._client = TestClient(build_api(backend, settings))

@@ -19,6 +19,7 @@ from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids
 from deployments.ingress.http.errors import APIError, refusal_error
 from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest
+from deployments.messages.render import RenderedPrompt
 from deployments.messages.replies import Refusal
 from deployments.messages.requests import ImprintQuery
 from deployments.messages.store import StoreUnavailable
@@ -48,20 +49,21 @@ def require_store(ctx: ServingContext) -> None:
         raise APIError(404, OFF_MESSAGE, "not_found_error")
 
 
-async def _rendered_ids(ctx: ServingContext, fields: ChatCompletionRequest) -> list[int]:
+async def _rendered(ctx: ServingContext, fields: ChatCompletionRequest) -> RenderedPrompt:
     """The body's prompt, refused as its chat completion would be (the query is about that request)."""
-    ids = (await render_chat_body(ctx, fields)).prompt_token_ids
+    rendered = await render_chat_body(ctx, fields)
+    ids = rendered.prompt_token_ids
     window = (await ctx.facts()).window  # a query sent while the model loads waits, as a chat request does
     requested = fields.reply_limit
     if len(ids) >= window or (requested is not None and len(ids) + requested > window):
         raise refusal_error(Refusal.context_length(window, len(ids), requested, "messages"))
-    return ids
+    return rendered
 
 
 async def imprint_body(ctx: ServingContext, fields: ChatCompletionRequest, load: bool) -> dict[str, Any]:
     """Where the body's request would resume from (and, with `load`, its disk state read into RAM first)."""
-    ids = await _rendered_ids(ctx, fields)
-    reply = await ctx.backend.imprint(ImprintQuery(ids, load=load))
+    rendered = await _rendered(ctx, fields)  # its images name its blocks, as the engine names them
+    reply = await ctx.backend.imprint(ImprintQuery(rendered.prompt_token_ids, load=load, images=rendered.images))
     body = asdict(reply)
     if not load:
         body.pop("loaded_tokens")

@@ -137,7 +137,7 @@ class GatedSelfAttention(SelfAttention):
         k = k.view(tokens, self.local_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(batch.positions, q.contiguous(), k)
+        q, k = self.rotary(batch.positions, q.contiguous(), k, batch.mrope_positions)
         out = self.attn(q, k, v.view(tokens, self.local_kv_heads, self.head_dim), batch)  # [T, Hq, D]
         gate = sigmoid(query_gate[..., self.head_dim :].reshape(tokens, width))
         return self.o_proj(out.reshape(tokens, width) * gate)  # [T, H]

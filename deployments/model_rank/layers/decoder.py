@@ -62,6 +62,8 @@ class DecoderStack(nn.Module):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)  # [T, H]
+        if batch.image_rows is not None and batch.image_embeds is not None:  # placeholders take their image's rows
+            hidden = hidden.index_copy(0, batch.image_rows, batch.image_embeds.to(hidden.dtype))
         for layer in self.layers:
             hidden = layer(hidden, batch)
         return self.norm(hidden)  # [T, H]

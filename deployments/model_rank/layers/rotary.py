@@ -31,6 +31,10 @@ class RopeConfig:
     mscale_all_dim: float | None = None  # yarn (also rescales MLA's softmax scale)
     attention_factor: float | None = None  # yarn
     truncate: bool = True  # yarn
+    # Multimodal RoPE (Qwen3.5): rotary pairs per position axis (temporal, row, column), and whether the
+    # axes take turns pair by pair (interleaved) rather than in three runs; None: one position per token.
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], default_partial: float = 1.0, default_theta: float = 10000.0) -> "RopeConfig":
@@ -55,6 +59,8 @@ class RopeConfig:
             mscale_all_dim=params.get("mscale_all_dim"),
             attention_factor=params.get("attention_factor"),
             truncate=bool(params.get("truncate", True)),
+            mrope_section=tuple(int(n) for n in params["mrope_section"]) if params.get("mrope_section") else None,
+            mrope_interleaved=bool(params.get("mrope_interleaved", False)),
         )
 
 
@@ -124,8 +130,22 @@ def _yarn(rope: RopeConfig, dim: int, max_positions: int) -> tuple[torch.Tensor,
     return inv_freq, attention
 
 
+def mrope_axes(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
+    """The position axis (0 temporal, 1 row, 2 column) of each rotary pair: interleaved, pair j takes the
+    row if j % 3 == 1 and j < 3 * section[1], the column if j % 3 == 2 and j < 3 * section[2], else the
+    temporal axis (transformers' apply_interleaved_mrope); otherwise three runs of section[i] pairs."""
+    pairs = sum(section)
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section))
+    axes = torch.zeros(pairs, dtype=torch.long)
+    for axis in (1, 2):
+        axes[axis : 3 * section[axis] : 3] = axis
+    return axes
+
+
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to q/k laid out [T, heads, head_dim] at the batch's token positions."""
+    """Applies RoPE to q/k laid out [T, heads, head_dim] at the batch's token positions; with the rope
+    config's `mrope_section`, at each row's three multimodal positions where a step has them."""
 
     def __init__(self, head_dim: int, rope: RopeConfig, max_positions: int, interleaved: bool = False) -> None:
         super().__init__()
@@ -133,6 +153,21 @@ class RotaryEmbedding(nn.Module):
         self.interleaved = interleaved
         inv_freq, self.attention_scaling = inverse_frequencies(rope, self.rotary_dim, max_positions)
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        axes = None
+        if rope.mrope_section is not None:
+            if sum(rope.mrope_section) != self.rotary_dim // 2:
+                raise ValueError(f"mrope_section {list(rope.mrope_section)} does not sum to {self.rotary_dim // 2}")
+            axes = mrope_axes(rope.mrope_section, rope.mrope_interleaved)
+        self.mrope_axes: torch.Tensor | None
+        self.register_buffer("mrope_axes", axes, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mrope_positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mrope_positions` [3, T]: a step covering image placeholders (needs `mrope_section`)."""
+        if mrope_positions is not None:
+            if self.mrope_axes is None:
+                raise ValueError("multimodal positions need a rope config with mrope_section")
+            args = (self.mrope_axes, q, k, self.inv_freq, self.attention_scaling)
+            return dispatch.apply_mrope(positions, mrope_positions, *args)
         return dispatch.apply_rotary(positions, q, k, self.inv_freq, self.attention_scaling, self.interleaved)

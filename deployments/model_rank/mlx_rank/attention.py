@@ -176,6 +176,8 @@ class DecoderStack:
 
     def __call__(self, batch: MlxBatch) -> mx.array:
         hidden = self.embed[batch.input_ids]  # [T, H]
+        if batch.image_rows is not None and batch.image_embeds is not None:  # placeholders take their image's rows
+            hidden[batch.image_rows] = batch.image_embeds.astype(hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, batch)
         return self.norm(hidden)  # [T, H]

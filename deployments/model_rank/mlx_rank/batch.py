@@ -21,6 +21,11 @@ class MlxBatch:
     state_slots: list[int] = field(default_factory=list)  # [S]
     state_captures: list[list[tuple[int, int]]] = field(default_factory=list)  # [S]
     rope: dict[int, tuple[mx.array, mx.array]] = field(default_factory=dict)  # cos/sin per rotary (its id)
+    # Steps over image placeholders only (None otherwise): [3, T] float32 each row's (temporal, row, column)
+    # positions; the flat rows [N] int32 whose input embeddings are the images' [N, H] (set by the runner).
+    mrope_positions: mx.array | None = None
+    image_rows: mx.array | None = None
+    image_embeds: mx.array | None = None
 
     @staticmethod
     def from_rows(rows: StepRows, block_size: int) -> "MlxBatch":
@@ -41,4 +46,5 @@ class MlxBatch:
             context_slots=context_slots,
             state_slots=rows.state_slots,
             state_captures=rows.state_captures,
+            mrope_positions=mx.array(rows.mrope_positions, mx.float32) if rows.mrope_positions else None,
         )

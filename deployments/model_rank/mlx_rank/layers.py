@@ -68,15 +68,21 @@ class RMSNorm:
 class Rotary:
     """RoPE on [T, heads, head_dim] at the batch's positions (rotate-half or interleaved pairs, partial)."""
 
-    def __init__(self, inv_freq: mx.array, scaling: float, interleaved: bool) -> None:
+    def __init__(
+        self, inv_freq: mx.array, scaling: float, interleaved: bool, mrope_axes: mx.array | None = None
+    ) -> None:
         self.inv_freq = inv_freq  # [rot / 2] float32
         self.scaling = scaling
         self.interleaved = interleaved
+        self.mrope_axes = mrope_axes  # [rot / 2] int32: each pair's position axis (multimodal RoPE), or None
 
     def _cos_sin(self, batch: MlxBatch, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
         cached = batch.rope.get(id(self))
         if cached is None or cached[0].dtype != dtype:
-            freqs = batch.positions[:, None] * self.inv_freq  # [T, rot/2]
+            if batch.mrope_positions is not None and self.mrope_axes is not None:  # rows over an image
+                freqs = mx.take(batch.mrope_positions, self.mrope_axes, axis=0).T * self.inv_freq  # [T, rot/2]
+            else:
+                freqs = batch.positions[:, None] * self.inv_freq  # [T, rot/2]
             emb = mx.concatenate([freqs, freqs], axis=-1)  # [T, rot]
             cached = (
                 (mx.cos(emb) * self.scaling).astype(dtype)[:, None, :],

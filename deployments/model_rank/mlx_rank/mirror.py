@@ -66,7 +66,8 @@ class Mirror:
             return None  # no position encoding (Nemotron-H's attention)
         if id(module) not in self._rotaries:  # layers share one rotary, as in torch
             inv_freq = from_torch(module.inv_freq.float())
-            self._rotaries[id(module)] = Rotary(inv_freq, module.attention_scaling, module.interleaved)
+            axes = None if module.mrope_axes is None else from_torch(module.mrope_axes.to(torch.int32))
+            self._rotaries[id(module)] = Rotary(inv_freq, module.attention_scaling, module.interleaved, axes)
         return self._rotaries[id(module)]
 
     def mlp(self, module: nn.Module) -> Callable[[mx.array], mx.array]:

@@ -13,10 +13,12 @@ import torch
 from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
 from deployments.model_rank.forward_batch import LayerCacheSpec, LayerStateSpec, ParallelContext
-from deployments.model_rank.mlx_rank.arrays import MX_NAMES, TORCH_TO_MX, as_bytes, from_bytes, to_torch
+from deployments.model_rank.image_embeds import ImageEmbeddings
+from deployments.model_rank.mlx_rank.arrays import MX_NAMES, TORCH_TO_MX, as_bytes, from_bytes, from_torch, to_torch
 from deployments.model_rank.mlx_rank.batch import MlxBatch
 from deployments.model_rank.mlx_rank.mirror import attention_modules, mirror_model
 from deployments.model_rank.mlx_rank.mtp import MlxMtpOps
+from deployments.model_rank.mlx_rank.vision import MlxVisionTower
 from deployments.model_rank.models import load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.runner import RunnerInfo
@@ -30,10 +32,15 @@ def mlx_device_name() -> str:
 
 
 class MlxRunner:
-    def __init__(self, model_dir: str | Path, dtype: str, mtp: bool = False) -> None:
-        """`mtp`: draft with the checkpoint's MTP layer, if it has one."""
+    def __init__(self, model_dir: str | Path, dtype: str, mtp: bool = False, vision: bool = False) -> None:
+        """`mtp`: draft with the checkpoint's MTP layer, if it has one; `vision`: run its vision tower."""
         mx.set_default_device(mx.gpu if mlx_device_name() == "gpu" else mx.cpu)
-        torch_model = load_model(model_dir, dtype=dtype, device="cpu", parallel=ParallelContext(), pack=False)
+        torch_model = load_model(
+            model_dir, dtype=dtype, device="cpu", parallel=ParallelContext(), pack=False, vision=vision
+        )
+        tower = getattr(torch_model, "visual", None)
+        self.vision = None if tower is None else MlxVisionTower(tower)
+        self.images = ImageEmbeddings(self._encode_image, torch.device("cpu"))
         self.config = torch_model.config
         self.mtp_on = mtp and self.config.has_mtp
         # The main layers' specs, then the MTP layer's: the order of the caches (and of a stored block's bytes).
@@ -71,7 +78,15 @@ class MlxRunner:
             mtp=self.mtp_on,
             backend="mlx",
             state_bytes_per_slot=sum(s.bytes_per_slot(cfg.dtype) for s in self.state_specs),
+            vision=cfg.vision,
+            image_token_id=cfg.image_token_id,
+            spatial_merge_size=cfg.spatial_merge_size,
         )
+
+    def _encode_image(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """The MLX tower's embeddings of one image, kept as a torch tensor by `ImageEmbeddings`."""
+        assert self.vision is not None, "images reach a rank only when its tower is loaded"
+        return to_torch(self.vision(from_torch(patches), grid))
 
     def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
         """The paged KV arrays, and a hybrid model's state slots (zeroed)."""
@@ -145,8 +160,13 @@ class MlxRunner:
     def execute(self, plan: StepPlan) -> StepOutput:
         rows = step_rows(plan, self.block_size)
         self.copy_states(rows.state_copies)
+        self.images.prepare(plan)
         batch = MlxBatch.from_rows(rows, self.block_size)
+        images = self.images.gather(rows.image_rows)
+        if images is not None:
+            batch.image_rows, batch.image_embeds = mx.array(images[0].numpy(), mx.int32), from_torch(images[1])
         hidden = self.model(batch)  # [T, H]
+        self.images.finish(plan)
         drawn = None
         if rows.logits_rows:
             drawn = self.model.logits(hidden[mx.array(rows.logits_rows, mx.int32)])  # [R, V] float32

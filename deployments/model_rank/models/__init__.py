@@ -1,6 +1,7 @@
 """Model loading: `load_model(checkpoint_dir, dtype, device, parallel) -> CausalLM` for each supported
 `model_type`; every checkpoint problem is a `CheckpointError` naming the file."""
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,19 +83,30 @@ def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles]:
     return model_type, cfg, CheckpointFiles.open(directory)
 
 
+def _with_vision(cfg: Any, vision: bool, config_path: Path) -> Any:
+    """The config with its vision tower kept (vision on) or dropped (off: its weights stay unread)."""
+    has_tower = getattr(cfg, "vision", None) is not None
+    if vision and not has_tower:
+        raise CheckpointError(f"{config_path}: vision is on, but this checkpoint has no vision tower it can serve")
+    return dataclasses.replace(cfg, vision=None) if has_tower and not vision else cfg
+
+
 def load_model(
     checkpoint_dir: str | Path,
     dtype: str = "auto",
     device: str | torch.device = "cpu",
     parallel: ParallelContext = ParallelContext(),
     pack: bool = True,
+    vision: bool = False,
 ) -> CausalLM:
     """Build the checkpoint's architecture for this TP rank and stream its weights in.
 
     `pack`: lay bf16 projections out for the CPU matmul kernel (off where another backend takes the tensors).
+    `vision`: load the checkpoint's vision tower too (a CheckpointError when it has none).
     """
     directory = Path(checkpoint_dir)
     model_type, cfg, files = _read_checkpoint(directory)
+    cfg = _with_vision(cfg, vision, directory / CONFIG_FILE)
     config_path, model_cls = directory / CONFIG_FILE, ARCHITECTURES[model_type][1]
     torch_dtype = resolve_dtype(dtype, cfg.dtype, files, config_path)
     with _building_on(torch.device(device), torch_dtype):

@@ -26,6 +26,11 @@ class ModelInfo:
     dtype: torch.dtype  # the weights' and KV cache's dtype
     eos_token_ids: list[int]  # config.json's end tokens, plus generation_config.json's
     has_mtp: bool = False  # a multi-token-prediction layer is loaded as `model.mtp`
+    # A vision tower is loaded (models with one, when the engine's `vision` setting is on): the placeholder
+    # id its images expand to, and its spatial merge (patches per placeholder side).
+    vision: bool = False
+    image_token_id: int | None = None
+    spatial_merge_size: int = 0
 
 
 def require(raw: dict[str, Any], key: str, *aliases: str) -> Any:
@@ -158,6 +163,10 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [R, V] float32
+
+    def encode_image(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """One image's embeddings [placeholders, H] from its patches (models that load a vision tower)."""
+        raise ValueError(f"{self.config.model_type} has no vision tower loaded")
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

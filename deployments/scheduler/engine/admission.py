@@ -2,7 +2,8 @@
 
 A request the engine cannot run is answered with a `Refusal` naming the request field it is about, before
 any work: an empty prompt or an id outside the vocabulary, a prompt or reply limit past the window, a
-grammar that does not compile, a scoring request it cannot honour. Label scoring reads the next-token
+grammar that does not compile, a scoring request it cannot honour, images without a vision tower or whose
+placeholders do not match them. Label scoring reads the next-token
 distribution after the prompt and writes no reply: the rank computes the float64 log-softmax of the
 unmasked logits at the request's `score_token_ids` (sampler.score_row), and the engine ends the request
 with those scores.
@@ -17,6 +18,7 @@ from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.draft_rounds import DraftRounds
 from deployments.scheduler.engine.grammar import GrammarBackend
+from deployments.scheduler.engine.seq_images import image_refusal
 from deployments.scheduler.engine.sequence import Sequence
 from deployments.scheduler.engine.text_output import IncrementalText
 from deployments.tokenizer import TokenizerBundle
@@ -42,11 +44,19 @@ class Admission:
         self.disk = disk  # None when the store is off
         self.salt = seed_salt()  # what a derived seed mixes in (TENSORFOLD_SEED_SALT)
         self._arrivals = itertools.count()
+        self.image_token_id: int | None = None  # None: the ranks run no vision tower
+        self.spatial_merge = 0
+
+    def image_rules(self, image_token_id: int | None, spatial_merge: int) -> None:
+        """What image placeholders look like on this model (None: images are refused)."""
+        self.image_token_id, self.spatial_merge = image_token_id, spatial_merge
 
     def check(self, request: EngineRequest) -> Refusal | None:
         """Why the engine cannot run this request, or None (safe on any thread: it reads fixed facts and
         compiles a grammar under the backend's lock)."""
         refusal = self._prompt_refusal(request) or self._limit_refusal(request) or self._scoring_refusal(request)
+        if refusal is None and (request.images or self.image_token_id is not None):
+            refusal = image_refusal(request, self.image_token_id, self.spatial_merge)
         if refusal is None and request.prompt_logprobs is not None and request.prompt_logprobs < 0:
             refusal = Refusal("prompt_logprobs must be 0 or more", request.prompt_param)
         if refusal is None and request.grammar is not None:

@@ -53,6 +53,8 @@ class Engine:
         check_checkpoint_fits(config)
         self.executor: Executor = make_executor(config)
         self.runner_info = self.executor.info()
+        if config.vision and not self.runner_info.vision:
+            raise ValueError(f"vision is on, but the {self.runner_info.backend} rank does not run a vision tower")
         self.kv_budget_bytes = kv_budget(config, self.runner_info)  # what the pool may come out of (/memory)
         self.draft_method = draft_method(config.draft, self.runner_info)
         self.drafts = (
@@ -137,11 +139,13 @@ class Engine:
             on_preempt=self._count_preemption,
             drafts=self.drafts,
             states=self.states,
+            spatial_merge=self.runner_info.spatial_merge_size,
         )
         self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.runner_info.eos_token_ids)
         self.grammars = GrammarBackend(self.tokenizer, vocab_size, sorted(self.eos_ids))
         self.in_flight: dict[str, Sequence] = {}  # admitted and not yet finished, by request id
         self.admission = Admission(config, self.window, vocab_size, self.tokenizer, self.grammars, self.drafts, disk)
+        self.admission.image_rules(self.runner_info.image_token_id, self.runner_info.spatial_merge_size)
         self.writer = ReplyWriter(config, self.eos_ids, self.blocks, self.planner, self.counters, self.in_flight, disk)
         counters, drafts = self.counters, self.drafts
         self.stepper = StepRunner(self.planner, self.executor, self.blocks, self.writer, drafts, counters, disk)

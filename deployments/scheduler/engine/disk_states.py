@@ -133,7 +133,9 @@ class DiskStates:
     def restore_prompt(self, request: EngineRequest) -> int:
         """Tokens of a new request's prompt read back from disk (0 when RAM holds as much, a read does not
         pay, or it fails)."""
-        hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.blocks.block_size)
+        hashes = request.prompt_hashes or PromptHashes.of(
+            request.prompt_token_ids, self.blocks.block_size, request.images
+        )
         return self.restore_guarded(request.prompt_token_ids, hashes)
 
     def restore_guarded(self, prompt: list[int], hashes: PromptHashes) -> int:
@@ -146,7 +148,7 @@ class DiskStates:
     def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         """The imprint routes' answer for a rendered conversation (loading its disk state first if asked)."""
         prompt = query.prompt_token_ids
-        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.blocks.block_size)
+        hashes = query.prompt_hashes or PromptHashes.of(prompt, self.blocks.block_size, query.images)
         if not query.load:
             return self.answer(prompt, hashes)
         started = time.perf_counter()

@@ -6,9 +6,11 @@ blocks stay cached, least recently used first out, up to the prompt-cache cap.
 """
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from deployments.messages.prefix import KEY_BYTES, PrefixDigest, PromptHashes, chain_hash
+from deployments.messages.images import ImageInput
+from deployments.messages.prefix import KEY_BYTES, PrefixDigest, PromptHashes, chain_hash, image_marks
 
 
 @dataclass
@@ -56,17 +58,24 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # ---- prefix cache ---------------------------------------------------------------------------------
-    def match_prefix(self, token_ids: list[int], max_tokens: int, known: PromptHashes | None = None) -> list[int]:
+    def match_prefix(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        known: PromptHashes | None = None,
+        images: Sequence[ImageInput] = (),
+    ) -> list[int]:
         """Cached full blocks that start `token_ids`, covering at most `max_tokens` tokens.
 
-        `known` holds names the router already computed for these tokens; a hit is confirmed by its tokens.
+        `known` holds names the router already computed for these tokens (and `images`); a hit is confirmed
+        by its tokens.
         """
         reuse = known.hashes if known is not None and known.block_size == self.block_size else []
         hits: list[int] = []
         parent: bytes | None = None
         for index, start in enumerate(range(0, max_tokens - self.block_size + 1, self.block_size)):
             chunk = token_ids[start : start + self.block_size]
-            parent = reuse[index] if index < len(reuse) else chain_hash(parent, chunk)
+            parent = reuse[index] if index < len(reuse) else self._name(parent, chunk, start, images)
             block_id = self.by_hash.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != tuple(chunk):
                 break
@@ -74,13 +83,18 @@ class BlockManager:
         return hits
 
     def adopt_prefix(
-        self, table: BlockTable, token_ids: list[int], max_tokens: int, known: PromptHashes | None = None
+        self,
+        table: BlockTable,
+        token_ids: list[int],
+        max_tokens: int,
+        known: PromptHashes | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> int:
         """Give an empty table the cached blocks that start `token_ids`; returns the tokens covered."""
         assert not table.block_ids, "prefix adoption happens before a sequence holds blocks"
         if self.max_cached_blocks == 0:
             return 0
-        hits = self.match_prefix(token_ids, max_tokens, known)
+        hits = self.match_prefix(token_ids, max_tokens, known, images)
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -119,14 +133,21 @@ class BlockManager:
         block.block_hash = None
         block.token_ids = ()
 
-    def register_full_blocks(self, table: BlockTable, token_ids: list[int], num_computed: int) -> None:
+    def _name(self, parent: bytes | None, chunk: list[int], start: int, images: Sequence[ImageInput]) -> bytes:
+        """The block name messages/prefix.py gives the block of `chunk` starting at token `start`."""
+        marks = image_marks(images, start, start + self.block_size) if images else b""
+        return chain_hash(parent, chunk, marks)
+
+    def register_full_blocks(
+        self, table: BlockTable, token_ids: list[int], num_computed: int, images: Sequence[ImageInput] = ()
+    ) -> None:
         """Name the blocks whose tokens are all computed, so later prompts can reuse them."""
         if self.max_cached_blocks == 0:
             return
         full = min(num_computed // self.block_size, len(table.block_ids))
         for index in range(table.num_hashed, full):
             chunk = token_ids[index * self.block_size : (index + 1) * self.block_size]
-            block_hash = chain_hash(table.last_hash, chunk)
+            block_hash = self._name(table.last_hash, chunk, index * self.block_size, images)
             block = self.blocks[table.block_ids[index]]
             if block.block_hash is None and block_hash not in self.by_hash:
                 block.block_hash = block_hash

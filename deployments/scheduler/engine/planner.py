@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from deployments.messages.step import ZERO_STATE, SeqStep, StepPlan
 from deployments.scheduler.engine.draft_rounds import DraftRounds
 from deployments.scheduler.engine.kv_blocks import BlockManager
+from deployments.scheduler.engine.seq_images import plan_images, release_images
 from deployments.scheduler.engine.sequence import SeqStatus, Sequence
 from deployments.scheduler.engine.state_slots import StateSlots
 
@@ -37,8 +38,11 @@ class Planner:
         on_preempt: Callable[[Sequence], None] | None = None,
         drafts: DraftRounds | None = None,
         states: StateSlots | None = None,
+        spatial_merge: int = 0,
     ) -> None:
         self.blocks = blocks
+        self.spatial_merge = spatial_merge  # patches per image placeholder side (0: no vision tower)
+        self.dropped_images: list[str] = []  # embeddings the ranks hold for sequences that left mid-image
         self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.drafts = drafts  # None: every round decodes one token per sequence
         self.max_seqs = max_seqs
@@ -68,6 +72,12 @@ class Planner:
 
     # ---- one step -------------------------------------------------------------------------------------
     def schedule(self) -> PlannedStep | None:
+        planned = self._schedule()
+        if planned is not None and self.dropped_images:
+            planned.plan.drop_images, self.dropped_images = self.dropped_images, []
+        return planned
+
+    def _schedule(self) -> PlannedStep | None:
         self._admit()
         prefilling = [s for s in self.running if s.is_prefilling]
         decoding = [s for s in self.running if not s.is_prefilling]
@@ -122,7 +132,10 @@ class Planner:
         if seq.request.prompt_logprobs is None and self.states is not None:
             limit, restore = self._resumable(seq, limit)
         if seq.request.prompt_logprobs is None and limit > 0:
-            covered = self.blocks.adopt_prefix(seq.block_table, seq.token_ids, limit, seq.request.prompt_hashes)
+            request = seq.request
+            covered = self.blocks.adopt_prefix(
+                seq.block_table, seq.token_ids, limit, request.prompt_hashes, request.images
+            )
         if self.states is not None:
             seq.states = self.states.start(restore)
         seq.num_computed = covered
@@ -135,7 +148,7 @@ class Planner:
         """A hybrid prompt resumes only where a state snapshot exists: the tokens its longest cached block
         prefix with a snapshot covers, and that snapshot's slot (0, None: from the first token)."""
         assert self.states is not None
-        hits = self.blocks.match_prefix(seq.token_ids, limit, seq.request.prompt_hashes)
+        hits = self.blocks.match_prefix(seq.token_ids, limit, seq.request.prompt_hashes, seq.request.images)
         for count in range(len(hits), 0, -1):
             slot = self.states.snapshot(self.blocks.blocks[hits[count - 1]].block_hash)
             if slot is not None:
@@ -144,6 +157,8 @@ class Planner:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq.block_table)
+        if seq.images_on_rank:
+            self.dropped_images += release_images(seq)
         if self.states is not None and seq.states is not None:
             self.states.release(seq.states)
             seq.states = None
@@ -260,6 +275,8 @@ class Planner:
             step.mtp = True
             step.propose = self.drafts.to_propose(seq, decode) if reaches_end else 0
         step.block_ids = list(seq.block_table.block_ids)  # after any growth for drafts
+        if seq.request.images:
+            plan_images(seq, step, count, self.spatial_merge)
         if seq.states is not None:
             self._plan_states(seq, step, count)
         return step

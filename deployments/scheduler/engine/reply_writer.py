@@ -62,7 +62,7 @@ class ReplyWriter:
                 DraftRounds.count_kept(seq, kept)
                 kept += 1
                 seq.num_computed += 1
-                self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
+                self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed, seq.request.images)
             before = seq.num_reply_tokens
             if seq.logprob_rows is not None and result.logprobs is not None:
                 seq.logprob_rows.append(result.logprobs)
@@ -156,7 +156,7 @@ class ReplyWriter:
             and self.planner.states is not None
             and reason in (FinishReason.STOP, FinishReason.LENGTH)
         ):  # the next turn resumes here (named first: the disk store keeps it with the blocks)
-            self.planner.states.name_if_due(seq.states, seq.token_ids, now=True)
+            self.planner.states.name_if_due(seq.states, seq.token_ids, True, seq.request.images)
         if self.disk is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
             chain = self.blocks.resident_chain(seq.block_table)  # before its blocks are released
             if not self.config.learn_conversations:  # --learn: only the prefix it shared with earlier requests

@@ -43,6 +43,7 @@ class Sequence:
     prompt_rows_sent: bool = False  # the rows went out with the first chunk after the prompt pass
     draft: DraftState | None = None  # None: this reply decodes serially (`draft: false`, or no drafter)
     states: SeqStates | None = None  # hybrid models: its state slots while it runs (state_slots.py)
+    images_on_rank: set[int] = field(default_factory=set)  # its images whose embeddings the rank holds
 
     @property
     def request_id(self) -> str:

@@ -12,8 +12,10 @@ the same way after the step. Cached snapshots are evicted least recently used fi
 """
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from deployments.messages.images import ImageInput
 from deployments.messages.prefix import PromptHashes
 from deployments.messages.step import ZERO_STATE
 
@@ -111,18 +113,20 @@ class StateSlots:
             _, evicted = self.snapshots.popitem(last=False)
             self.free.append(evicted)
 
-    def name_if_due(self, states: SeqStates, token_ids: list[int], now: bool) -> None:
+    def name_if_due(
+        self, states: SeqStates, token_ids: list[int], now: bool, images: Sequence[ImageInput] = ()
+    ) -> None:
         """Name the last step's interval snapshots, then hand the rolling slot to the cache when it holds a
         boundary not yet named and `now` (a prompt pass or a reply ended) or `snapshot_tokens` have passed
         since the last one."""
         for tokens, slot in states.interval_slots:
-            self.keep(PromptHashes.of(token_ids[:tokens], self.block_size).hashes[-1], slot)
+            self.keep(PromptHashes.of(token_ids[:tokens], self.block_size, images).hashes[-1], slot)
             states.named_tokens = max(states.named_tokens, tokens)
         states.interval_slots.clear()
         new = states.rolling_tokens - states.named_tokens
         if new > 0 and (now or new >= self.snapshot_tokens):
             prefix = token_ids[: states.rolling_tokens]
-            self.name(states, PromptHashes.of(prefix, self.block_size).hashes[-1])
+            self.name(states, PromptHashes.of(prefix, self.block_size, images).hashes[-1])
 
     def release(self, states: SeqStates) -> None:
         """A sequence ended or was preempted: its slots go free (a named snapshot stays cached)."""

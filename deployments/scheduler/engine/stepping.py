@@ -90,7 +90,7 @@ class StepRunner:
             if seq.prompt_rows is not None:
                 seq.prompt_rows.extend(output.prompt_rows.get(index, []))
             seq.num_computed += len(step.new_token_ids) - step.num_drafts  # a draft's KV counts once it is kept
-            self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed)
+            self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed, seq.request.images)
             if is_prefill:
                 seq.stats.prefill_seconds += seconds
                 seq.stats.prefill_widths.append(len(step.new_token_ids))
@@ -130,7 +130,7 @@ class StepRunner:
         if 0 < kept < len(step.new_token_ids):
             seq.states.restore_from = seq.states.row_slots[kept - 1]
         ends_prompt = step.num_computed < seq.num_prompt_tokens <= seq.num_computed
-        self.planner.states.name_if_due(seq.states, seq.token_ids, now=ends_prompt)
+        self.planner.states.name_if_due(seq.states, seq.token_ids, ends_prompt, seq.request.images)
 
 
 def _take_proposal(seq: Sequence, proposal: Proposal | None) -> None:
