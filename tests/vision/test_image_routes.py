@@ -34,7 +34,7 @@ def _renderer(checkpoint: Path, **settings: Any) -> ChatPromptRenderer:
 def clients(vision_checkpoint: Path) -> Iterator[tuple[TestClient, TestClient]]:
     """The same engine behind two Renderers: --vision --vision-urls, and neither."""
     renderer = _renderer(vision_checkpoint, vision=True, vision_urls=True, max_images=3)
-    with local_backend(str(vision_checkpoint), window=200, renderer=renderer) as backend:
+    with local_backend(str(vision_checkpoint), window=200, renderer=renderer, vision=True) as backend:
         plain = LocalBackend(_renderer(vision_checkpoint), backend.loop)
         with TestClient(build_api(backend, SETTINGS)) as vision, TestClient(build_api(plain, SETTINGS)) as text:
             yield vision, text
