@@ -26,9 +26,6 @@ def init_ray(entry: HttpEntry, port: int, **ray_init_options: object) -> None:
 
     from serve_app.serve_env import cluster_runtime_env
 
-    # Ray's native handler prints a crash-style stack trace on SIGTERM from every Ray process (this driver,
-    # the raylet, the replicas); a planned stop is no crash. Set here, the processes Ray starts inherit it.
-    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     runtime_env = cluster_runtime_env(port if entry == "ingress" else None)
     ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve", runtime_env=runtime_env, **ray_init_options)
 

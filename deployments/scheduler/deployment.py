@@ -77,11 +77,11 @@ def start_driver(config: EngineConfig, on_lost: Callable[[str], None] | None = N
     return driver
 
 
-def _replica_tag() -> str:
+def _serve_replica_id() -> str | None:
     try:
         return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # outside Serve (constructed directly in-process): the process is the replica
-        return f"pid-{os.getpid()}"
+    except Exception:  # outside Serve (constructed directly in-process)
+        return None
 
 
 def _exit_replica(reason: str) -> None:
@@ -104,8 +104,10 @@ def _exit_replica(reason: str) -> None:
 class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         configure_logging()
-        self._loop = start_driver(config, _exit_replica)
-        self._replica = _replica_tag()
+        replica_id = _serve_replica_id()
+        # Outside Serve the process is the replica, and nothing would replace it: it stays, reporting the loss.
+        self._loop = start_driver(config, _exit_replica if replica_id is not None else None)
+        self._replica = replica_id or f"pid-{os.getpid()}"
         self._ray_metrics = RayMetricsExport(self._loop.info)  # the readings in Ray's dashboard too
         self._closing = ""  # set by a planned stop (end_requests): why new requests are refused
 
