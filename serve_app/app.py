@@ -46,7 +46,7 @@ STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
 # time: deployments/ingress/http/auth.py) and its finish line, and the internal calls' lines were only noise,
 # at a log record's cost on every request and stream.
 QUIET = LoggingConfig(enable_access_log=False)
-# A planned stop (docs/operations.md#a-planned-stop): replies get `drain_grace_s` to finish, then the engine
+# A planned stop (docs/operations.md#a-planned-stop-sigterm): replies get `drain_grace_s` to finish, then the engine
 # writes what waits for the disk store and the store flushes; Serve kills a replica past its budget.
 STORE_STOP_S = STOP_WRITES_S + STORE_FLUSH_S
 STOP_MARGIN_S = 2.0  # the calls and process exits around those steps

@@ -1,4 +1,4 @@
-"""A planned stop of one Ingress replica (docs/operations.md#a-planned-stop):
+"""A planned stop of one Ingress replica (docs/operations.md#a-planned-stop-sigterm):
 
 1. stop admitting: every request that would start work (any method but GET, HEAD and OPTIONS) gets 503
    with `Retry-After`, in the route's own error format, and /health answers 503 "draining";
