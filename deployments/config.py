@@ -294,6 +294,14 @@ class IngressHttp(Section):
     ready_wait_s: Annotated[float, Flag(name="--ready-wait", metavar="SECONDS")] = Field(
         default=60.0, ge=0.0, description="seconds a request sent while the model loads waits for it, then 503"
     )
+    # 8 s, then the disk store's last writes (up to 20 s), fit a 30 s stop budget (Kubernetes' default).
+    drain_grace_s: Annotated[float, Flag(name="--drain-timeout", metavar="SECONDS")] = Field(
+        default=8.0,
+        ge=0.0,
+        le=600.0,
+        description="on a planned stop (SIGTERM), seconds the replies in flight may take to finish; "
+        "the rest end with an error",
+    )
 
 
 class ThinkingDefaults(Section):

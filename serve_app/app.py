@@ -31,10 +31,12 @@ from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
 from deployments.model_rank.models import check_checkpoint
+from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.renderer.deployment import Renderer
 from deployments.response_store.deployment import ResponseStoreDeployment
 from deployments.routing.request_router import PrefixAffinityRouter
 from deployments.scheduler.deployment import Scheduler
+from deployments.scheduler.engine.disk_states import STOP_WRITES_S
 from serve_app.args import AppArgs
 from serve_app.serve_env import direct_ingress_env, replica_env
 
@@ -44,6 +46,19 @@ STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
 # time: deployments/ingress/http/auth.py) and its finish line, and the internal calls' lines were only noise,
 # at a log record's cost on every request and stream.
 QUIET = LoggingConfig(enable_access_log=False)
+# A planned stop (docs/operations.md#a-planned-stop-sigterm): replies get `drain_grace_s` to finish, then the engine
+# writes what waits for the disk store and the store flushes; Serve kills a replica past its budget.
+STORE_STOP_S = STOP_WRITES_S + STORE_FLUSH_S
+STOP_MARGIN_S = 2.0  # the calls and process exits around those steps
+SHUTDOWN_POLL_S = 0.5  # how often Serve looks for a stopping replica's last requests (its default: 2 s)
+
+
+def stop_options(args: AppArgs, after_drain_s: float = 0.0) -> dict[str, float]:
+    """Serve's shutdown budget for a replica that stops after the drain's grace and `after_drain_s` more."""
+    return {
+        "graceful_shutdown_timeout_s": args.drain_grace_s + after_drain_s + STOP_MARGIN_S,
+        "graceful_shutdown_wait_loop_s": SHUTDOWN_POLL_S,
+    }
 
 
 def resolve_device(args: AppArgs) -> str:
@@ -77,6 +92,7 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
     options: dict[str, Any] = {
         "num_replicas": args.data_parallel_size,
         "max_ongoing_requests": args.max_ongoing_requests,
+        **stop_options(args, STORE_STOP_S),
     }
     if args.max_replicas_per_node is not None:
         options["max_replicas_per_node"] = args.max_replicas_per_node
@@ -125,7 +141,9 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
     renderer = Renderer.options(
-        ray_actor_options=actor_options(args.renderer_cpus, args.max_body_bytes), logging_config=QUIET
+        ray_actor_options=actor_options(args.renderer_cpus, args.max_body_bytes),
+        logging_config=QUIET,
+        **stop_options(args),
     )
     renderer = renderer.bind(str(args.model_dir), options, args.image_settings())
     scheduler = Scheduler.options(**scheduler_options(args, device), logging_config=QUIET).bind(engine_config)
@@ -135,7 +153,10 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
     if ingress_node_ip is not None:
         ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
     ingress = Ingress.options(
-        ray_actor_options=ingress_actor, max_ongoing_requests=args.max_ongoing_requests, logging_config=QUIET
+        ray_actor_options=ingress_actor,
+        max_ongoing_requests=args.max_ongoing_requests,
+        logging_config=QUIET,
+        **stop_options(args),
     )
     log.info(
         "graph: %s on %s, tp=%d dp=%d, router %s",
@@ -146,7 +167,7 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Applicatio
         "affinity" if args.affinity_routing else "serve",
     )
     responses = ResponseStoreDeployment.options(
-        ray_actor_options=actor_options(STORE_CPUS, args.max_body_bytes), logging_config=QUIET
+        ray_actor_options=actor_options(STORE_CPUS, args.max_body_bytes), logging_config=QUIET, **stop_options(args)
     )
     responses = responses.bind()
     return ingress.bind(renderer, scheduler, settings, responses)

@@ -4,7 +4,8 @@ Every flag is generated from a setting's declaration (serve_app/settings.py): it
 help; a flag is left out where the setting is marked NO_FLAG (deployments/config.py).
 
 Starts (or joins, with RAY_ADDRESS) a Ray cluster, runs the app on the given host and port, and blocks
-until SIGINT or SIGTERM, then shuts Serve and Ray down so no replica or rank process is left behind.
+until SIGINT or SIGTERM, then drains (deployments/ingress/http/drain.py) and shuts Serve and Ray down so no
+replica or rank process is left behind.
 """
 
 import argparse
@@ -171,7 +172,9 @@ def serve_blocking(args: AppArgs, entry: HttpEntry = "ingress") -> int:
         stop.serving = True
         print(f"tensorfold: serving {args.served_name} at {url} ({entry} answers HTTP)", flush=True)
         stop.wait_for_stop(_reload_keys)
-        print(f"tensorfold: {stop.received}, shutting down", flush=True)
+        print(f"tensorfold: {stop.received}, draining for up to {args.drain_grace_s:g} s", flush=True)
+        _drain(args.drain_grace_s)
+        print("tensorfold: shutting down", flush=True)
         return 0
     except KeyboardInterrupt:
         print("tensorfold: interrupted during startup, shutting down", flush=True)
@@ -191,6 +194,16 @@ def _reload_keys() -> None:
             print(f"tensorfold: SIGHUP, an Ingress replica {outcome}", flush=True)
     except Exception as exc:  # keep serving: the file's mtime check still picks up the change within a second
         print(f"tensorfold: SIGHUP, reload request failed: {exc}", file=sys.stderr, flush=True)
+
+
+def _drain(grace_s: float) -> None:
+    from deployments.ingress.http.drain import request_drain
+
+    try:
+        for outcome in request_drain(APP_NAME, grace_s):
+            print(f"tensorfold: an Ingress replica {outcome}", flush=True)
+    except Exception as exc:  # stop anyway: Serve's own shutdown still lets replies finish within its budget
+        print(f"tensorfold: the drain failed: {exc}", file=sys.stderr, flush=True)
 
 
 def _shutdown(serve: Any, ray: Any) -> None:

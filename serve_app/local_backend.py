@@ -89,6 +89,9 @@ class LocalBackend:
     async def forget_disk(self) -> int | StoreUnavailable:
         return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
 
+    async def end_requests(self, reason: str) -> int:
+        return 0 if self._loop is None else self._loop.end_all(reason)
+
     async def save_response(self, entry: StoredResponse) -> None:
         self._responses.save(entry)
 

@@ -1,5 +1,5 @@
 """The FastAPI app of an Ingress replica: every family's routes over one ServingContext, the request bodies
-/openapi.json documents, the error envelopes, and the middleware (auth, then the body limit)."""
+/openapi.json documents, the error envelopes, and the middleware (the drain, auth, then the body limit)."""
 
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -9,6 +9,7 @@ from deployments.ingress.backend import Backend
 from deployments.ingress.context import IngressSettings, ServingContext
 from deployments.ingress.decisions import routes as decisions
 from deployments.ingress.http.auth import HEALTH_PATHS, METRICS_PATHS, AuthMiddleware
+from deployments.ingress.http.drain import Drain, DrainMiddleware
 from deployments.ingress.http.errors import install_error_handlers
 from deployments.ingress.http.key_store import KeyStore
 from deployments.ingress.http.limits import BodyLimitMiddleware
@@ -26,8 +27,10 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
 }
 
 
-def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None = None) -> FastAPI:
-    ctx = ServingContext(backend, settings)
+def build_api(
+    backend: Backend, settings: IngressSettings, keys: KeyStore | None = None, drain: Drain | None = None
+) -> FastAPI:
+    ctx = ServingContext(backend, settings, drain)
     app = FastAPI(title="TensorFold", version=settings.version, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.state.model_ids = list(settings.model_ids)  # what a body's `model` may name (deployments/ingress/http/route.py)
@@ -47,4 +50,5 @@ def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     store = keys if keys is not None else KeyStore(settings.auth)
     app.add_middleware(AuthMiddleware, store=store, metrics_open=settings.auth.metrics_open)
+    app.add_middleware(DrainMiddleware, drain=ctx.drain)  # outermost: it counts every request in flight
     return app

@@ -54,6 +54,8 @@ class Backend(Protocol):
 
     async def forget_disk(self) -> int | StoreUnavailable: ...
 
+    async def end_requests(self, reason: str) -> int: ...
+
     async def save_response(self, entry: StoredResponse) -> None: ...
 
     async def load_response(self, response_id: str) -> StoredResponse | None: ...
@@ -166,6 +168,12 @@ class GraphBackend:
         if failures:
             raise RuntimeError(f"a Scheduler replica could not forget its states: {failures[0]}")
         return sum(results)
+
+    async def end_requests(self, reason: str) -> int:
+        """A planned stop: every Scheduler replica ends its requests with `reason`; returns how many ended."""
+        response = self._scheduler.broadcast("end_requests", reason)
+        results = await response.results_async(timeout_s=STATUS_TIMEOUT_S, return_exceptions=True)
+        return sum(r for r in results if isinstance(r, int))
 
     async def save_response(self, entry: StoredResponse) -> None:
         await self._responses.save.remote(entry)

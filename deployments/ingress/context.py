@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from deployments.chat_format.render_lanes import LARGE_CHARS
 from deployments.config import IngressSettings
 from deployments.ingress.backend import Backend
+from deployments.ingress.http.drain import Drain
 from deployments.ingress.http.errors import APIError
 from deployments.ingress.readiness import Readiness
 from deployments.messages.status import ReplicaStatus
@@ -19,9 +20,10 @@ class EngineFacts:
 
 
 class ServingContext:
-    def __init__(self, backend: Backend, settings: IngressSettings) -> None:
+    def __init__(self, backend: Backend, settings: IngressSettings, drain: Drain | None = None) -> None:
         self.backend = backend
         self.settings = settings
+        self.drain = drain if drain is not None else Drain()  # a planned stop (http/drain.py)
         self.readiness = Readiness(backend)
         self._facts: EngineFacts | None = None
 

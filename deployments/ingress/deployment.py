@@ -11,6 +11,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.ingress.app import build_api
 from deployments.ingress.backend import GraphBackend
 from deployments.ingress.context import IngressSettings
+from deployments.ingress.http.drain import Drain
 from deployments.ingress.http.key_store import KeyStore
 from deployments.log_setup import configure_logging
 
@@ -29,9 +30,14 @@ class Ingress:
         self._backend = GraphBackend(renderer, scheduler, responses)
         self._settings = settings
         self._keys = KeyStore(settings.auth)  # reached by reload_keys as well as by the app's auth
+        self._drain = Drain()  # reached by drain as well as by the app's middleware and /health
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_api(self._backend, self._settings, self._keys)
+        return build_api(self._backend, self._settings, self._keys, self._drain)
+
+    async def drain(self, grace_s: float) -> str:
+        """A planned stop (http/drain.py): `tensorfold serve` broadcasts it on SIGTERM before stopping Serve."""
+        return await self._drain.run(grace_s, self._backend.end_requests)
 
     async def reload_keys(self) -> str:
         """Re-read the key file now: SIGHUP to `tensorfold serve` or `tensorfold reload-keys` broadcasts it."""

@@ -12,8 +12,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import NoReturn
 
+from ray.exceptions import RayActorError
+
 from deployments.ingress.backend import Backend, Upstream
-from deployments.ingress.http.errors import refusal_error, server_error
+from deployments.ingress.http.drain import SHUTTING_DOWN
+from deployments.ingress.http.errors import APIError, refusal_error
 from deployments.ingress.http.finish_log import log_ended, log_finished
 from deployments.ingress.usage import ReplySummary, summarise
 from deployments.messages.render import ReplyFormat
@@ -59,6 +62,8 @@ class Generation:
             raise
         except StopAsyncIteration:
             self._fail_before_reply("the engine closed the stream without a reply")
+        except RayActorError:  # its replica is gone (a lost engine, a stop): Serve is replacing it
+            self._fail_before_reply("the model is not serving: its Scheduler replica stopped", 503)
         except Exception as exc:  # a replica that died, a Ray failure: nothing was sent yet
             log.exception("request %s failed before its first token", self.request_id)
             self._fail_before_reply(f"generation failed: {exc}")
@@ -67,8 +72,10 @@ class Generation:
             self._read_end()
             raise refusal_error(first)
         if first.finished and first.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
-            # Failed before any token: no stream has opened yet, so this is still an HTTP 500.
-            self._fail_before_reply(first.error or f"the request ended with {first.finish_reason}")
+            # Failed before any token: no stream has opened yet, so this is still an HTTP error (503 when a
+            # planned stop ended it while it waited: the client may retry).
+            status = 503 if first.error == SHUTTING_DOWN else 500
+            self._fail_before_reply(first.error or f"the request ended with {first.finish_reason}", status)
         self._first = first
 
     @property
@@ -151,10 +158,10 @@ class Generation:
         self._log_ended(f"error: {message}")
         raise GenerationFailed(message)
 
-    def _fail_before_reply(self, message: str) -> NoReturn:
+    def _fail_before_reply(self, message: str, status: int = 500) -> NoReturn:
         self._settled = True
         self._log_ended(f"error: {message}")
-        raise server_error(message)
+        raise APIError(status, message, "server_error")
 
     def _log_ended(self, reason: str) -> None:
         log_ended(

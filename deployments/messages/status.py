@@ -50,3 +50,7 @@ class ReplicaStatus(EngineInfo):
     replica: str = ""  # Serve's replica id, so a caller can tell the model copies apart
     # CUDA's or MLX's active, cache and peak bytes (absent elsewhere), and the engine process's footprint
     memory: dict[str, int] = field(default_factory=dict)
+    # Whether this replica's engine takes a request now; when not, `unavailable` says why ("the engine
+    # process exited", "the server is shutting down") and /health answers 503 with it.
+    serving: bool = True
+    unavailable: str = ""

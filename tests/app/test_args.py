@@ -8,7 +8,7 @@ import yaml
 from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app.app import actor_options, placement_bundles, scheduler_options
+from serve_app.app import STORE_STOP_S, actor_options, placement_bundles, scheduler_options, stop_options
 from serve_app.args import AppArgs
 from serve_app.cli import build_parser
 from serve_app.cli_serve import app_args_from
@@ -198,6 +198,16 @@ def test_tensor_parallel_gets_one_bundle_per_rank(ckpt: Path) -> None:
     assert options["ray_actor_options"]["num_cpus"] == 0.2
     assert options["ray_actor_options"]["runtime_env"]["env_vars"]["TENSORFOLD_RANK_CPUS"] == "0.3"
     assert sum(b["CPU"] for b in options["placement_group_bundles"]) < 2
+
+
+def test_a_planned_stop_fits_thirty_seconds_and_serve_waits_for_each_step(ckpt: Path) -> None:
+    args = AppArgs(model=str(ckpt))
+    scheduler = scheduler_options(args, "cpu")["graceful_shutdown_timeout_s"]
+    assert args.drain_grace_s + STORE_STOP_S <= scheduler <= 30.0  # the grace, the store's last writes, a margin
+    assert stop_options(args)["graceful_shutdown_timeout_s"] > args.drain_grace_s  # Ingress outlives the grace
+    longer = AppArgs(model=str(ckpt), drain_grace_s=40)
+    assert scheduler_options(longer, "cpu")["graceful_shutdown_timeout_s"] == scheduler + 32
+    assert app_args_from(build_parser().parse_args(["serve", str(ckpt), "--drain-timeout", "3"])).drain_grace_s == 3
 
 
 def test_data_parallel_is_scheduler_replicas(ckpt: Path) -> None:

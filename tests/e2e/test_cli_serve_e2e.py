@@ -7,12 +7,16 @@ The session's other e2e modules reach their apps through Serve's proxy, as `serv
 the only one on the direct path, so it checks the behaviour that depends on who owns the socket: who
 listens, streamed and whole replies agreeing, refusals before work, and a client walking away.
 
+The last two tests stop things: an engine process killed (health turns 503 at once, a request meanwhile is
+refused cleanly, and Serve replaces the replica) and SIGTERM with eight streams in flight (the drain).
+
 It also watches the loading window as a client sees it: the port opens while the Scheduler replica is still
 loading the model (a few seconds, on tiny-glm too: the engine's own process imports torch and loads the
 checkpoint, the Ingress replica only builds its routes). From the moment the port accepts, the fixture polls
 /health and /v1/models and sends a chat request each round until /health answers 200.
 """
 
+import json
 import os
 import signal
 import socket
@@ -38,6 +42,8 @@ USER = [{"role": "user", "content": "What is the capital of France?"}]
 START_TIMEOUT_S = 300  # a fresh Ray cluster and the graph, on a 2-core machine beside the session's cluster
 POLL_S = 0.2  # between two rounds of the loading watch
 LOADING_REQUEST = {"model": "tiny", "messages": USER, "max_tokens": 16, "temperature": 0}
+DRAIN_S = 2.0  # the server's drain grace: the long streams of the SIGTERM test outlast it
+STOP_BUDGET_S = 30.0  # SIGTERM to exit: the drain's grace, the store's last writes, Serve and Ray stopping
 
 
 @dataclass
@@ -109,6 +115,7 @@ def server() -> Iterator[Server]:
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
     port = free_port()
     flags = ["builtin:tiny-glm", "--name", "tiny", "--port", str(port), "--parallel", "4", "--engine-threads", "1"]
+    flags += ["--drain-timeout", str(DRAIN_S)]
     command = service_command(flags, env)  # what `tensorfold service install` would run
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     running = Server(process, port)
@@ -201,9 +208,130 @@ def test_a_client_that_walks_away_stops_its_request(server: Server) -> None:
     assert httpx.get(f"{server.base}/health", timeout=30).json()["requests_running"] == 0
 
 
-def test_sigterm_shuts_the_server_and_its_port_down(server: Server) -> None:
-    server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(timeout=120) == 0, "".join(server.lines[-40:])
+def _engine_processes(root: int) -> list[int]:
+    """The engine processes (transports/child.py) among `root`'s descendants, from Linux's /proc."""
+    parents: dict[int, int] = {}
+    engines: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:  # it exited meanwhile
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if b"deployments.scheduler.transports.child" in command:
+            engines.append(int(entry.name))
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == root:
+                return True
+        return False
+
+    return [pid for pid in engines if descends(pid)]
+
+
+def _health_until(base: str, status: int, timeout_s: float) -> tuple[float, dict]:
+    """Poll /health until it answers `status`; returns when (monotonic) and the body."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = httpx.get(f"{base}/health", timeout=30)
+        if reply.status_code == status:
+            return time.monotonic(), reply.json()
+        assert time.monotonic() < deadline, (reply.status_code, reply.text)
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/1/stat").exists(), reason="finds the engine process in Linux's /proc")
+def test_a_killed_engine_turns_health_503_at_once_and_serve_replaces_it(server: Server) -> None:
+    before = _chat(server.base)
+    (engine,) = _engine_processes(server.process.pid)
+    os.kill(engine, signal.SIGKILL)
+    killed = time.monotonic()
+    seen, body = _health_until(server.base, 503, timeout_s=10)
+    assert seen - killed < 1.0, seen - killed
+    assert body == {"status": "unavailable", "message": "the model is not serving: the engine process exited"}
+    sent = time.monotonic()
+    status, refused = _chat(server.base)  # during the outage: a clean error in the route's format, at once
+    assert time.monotonic() - sent < 5.0
+    assert status == 503 and refused["error"]["type"] == "server_error", refused
+    assert "Traceback" not in refused["error"]["message"] and "not serving" in refused["error"]["message"]
+    _, body = _health_until(server.base, 200, timeout_s=START_TIMEOUT_S)  # Serve started a new replica
+    assert body["status"] == "ok"
+    (replacement,) = _engine_processes(server.process.pid)
+    assert replacement != engine
+    after = _chat(server.base)
+    assert after[0] == 200 and after[1]["choices"] == before[1]["choices"]  # token for token, from the new engine
+
+
+@dataclass
+class StreamEnd:
+    """How one streamed request ended: its HTTP status and its events' JSON, or its error body."""
+
+    status: int
+    events: list[dict] = field(default_factory=list)
+    done: bool = False  # `data: [DONE]` came last
+    body: dict | None = None  # a request refused before its stream opened
+
+
+def _stream(base: str, body: dict, first_token: threading.Semaphore) -> StreamEnd:
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120) as reply:
+        if reply.status_code != 200:
+            reply.read()
+            return StreamEnd(reply.status_code, body=reply.json())
+        end = StreamEnd(200)
+        for line in reply.iter_lines():
+            if line == "data: [DONE]":
+                end.done = True
+            elif line.startswith("data: "):
+                assert not end.done, "an event after [DONE]"
+                end.events.append(json.loads(line.removeprefix("data: ")))
+                if len(end.events) == 1:
+                    first_token.release()
+        return end
+
+
+def _completed(end: StreamEnd) -> bool:
+    finishes = [c["finish_reason"] for e in end.events for c in e.get("choices", ()) if c.get("finish_reason")]
+    return end.done and finishes in (["stop"], ["length"]) and "error" not in end.events[-1]
+
+
+def _ended_with_error(end: StreamEnd) -> bool:
+    last = end.events[-1] if end.events else {}
+    return end.done and last.get("error", {}).get("message") == "the server is shutting down"
+
+
+def test_sigterm_drains_the_streams_refuses_new_work_and_exits_quietly(server: Server) -> None:
+    short = {"model": "tiny", "messages": USER, "max_tokens": 64, "ignore_eos": True, "stream": True}
+    long = {**short, "max_tokens": 3000}
+    first_token = threading.Semaphore(0)
+    with ThreadPoolExecutor(8) as pool:
+        streams = [pool.submit(_stream, server.base, short, first_token) for _ in range(2)]
+        for _ in range(2):  # the short ones run first, so they can finish within the grace
+            assert first_token.acquire(timeout=60)
+        streams += [pool.submit(_stream, server.base, long, first_token) for _ in range(6)]
+        for _ in range(2):  # all four of the engine's lanes stream (the other long ones wait in its queue)
+            assert first_token.acquire(timeout=60)
+        server.process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, body = _health_until(server.base, 503, timeout_s=5)
+        assert body["status"] == "draining", body
+        late = httpx.post(f"{server.base}/v1/chat/completions", json=LOADING_REQUEST, timeout=30)
+        assert late.status_code == 503 and late.headers["Retry-After"].isdigit(), late.text
+        assert late.json()["error"]["type"] == "server_error"
+        ends = [stream.result(timeout=60) for stream in streams]
+    for end in ends:  # a whole reply, or the error event then [DONE], or (still queued) a complete 503
+        refused = end.status == 503 and end.body is not None and "shutting down" in end.body["error"]["message"]
+        assert _completed(end) or _ended_with_error(end) or refused, end
+    assert sum(_completed(end) for end in ends) >= 2  # the short ones finished within the grace
+    assert any(_ended_with_error(end) for end in ends)  # the long ones that ran were ended, not cut
+    assert server.process.wait(timeout=STOP_BUDGET_S) == 0, "".join(server.lines[-40:])
+    assert time.monotonic() - stopped < STOP_BUDGET_S
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.base}/health", timeout=5)
-    assert any("SIGTERM, shutting down" in line for line in server.lines)
+    output = "".join(server.lines)
+    assert "SIGTERM, draining" in output and "drained:" in output
+    assert "SIGTERM received" not in output and "PC: @" not in output, output[-4000:]  # no native stack trace

@@ -118,7 +118,8 @@ def test_memory_and_info_are_the_childs(process: EngineProcess) -> None:
 
 
 def test_a_dead_engine_process_ends_its_requests_and_fails_the_health_check(served_model: str) -> None:
-    driver = EngineProcess(_config(served_model))
+    lost: list[str] = []
+    driver = EngineProcess(_config(served_model), on_lost=lost.append)
     driver.start()
 
     async def run() -> EngineChunk:
@@ -132,12 +133,32 @@ def test_a_dead_engine_process_ends_its_requests_and_fails_the_health_check(serv
     try:
         last = asyncio.run(asyncio.wait_for(run(), 30))
         assert last.finish_reason == FinishReason.ERROR and "engine process exited" in (last.error or "")
-        _wait_until(lambda: not driver.alive())
+        _wait_until(lambda: bool(lost))  # called once the requests have ended
+        assert not driver.alive() and lost == [driver.lost] == ["the engine process exited"]
         with pytest.raises(RuntimeError, match="engine process has exited"):
             asyncio.run(_reply(driver, _request("after", PROMPTS[0])))
         assert not driver._subscribers  # a request that could not be sent leaves no mailbox behind
     finally:
         driver.shutdown()
+
+
+def test_end_all_ends_every_stream_with_the_reason_and_drops_the_requests(process: EngineProcess) -> None:
+    aborted_before = process.info().counters.requests_aborted_total
+
+    async def run() -> tuple[list[EngineChunk | Refusal], list[EngineChunk | Refusal]]:
+        requests = [greedy(f"ended-{i}", PROMPTS[2], 200, to_limit=True) for i in range(2)]
+        streams = [process.generate(request) for request in requests]
+        firsts = [await anext(stream) for stream in streams]  # both are running
+        assert process.end_all("the server is shutting down") == 2
+        rests = [[item async for item in stream] for stream in streams]
+        return [firsts[0], *rests[0]], [firsts[1], *rests[1]]
+
+    for items in asyncio.run(asyncio.wait_for(run(), 30)):
+        last = items[-1]
+        assert isinstance(last, EngineChunk) and last.finish_reason == FinishReason.ERROR
+        assert last.error == "the server is shutting down"
+    _wait_until(lambda: process.info().counters.requests_aborted_total == aborted_before + 2)
+    assert process.info().running == 0 and process.alive()
 
 
 def test_an_engine_that_cannot_start_fails_the_constructor(tmp_path) -> None:

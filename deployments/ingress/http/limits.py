@@ -24,6 +24,7 @@ _KINDS = {
     "auth": ("invalid_request_error", "invalid_api_key", "authentication_error"),
     "too_large": ("invalid_request_error", "request_too_large", "request_too_large"),
     "invalid": ("invalid_request_error", None, "invalid_request_error"),
+    "unavailable": ("server_error", None, "overloaded_error"),  # a planned stop: retry elsewhere, or later
 }
 
 

@@ -3,7 +3,8 @@
 
 While the model loads (no Scheduler replica has answered yet), /health answers 503 with status "loading"
 and /v1/models lists no model, so a client that waits for either can send its first request once they say
-so. The bodies are built beside their topic: health.py, memory.py, metrics.py, dashboard.py, serving.py.
+so. Afterwards /health answers 503 whenever no Scheduler replica's engine can take a request ("unavailable",
+with the reason) and while the replica drains for a planned stop ("draining"). The bodies are built beside their topic: health.py, memory.py, metrics.py, dashboard.py, serving.py.
 """
 
 import time
@@ -17,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from deployments.ingress.context import ServingContext
+from deployments.ingress.http.drain import RETRY_AFTER_S, SHUTTING_DOWN
 from deployments.ingress.http.errors import error_body, json_body, parse_body
 from deployments.ingress.http.route import json_query
 from deployments.ingress.ops.dashboard import install_quiet_poll_filter, stats_snapshot
@@ -46,6 +48,12 @@ def _not_serving() -> JSONResponse:
     return JSONResponse(body, status_code=503)
 
 
+def _unavailable(status: str, reason: str, retry_after_s: int | None = None) -> JSONResponse:
+    """/health's 503 once the model has loaded: why nothing can be served now (the keyed body too)."""
+    headers = None if retry_after_s is None else {"Retry-After": str(retry_after_s)}
+    return JSONResponse({"status": status, "message": reason}, status_code=503, headers=headers)
+
+
 def info_router(ctx: ServingContext) -> APIRouter:
     router = APIRouter()
     started = int(time.time())
@@ -61,15 +69,17 @@ def info_router(ctx: ServingContext) -> APIRouter:
 
     async def health(request: Request) -> JSONResponse:
         minimal = getattr(request.state, "health_minimal", False)  # keys configured: liveness only, no details
-        if minimal and readiness.ready:
-            return JSONResponse({"status": "ok"})
+        if ctx.drain.draining:  # a planned stop: a load balancer should send nothing more here
+            return _unavailable("draining", SHUTTING_DOWN, RETRY_AFTER_S)
         if request.query_params.get("reset_peak") in ("1", "true") and not minimal:
             await ctx.backend.memory(reset_peak=True)  # a new CUDA peak at the current active, every replica
         replicas = await readiness.probe()
         if not replicas and not readiness.ready:
             return JSONResponse(loading_body(ctx.settings, minimal), status_code=503)
         if not replicas:
-            return _not_serving()
+            return _unavailable("unavailable", "no Scheduler replica answered: the model is not serving")
+        if not any(r.serving for r in replicas):  # e.g. an engine process died; Serve is replacing it
+            return _unavailable("unavailable", f"the model is not serving: {replicas[0].unavailable}")
         if minimal:
             return JSONResponse({"status": "ok"})
         return JSONResponse(health_body(ctx.settings, replicas, (await ctx.backend.card()).vision))

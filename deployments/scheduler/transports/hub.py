@@ -245,10 +245,20 @@ class StreamHub(ABC):
     def deliver_chunks(self, chunks: list[EngineChunk]) -> None:
         self.deliver([(chunk.request_id, chunk) for chunk in chunks])
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str) -> list[str]:
+        """End every stream in flight with `message` as its error; returns their request ids."""
         with self._lock:
             pending = list(self._subscribers)
         self.deliver_chunks([EngineChunk(rid, finish_reason=FinishReason.ERROR, error=message) for rid in pending])
+        return pending
+
+    def end_all(self, message: str) -> int:
+        """A planned stop's last word: every request in flight ends with `message`, and the engine drops
+        them (their streams are settled, so nothing else would abort them). Returns how many there were."""
+        ended = self.fail_all(message)
+        for request_id in ended:
+            self.abort(request_id)
+        return len(ended)
 
 
 def _settle(future: asyncio.Future, value: object, error: BaseException | None) -> None:

@@ -3,7 +3,8 @@
 The replica keeps the StreamHub (its callers' mailboxes); two threads move messages: a sender drains an
 outbox (so a large prompt never blocks the event loop on the socket), a reader hands every turn's Stepped
 to the hub and answers the child's relayed store calls. If the child dies, every request in flight ends
-with an error and `alive()` turns false, so Serve's health check replaces the replica.
+with an error, `alive()` turns false and `lost` says why, and `on_lost` is called (the Scheduler replica
+then exits, so Serve replaces it at its next health check).
 """
 
 import logging
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -33,8 +35,12 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # holds `deployments`: the 
 
 
 class EngineProcess(StreamHub):
-    def __init__(self, config: EngineConfig, store: ActorStoreLink | None = None) -> None:
-        """`store`: the link the child's store calls are relayed to (one is opened here if learn is on)."""
+    def __init__(
+        self, config: EngineConfig, store: ActorStoreLink | None = None, on_lost: Callable[[str], None] | None = None
+    ) -> None:
+        """`store`: the link the child's store calls are relayed to (one is opened here if learn is on);
+        `on_lost(reason)`: called on the reader thread once the child has died unasked, after every request in
+        flight has been ended."""
         self._conn, self._process = _start_child()
         try:
             self._conn.send(config)
@@ -49,6 +55,8 @@ class EngineProcess(StreamHub):
         self._store = store or (ActorStoreLink(config) if config.learning else None)  # the child's relayed calls
         self._stopping = False
         self._alive = True
+        self.lost = ""  # why the engine stopped unasked ("" while it runs, or after a planned stop)
+        self._on_lost = on_lost
         self._sender = threading.Thread(target=self._send_loop, name="tensorfold-engine-send", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="tensorfold-engine-read", daemon=True)
 
@@ -106,10 +114,16 @@ class EngineProcess(StreamHub):
                         self._outbox.put(reply)
             except Exception:  # a bug here must not stop the reader: every stream depends on it
                 log.exception("could not hand over a message from the engine process")
+        if self._stopping:
+            self._alive = False
+            self.fail_all("the server is shutting down")
+            return
+        self.lost = "the engine process exited"  # first: whoever sees `alive()` false finds the reason
         self._alive = False
-        if not self._stopping:
-            log.error("the engine process exited (status %s); ending every request in flight", self._process.poll())
-        self.fail_all("the engine process exited" if not self._stopping else "the server is shutting down")
+        log.error("%s (status %s); ending every request in flight", self.lost, self._process.poll())
+        self.fail_all(self.lost)
+        if self._on_lost is not None:
+            self._on_lost(self.lost)
 
 
 def _start_child() -> tuple[Connection, subprocess.Popen]:

@@ -1,0 +1,127 @@
+"""A Ray cluster of several nodes on this machine, started as an operator does: `ray start --head`, then
+`ray start --address` for each worker, each node with a custom resource naming it (`node_a: 1`), with
+Ray's token authentication on (Ray binds a node given 127.0.0.1 to the machine's own address).
+
+Every node runs `ray start --block` in its own process group, so stopping one node (SIGTERM to its group)
+takes down exactly its raylet and workers: never `ray stop`, which would stop every Ray on the machine.
+"""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import REPO, free_port
+
+NODE_START_TIMEOUT_S = 120
+
+
+@dataclass
+class LocalNode:
+    name: str  # its custom resource: `node_head`, `node_a`, ...
+    process: subprocess.Popen
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+
+
+@dataclass
+class LocalCluster:
+    gcs_address: str  # `127.0.0.1:PORT`: what `serve run --address` and `ray start --address` take
+    env: dict[str, str]  # the environment every command against it runs with
+    nodes: list[LocalNode] = field(default_factory=list)
+
+    def node(self, name: str) -> LocalNode:
+        (node,) = [n for n in self.nodes if n.name == name]
+        return node
+
+    def python(self, code: str, timeout: float = 120) -> str:
+        """Run `code` in a driver connected to this cluster; returns its stdout."""
+        script = f"import ray\nray.init(address={self.gcs_address!r}, log_to_driver=False)\n{code}"
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=REPO
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):  # workers first, the head (GCS) last
+            node.stop()
+        _forget_cluster(self.gcs_address)
+
+
+def _forget_cluster(gcs_address: str) -> None:
+    """`ray start --head` names its cluster in /tmp/ray/ray_current_cluster, where a later `ray.init()`
+    without an address would try to join it: remove the name once the cluster is gone."""
+    current = Path("/tmp/ray/ray_current_cluster")
+    try:
+        if current.read_text().strip().rsplit(":", 1)[-1] == gcs_address.rsplit(":", 1)[-1]:
+            current.unlink()
+    except OSError:
+        pass
+
+
+def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--block", "--disable-usage-stats", *args]
+    with open(log, "w") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2) -> LocalCluster:
+    """A head (`node_head`) and one worker node per name, all on loopback; waits until every node is alive."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
+    # Token authentication on, as the docs ask of any cluster whose ports leave loopback.
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), PYTHONPATH=str(REPO))
+    port = free_port()
+    cluster = LocalCluster(f"127.0.0.1:{port}", env)
+    common = ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus_per_node}", "--num-gpus=0"]
+    head_args = [*common, "--head", f"--port={port}", "--include-dashboard=false", '--resources={"node_head": 1}']
+    cluster.nodes.append(LocalNode("node_head", _ray_start(head_args, env, tmp / "head.log"), tmp / "head.log"))
+    try:
+        _wait_for_nodes(cluster, 1)
+        for name in workers:
+            args = [*common, f"--address={cluster.gcs_address}", f"--resources={json.dumps({name: 1})}"]
+            log = tmp / f"{name}.log"
+            cluster.nodes.append(LocalNode(name, _ray_start(args, env, log), log))
+        _wait_for_nodes(cluster, 1 + len(workers))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def alive_nodes(cluster: LocalCluster) -> dict[str, str]:
+    """Node id -> the custom resource naming it, for every node the GCS counts alive."""
+    code = (
+        "import json\n"
+        "nodes = {n['NodeID']: next((r for r in n['Resources'] if r.startswith('node_')), '')"
+        " for n in ray.nodes() if n['Alive']}\n"
+        "print(json.dumps(nodes))"
+    )
+    return json.loads(cluster.python(code).strip().splitlines()[-1])
+
+
+def _wait_for_nodes(cluster: LocalCluster, count: int) -> None:
+    deadline = time.monotonic() + NODE_START_TIMEOUT_S
+    while True:
+        for node in cluster.nodes:
+            assert node.process.poll() is None, node.log.read_text()[-3000:]
+        try:
+            if len(alive_nodes(cluster)) >= count:
+                return
+        except AssertionError:
+            pass  # the GCS is not up yet
+        assert time.monotonic() < deadline, f"{count} nodes not alive after {NODE_START_TIMEOUT_S} s"
+        time.sleep(1)
