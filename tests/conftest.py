@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from serve_app.ray_network import local_ray_env
+
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN_TINY_GLM = REPO / "serve_app" / "builtin" / "tiny-glm"
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# The session's Ray, started unauthenticated, keeps every port on 127.0.0.1 (the app builder refuses
+# otherwise: serve_app/ray_network.py); Ray reads this on import, after this file runs.
+os.environ.update(local_ray_env())
 # Ray's workers and Serve's build task import this checkout (also when it is not pip-installed).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 

@@ -11,11 +11,13 @@ from deployments.chat_format.rendering import PromptRenderer, RendererOptions
 from deployments.chat_format.template import TemplateRenderError
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
 from deployments.messages.replies import Refusal
+from deployments.serve_sockets import configure_serve_sockets
 
 
 @serve.deployment(name="Renderer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
 class Renderer:
     def __init__(self, checkpoint_dir: str, options: RendererOptions | None = None) -> None:
+        configure_serve_sockets()  # before Serve binds this replica's gRPC server
         self._renderer = PromptRenderer.from_checkpoint(checkpoint_dir, options)
 
     def card(self) -> TokenizerCard:

@@ -29,6 +29,7 @@ from deployments.scheduler.ray_metrics import RayMetricsExport
 from deployments.scheduler.transports.hub import StreamHub
 from deployments.scheduler.transports.process import EngineProcess
 from deployments.scheduler.transports.thread import EngineLoop
+from deployments.serve_sockets import configure_serve_sockets
 
 
 async def engine_stream(loop: StreamHub, request: EngineRequest, replica: str = "") -> AsyncIterator[UpstreamItem]:
@@ -74,6 +75,7 @@ def _replica_tag() -> str:
 class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         configure_logging()
+        configure_serve_sockets()  # before Serve binds this replica's gRPC server
         self._loop = start_driver(config)
         self._replica = _replica_tag()
         self._ray_metrics = RayMetricsExport(self._loop.info)  # the readings in Ray's dashboard too

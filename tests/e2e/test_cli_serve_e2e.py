@@ -28,13 +28,15 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from serve_app.ray_network import is_loopback_host
 from tests.conftest import REPO, free_port
-from tests.support.serve_harness import listener_of
+from tests.support.serve_harness import listener_of, listening_sockets, process_tree, time_wait_on
 
 pytestmark = pytest.mark.e2e
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 START_TIMEOUT_S = 300  # a fresh Ray cluster and the graph, on a 2-core machine beside the session's cluster
 POLL_S = 0.2  # between two rounds of the loading watch
+ENV_KEY = "tf-env-key-7f3a9c"  # a key given through TENSORFOLD_API_KEY to the restarted server
 LOADING_REQUEST = {"model": "tiny", "messages": USER, "max_tokens": 16, "temperature": 0}
 
 
@@ -101,11 +103,11 @@ def _watch_loading(server: Server) -> None:
         window.replies = [future.result() for future in sent]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
+def _launch(port: int, watch: bool = True, **env_vars: str) -> Server:
+    """`tensorfold serve` on `port` with a Ray cluster of its own; returns once it says it is serving (and
+    with `watch`, once /health answers 200, the loading window recorded)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
-    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
-    port = free_port()
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
     command = [
         sys.executable,
         "-m",
@@ -126,16 +128,31 @@ def server() -> Iterator[Server]:
     ready = threading.Event()
     threading.Thread(target=_collect, args=(running, ready), daemon=True).start()
     try:
-        _watch_loading(running)
+        if watch:
+            _watch_loading(running)
         assert ready.wait(START_TIMEOUT_S) and process.poll() is None, "".join(running.lines[-40:])
+    except BaseException:
+        _stop(running)
+        raise
+    return running
+
+
+def _stop(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    running = _launch(free_port())
+    try:
         yield running
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        _stop(running)
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
@@ -212,9 +229,43 @@ def test_a_client_that_walks_away_stops_its_request(server: Server) -> None:
     assert httpx.get(f"{server.base}/health", timeout=30).json()["requests_running"] == 0
 
 
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
+def test_every_ray_port_stays_on_loopback(server: Server) -> None:
+    """Ray's GCS, raylet, dashboard agent, metrics exporters and workers: nothing beyond 127.0.0.1/::1."""
+    tree = process_tree(server.process.pid)
+    sockets = listening_sockets(tree)
+    names = " ".join(name for name, _, _ in sockets)
+    assert "gcs_server" in names and "raylet" in names and "DashboardAgent" in names, sockets
+    assert any("ServeReplica:tensorfold:Ingress" in name and port == server.port for name, _, port in sockets)
+    exposed = [entry for entry in sockets if not is_loopback_host(entry[1])]
+    assert not exposed and len(sockets) >= 8, exposed or sockets
+
+
 def test_sigterm_shuts_the_server_and_its_port_down(server: Server) -> None:
+    for _ in range(3):  # clients asking the server to close: its side of each connection lingers in TIME_WAIT
+        reply = httpx.get(f"{server.base}/v1/models", headers={"Connection": "close"}, timeout=30)
+        assert reply.status_code == 200
+    assert time_wait_on(server.port) >= 3
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=120) == 0, "".join(server.lines[-40:])
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.base}/health", timeout=5)
     assert any("SIGTERM, shutting down" in line for line in server.lines)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
+def test_a_restart_on_the_same_port_serves_at_once_and_keeps_the_env_key_out_of_ray(server: Server) -> None:
+    """Right after the stop above (its TIME_WAIT sockets still on the port), a supervisor's restart, now with
+    TENSORFOLD_API_KEY set: it serves, asks for the key, and no Ray process's environment holds the key."""
+    assert server.process.poll() is not None and time_wait_on(server.port) >= 3
+    restarted = _launch(server.port, watch=False, TENSORFOLD_API_KEY=ENV_KEY)
+    try:
+        assert httpx.get(f"{restarted.base}/v1/models", timeout=30).status_code == 401
+        authorized = {"Authorization": f"Bearer {ENV_KEY}"}
+        assert httpx.get(f"{restarted.base}/v1/models", headers=authorized, timeout=30).status_code == 200
+        cli, *ray_processes = process_tree(restarted.process.pid)
+        assert any(ENV_KEY in value for value in cli.environ().values())  # the reading works: the CLI was given it
+        holding = [p.cmdline()[:1] for p in ray_processes if any(ENV_KEY in v for v in p.environ().values())]
+        assert len(ray_processes) >= 8 and not holding, holding
+    finally:
+        _stop(restarted)
