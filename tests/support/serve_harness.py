@@ -103,3 +103,16 @@ def time_wait_on(port: int) -> int:
             cols = row.split()
             count += int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "06"
     return count
+
+
+def closed_by_the_server(port: int, path: str = "/health") -> bytes:
+    """One request asking the server to close; read to its end of stream before closing, so the server's
+    side closes first (and lingers in TIME_WAIT on `port`). Returns the reply."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
