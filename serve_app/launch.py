@@ -44,9 +44,9 @@ def run_graph(args: AppArgs, entry: HttpEntry, app_name: str, auth: AuthSettings
 
     from serve_app.app import build_graph
 
-    serve.start(http_options={"host": args.host, "port": args.port if entry == "proxy" else 0})
     ingress_node_ip = ray.util.get_node_ip_address() if entry == "ingress" else None
-    graph = build_graph(args, ingress_node_ip=ingress_node_ip, auth=auth)
+    graph = build_graph(args, ingress_node_ip=ingress_node_ip, auth=auth)  # its checks refuse before Serve starts
+    serve.start(http_options={"host": args.host, "port": args.port if entry == "proxy" else 0})
     serve.run(graph, name=app_name, route_prefix="/", blocking=False)
     if entry == "ingress":
         wait_listening(args.host, args.port, LISTEN_TIMEOUT_S)

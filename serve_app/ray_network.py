@@ -41,7 +41,9 @@ def local_ray_env() -> dict[str, str]:
 
 
 def keep_local_ray_on_loopback() -> None:
-    """In a process about to start Ray itself, before it imports Ray (which reads the variable then)."""
+    """Before this process imports Ray (which reads the variable then): a Ray it starts binds 127.0.0.1, and
+    a driver given 127.0.0.1 as the address dials it there, not at the machine's address (Ray's default).
+    A driver joining a Ray on the machine's address is unaffected: it finds its node by the local raylet."""
     os.environ.update(local_ray_env())
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None and constants.ENABLE_RAY_CLUSTER:
