@@ -33,7 +33,8 @@ def init_ray(entry: HttpEntry, port: int, **ray_init_options: object) -> None:
     from serve_app.serve_env import cluster_runtime_env
 
     runtime_env = cluster_runtime_env(port if entry == "ingress" else None)
-    ray.init(address=address, namespace="serve", runtime_env=runtime_env, **ray_init_options)
+    # "local": a Ray of its own, never the cluster a `ray start` last recorded (Ray's default for None)
+    ray.init(address=address or "local", namespace="serve", runtime_env=runtime_env, **ray_init_options)
 
 
 def run_graph(args: AppArgs, entry: HttpEntry, app_name: str, auth: AuthSettings | None = None) -> str:

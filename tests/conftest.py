@@ -74,7 +74,12 @@ def ray_cluster() -> Iterator[None]:
     # Serve's data-path settings reach its controller and proxy from the job; the apps are reached through
     # Serve's proxy, as under `serve run` (tests/e2e/test_cli_serve_e2e.py runs `tensorfold serve`'s direct path).
     ray.init(
-        num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False, runtime_env=cluster_runtime_env()
+        address="local",  # its own, never one a `ray start` on this machine recorded
+        num_cpus=8,
+        namespace="serve",
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=cluster_runtime_env(),
     )
     yield
     from ray import serve

@@ -16,7 +16,7 @@ SCRIPT = """
 import logging, ray
 from serve_app.ray_network import RayNetworkError, check_ray_network, exposed_hosts, read_exposure
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 try:
     print("EXPOSED", exposed_hosts(read_exposure()), flush=True)
     try:

@@ -52,7 +52,8 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = free_port()
     config = _config_on(port, tmp_path_factory.mktemp("serve-run"))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_ADDRESS"] = "local"  # a cluster of its own, even where a `ray start` left its address behind
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **local_ray_env())  # the README's command
     serve = Path(sys.executable).with_name("serve")
     log = (tmp_path_factory.getbasetemp() / "serve-run.log").open("w")
