@@ -195,7 +195,48 @@ class TensorParallel(Section):
     tensor_parallel_size: int = Field(default=1, ge=1, description="ranks per model copy (gloo on CPU, NCCL on GPUs)")
 
 
-class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel):
+class VisionModel(Section):
+    """Whether the checkpoint's vision tower is loaded: the engine builds it, the Renderer reads images for it."""
+
+    SECTION = "vision"
+
+    vision: bool = Field(
+        default=False,
+        description="load the checkpoint's vision tower and read image parts (qwen3_5 and qwen3_5_moe); "
+        "off: image parts get HTTP 400",
+    )
+
+
+class ImageSettings(VisionModel):
+    """Where images may come from and how large they may be (docs/vision.md); the Renderer reads them."""
+
+    SECTION = "vision"
+
+    vision_urls: bool = Field(
+        default=False, description="also fetch public https:// image URLs; off: only data: URLs are read"
+    )
+    max_images: int = Field(default=8, ge=1, description="images one request may carry")
+    max_image_bytes: int = Field(
+        default=10 << 20, ge=1024, description="bytes of one image (decoded from base64, or fetched)"
+    )
+    max_image_pixels: int = Field(
+        default=40_000_000, ge=64, description="pixels of one image (width x height), checked before decoding"
+    )
+    image_connect_timeout_s: Annotated[float, Flag(name="--image-connect-timeout", metavar="SECONDS")] = Field(
+        default=5.0, gt=0.0, description="seconds to connect to an image URL's server"
+    )
+    image_read_timeout_s: Annotated[float, Flag(name="--image-read-timeout", metavar="SECONDS")] = Field(
+        default=10.0, gt=0.0, description="seconds an image URL's reply may take to arrive whole (and each read)"
+    )
+
+    @model_validator(mode="after")
+    def _urls_need_vision(self) -> "ImageSettings":
+        if self.vision_urls and not self.vision:
+            raise ValueError("vision_urls needs vision: image URLs are read only when images are")
+        return self
+
+
+class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel, VisionModel):
     """Every engine setting a user sets: the part of AppArgs that EngineConfig carries whole."""
 
     @model_validator(mode="after")
@@ -265,6 +306,19 @@ class ThinkingDefaults(Section):
     loop_guard: bool = Field(default=False, description="close a think block caught in a short exact loop")
 
 
+class ToolPolicy(Section):
+    """What the Ingress does with tools it does not run (docs/agents/codex.md)."""
+
+    SECTION = "chat"
+
+    # Codex offers OpenAI's hosted tools (web_search) by default; refusing them is the documented default.
+    drop_builtin_tools: bool = Field(
+        default=False,
+        description="leave built-in tools (web_search, file_search, ...) out of Responses requests, logging their "
+        "types, instead of refusing the request",
+    )
+
+
 def package_version() -> str:
     try:
         return metadata.version("tensorfold")
@@ -272,7 +326,7 @@ def package_version() -> str:
         return "0.0.0+source"
 
 
-class IngressSettings(IngressHttp, ThinkingDefaults):
+class IngressSettings(IngressHttp, ThinkingDefaults, ToolPolicy):
     """What an Ingress replica is built with: `AppArgs.ingress_settings(auth)`, or built directly in tests."""
 
     served_name: str

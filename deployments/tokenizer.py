@@ -1,10 +1,19 @@
 """Loading a checkpoint's tokenizer and the ids generation needs (end tokens, BOS)."""
 
 import json
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+GIL_FREE_CHARS = 4096  # texts this long are tokenised with the GIL released (other threads keep running)
+
+
+def min_tokens(text: str, max_token_bytes: int) -> int:
+    """The fewest tokens `text` can encode to, from its size alone (no tokenising)."""
+    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / max_token_bytes)
 
 
 class CheckpointError(ValueError):
@@ -29,7 +38,21 @@ class TokenizerBundle:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if len(text) >= GIL_FREE_CHARS:  # `encode` holds the GIL throughout (seconds for megabytes)
+            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes of input text one token covers, so a text of B bytes holds at
+        least ceil(B / max_token_bytes) tokens: the longest token, as stored or decoded alone (a stored
+        `Ġ`/`▁` marker or `<0x..>` byte counts at least what it stands for), times 4 when a normaliser
+        runs first (Unicode composition shortens text by at most 3 to 1, Hangul jamo to a syllable)."""
+        ids = range(self.vocab_size)
+        decoded = self.tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        stored = (self.tokenizer.id_to_token(i) or "" for i in ids)
+        longest = max((max(len(d.encode()), len(s.encode())) for d, s in zip(decoded, stored)), default=1)
+        return max(longest, 1) * (4 if self.tokenizer.normalizer is not None else 1)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -25,7 +25,7 @@ from ray.serve.schema import LoggingConfig
 
 from deployments.chat_format.rendering import RendererOptions
 from deployments.chat_format.template_file import load_template_file
-from deployments.config import AuthSettings
+from deployments.config import DEFAULT_MAX_BODY_BYTES, AuthSettings
 from deployments.ingress.deployment import Ingress
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
@@ -62,15 +62,16 @@ def resolve_device(args: AppArgs) -> str:
 
 def placement_bundles(args: AppArgs, device: str) -> list[dict[str, float]]:
     """Bundle 0 for the Scheduler replica, then one bundle per tensor-parallel rank (a GPU each on CUDA)."""
-    rank: dict[str, float] = {"CPU": args.rank_cpus}
+    rank: dict[str, float] = {"CPU": args.rank_cpus, **args.rank_resources}
     if device == "cuda":
         rank["GPU"] = 1
     return [{"CPU": args.scheduler_cpus}] + [dict(rank) for _ in range(args.tensor_parallel_size)]
 
 
-def actor_options(num_cpus: float) -> dict[str, Any]:
-    """A replica's Ray actor options: its CPUs and Serve's data-path settings (serve_env.py)."""
-    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": replica_env()}}
+def actor_options(num_cpus: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict[str, Any]:
+    """A replica's Ray actor options: its CPUs and Serve's data-path settings (serve_env.py), sized for
+    bodies up to `max_body_bytes`."""
+    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": replica_env(max_body_bytes)}}
 
 
 def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
@@ -78,7 +79,9 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
         "num_replicas": args.data_parallel_size,
         "max_ongoing_requests": args.max_ongoing_requests,
     }
-    actor = actor_options(args.scheduler_cpus)
+    if args.max_replicas_per_node is not None:
+        options["max_replicas_per_node"] = args.max_replicas_per_node
+    actor = actor_options(args.scheduler_cpus, args.max_body_bytes)
     if args.tensor_parallel_size > 1:
         options["placement_group_bundles"] = placement_bundles(args, device)
         options["placement_group_strategy"] = args.placement_strategy
@@ -128,10 +131,12 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None, auth: AuthSet
     settings = args.ingress_settings(auth)  # digests only: replica args show in Ray's dashboard
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
-    renderer = Renderer.options(ray_actor_options=actor_options(args.renderer_cpus), logging_config=QUIET)
-    renderer = renderer.bind(str(args.model_dir), options)
+    renderer = Renderer.options(
+        ray_actor_options=actor_options(args.renderer_cpus, args.max_body_bytes), logging_config=QUIET
+    )
+    renderer = renderer.bind(str(args.model_dir), options, args.image_settings())
     scheduler = Scheduler.options(**scheduler_options(args, device), logging_config=QUIET).bind(engine_config)
-    ingress_actor = actor_options(args.ingress_cpus)
+    ingress_actor = actor_options(args.ingress_cpus, args.max_body_bytes)
     if args.http_entry == "ingress":  # the replica runs the HTTP server on the port the controller hands it
         ingress_actor["runtime_env"]["env_vars"].update(direct_ingress_env(args.port))
     if ingress_node_ip is not None:
@@ -147,6 +152,8 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None, auth: AuthSet
         args.data_parallel_size,
         "affinity" if args.affinity_routing else "serve",
     )
-    responses = ResponseStoreDeployment.options(ray_actor_options=actor_options(STORE_CPUS), logging_config=QUIET)
+    responses = ResponseStoreDeployment.options(
+        ray_actor_options=actor_options(STORE_CPUS, args.max_body_bytes), logging_config=QUIET
+    )
     responses = responses.bind()
     return ingress.bind(renderer, scheduler, settings, responses)

@@ -18,10 +18,12 @@ from deployments.config import (
     EngineConfig,
     EngineKnobs,
     Flag,
+    ImageSettings,
     IngressHttp,
     IngressSettings,
     Section,
     ThinkingDefaults,
+    ToolPolicy,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -146,8 +148,20 @@ class GraphSettings(Section):
     SECTION = "graph"
 
     data_parallel_size: int = Field(default=1, ge=1, description="model copies (Scheduler replicas)")
-    placement_strategy: Literal["STRICT_PACK", "PACK"] = Field(
-        default="STRICT_PACK", description="STRICT_PACK: each model copy's ranks on one node; PACK: they may span nodes"
+    placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        default="STRICT_PACK",
+        description="how one model copy's placement group (its Scheduler replica, then each rank) meets the nodes: "
+        "STRICT_PACK one node; PACK as few as fit; SPREAD as many as fit; STRICT_SPREAD each on its own node",
+    )
+    rank_resources: Annotated[dict[str, float], NO_FLAG] = Field(
+        default_factory=dict,
+        description="custom Ray resources each tensor-parallel rank's bundle asks for (a node label such as "
+        "`{gpu_node: 0.01}`, given to the nodes by `ray start --resources`)",
+    )
+    max_replicas_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        description="at most this many Scheduler replicas (model copies) on one node; unset: no limit",
     )
     max_ongoing_requests: Annotated[int, NO_FLAG] = Field(
         default=1024,
@@ -215,6 +229,8 @@ class AppArgs(
     EngineKnobs,
     ChatSettings,
     ThinkingDefaults,
+    ImageSettings,
+    ToolPolicy,
     GraphSettings,
     ClusterSettings,
     RoutingSettings,
@@ -235,6 +251,10 @@ class AppArgs(
     def ingress_settings(self, auth: AuthSettings) -> IngressSettings:
         """The Ingress replicas' settings; `auth` holds the keys' digests only (deployments/ingress/http/keys.py)."""
         return self._derive(IngressSettings, served_name=self.served_name, model_ids=self.model_ids, auth=auth)
+
+    def image_settings(self) -> ImageSettings:
+        """The Renderer's image settings: whether it reads images, from where, and their limits."""
+        return self._derive(ImageSettings)
 
     def _derive(self, target: type[Derived], **derived: object) -> Derived:
         """`target` from every field it shares with these args by name, then `derived` (which wins: `model`

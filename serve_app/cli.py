@@ -11,6 +11,8 @@ from collections.abc import Sequence
 COMMANDS = (
     ("serve_app.cli_serve", "register"),  # tensorfold serve MODEL [flags]
     ("serve_app.cli_keys", "register"),  # tensorfold reload-keys [--app NAME]
+    ("serve_app.cli_service", "register"),  # tensorfold service install|uninstall|status
+    ("serve_app.cli_tui", "register"),  # tensorfold tui --url URL --token-env VAR
     ("serve_app.settings_doc", "register"),  # tensorfold settings [--write]
     ("serve_app.fixtures.cli", "add_fixture_parser"),  # tensorfold fixture ...
     ("serve_app.bench", "add_bench_parser"),  # tensorfold bench ...

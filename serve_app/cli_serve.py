@@ -76,11 +76,33 @@ def _value_type(setting: Setting) -> Any:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible)")
+    add_serve_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """MODEL and every setting's flag (also `tensorfold service install`'s, which forwards them)."""
     for setting in settings():
         if setting.flag.exists:
             name = setting.key if setting.flag.positional else setting.flag_name
             parser.add_argument(name, **_flag_options(setting))
-    parser.set_defaults(func=run)
+
+
+def serve_argv(namespace: argparse.Namespace) -> list[str]:
+    """The flags given, as `tensorfold serve` reads them back: MODEL first, then each flag set."""
+    argv: list[str] = []
+    for setting in settings():
+        value = getattr(namespace, setting.key, None)
+        if not setting.flag.exists or value is None or value is False:
+            continue
+        if setting.flag.positional:
+            argv.insert(0, str(value))
+        elif value is True:
+            argv.append(setting.flag_name)
+        else:
+            for item in value if setting.flag.repeatable else [value]:
+                argv += [setting.flag_name, str(item)]
+    return argv
 
 
 def app_args_from(namespace: argparse.Namespace) -> AppArgs:

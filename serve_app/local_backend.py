@@ -9,15 +9,15 @@ ready), and `attach` hands it the engine's running loop once that exists.
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from deployments.chat_format.conversation import MessageError
+from deployments.chat_format.render_lanes import RenderLanes, text_chars
 from deployments.chat_format.rendering import PromptRenderer
-from deployments.chat_format.template import TemplateRenderError
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
 from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.messages.store import StoreUnavailable
 from deployments.response_store.store import ResponseStore
 from deployments.scheduler.deployment import engine_stream, replica_status
 from deployments.scheduler.transports.thread import EngineLoop
@@ -39,6 +39,7 @@ class LocalBackend:
         self._renderer = renderer
         self._loop = loop  # None while the engine loads
         self._responses = ResponseStore()  # one process, so the store lives here
+        self._lanes = RenderLanes()  # off the routes' event loop, as the Renderer deployment runs it
 
     def attach(self, loop: EngineLoop) -> None:
         """The engine has loaded: its running loop serves from now on."""
@@ -54,19 +55,17 @@ class LocalBackend:
         return self._renderer.card()
 
     async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
-        try:
-            return self._renderer.render_chat(request)
-        except (TemplateRenderError, MessageError) as exc:
-            return Refusal(str(exc), param="messages")
+        chars = text_chars(request.messages) + text_chars(request.tools)
+        return await self._lanes.run(chars, self._renderer.render_or_refuse, request)
 
     async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._renderer.tokenize(text, add_special_tokens)
+        return await self._lanes.run(len(text), self._renderer.tokenize, text, add_special_tokens)
 
     async def token_strs(self, ids: list[int]) -> list[str]:
-        return self._renderer.token_strs(ids)
+        return await self._lanes.run(len(ids), self._renderer.token_strs, ids)
 
     async def detokenize(self, ids: list[int]) -> str:
-        return self._renderer.detokenize(ids)
+        return await self._lanes.run(len(ids), self._renderer.detokenize, ids)
 
     def stream(self, request: EngineRequest) -> _LocalStream:
         return _LocalStream(engine_stream(self.loop, request))
@@ -84,7 +83,10 @@ class LocalBackend:
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self.loop.engine_call("imprint", query)  # type: ignore[return-value]
 
-    async def forget_disk(self) -> int:
+    async def client_left(self) -> None:
+        await self.loop.engine_call("client_left")
+
+    async def forget_disk(self) -> int | StoreUnavailable:
         return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
 
     async def save_response(self, entry: StoredResponse) -> None:

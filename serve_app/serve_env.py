@@ -17,6 +17,19 @@ machine that took the TTFT p50 the graph adds from 61-74 ms to 13-20 ms (docs/be
 import os
 from typing import Any
 
+from deployments.config import DEFAULT_MAX_BODY_BYTES
+
+GRPC_LIMIT_VAR = "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"
+
+
+def grpc_message_bytes(max_body_bytes: int) -> int:
+    """The largest message a replica takes over Serve's gRPC path (gRPC's own default, 4 MiB, answered
+    larger ones with RESOURCE_EXHAUSTED): a whole body travels from Ingress to the Renderer, pickled no
+    larger than its JSON, and /tokenize's ids come back, at most one per body byte and 5 bytes pickled
+    each; so six bodies and 8 MiB of room (gRPC's ceiling is 2 GiB)."""
+    return min(6 * max_body_bytes + (8 << 20), (1 << 31) - 1)
+
+
 REPLICA_DEFAULTS: dict[str, str] = {
     # Our handlers never block (the engine steps in its own process), so they share the replica's event
     # loop: no hand-off to a second loop thread for every call and every streamed chunk.
@@ -24,6 +37,8 @@ REPLICA_DEFAULTS: dict[str, str] = {
     # A caller's router (Ingress picking a Scheduler replica, the proxy picking an Ingress) runs on that
     # same loop too.
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    # Bodies up to max_body_bytes reach the Renderer (recomputed for the app's limit by `replica_env`).
+    GRPC_LIMIT_VAR: str(grpc_message_bytes(DEFAULT_MAX_BODY_BYTES)),
 }
 PROXY_DEFAULTS: dict[str, str] = {
     # The HTTP proxy hands requests to Ingress and gets its ASGI messages back over gRPC, not object refs.
@@ -35,9 +50,10 @@ def _with_overrides(defaults: dict[str, str]) -> dict[str, str]:
     return {name: os.environ.get(name, value) for name, value in defaults.items()}
 
 
-def replica_env() -> dict[str, str]:
-    """The env_vars for a deployment's runtime_env: the defaults, unless this environment sets them."""
-    return _with_overrides(REPLICA_DEFAULTS)
+def replica_env(max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict[str, str]:
+    """The env_vars for a deployment's runtime_env: the defaults (the gRPC limit for `max_body_bytes`),
+    unless this environment sets them."""
+    return _with_overrides({**REPLICA_DEFAULTS, GRPC_LIMIT_VAR: str(grpc_message_bytes(max_body_bytes))})
 
 
 def direct_ingress_env(port: int) -> dict[str, str]:

@@ -4,7 +4,8 @@
 - Only the leading run of system and developer messages merges, in order, into one leading system message.
 - Later system and developer messages stay in place as system messages; `demote_later_system` turns them
   into user messages for templates that cannot render a system message there.
-- Text content parts concatenate in order.
+- Text content parts concatenate in order; content holding images (`{"type": "image"}` items, placed there by
+  the Renderer's image reader) stays a list of text and image items, which templates with vision place.
 - The caller's messages are never mutated: every function returns new dicts.
 """
 
@@ -17,13 +18,27 @@ _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
 class MessageError(ValueError):
-    """A message the renderer cannot turn into template input (an HTTP 400 naming `messages`)."""
+    """A message the renderer cannot turn into template input (an HTTP 400 naming `param`, or `messages`)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
-def content_text(content: Any, index: int) -> str | None:
-    """A message's content as one string: text parts concatenate in order; None stays None."""
+IMAGES_OFF = "image input is off on this server (start it with --vision on a model with a vision tower)"
+
+
+def _is_image_item(part: Any) -> bool:
+    return isinstance(part, dict) and part == {"type": "image"}
+
+
+def content_text(content: Any, index: int) -> str | list[dict[str, Any]] | None:
+    """A message's content as one string: text parts concatenate in order; None stays None. Content with
+    images stays a list: its text parts joined between the images."""
     if content is None or isinstance(content, str):
         return content
+    if isinstance(content, list) and any(_is_image_item(part) for part in content):
+        return _items_with_images(content, index)
     if not isinstance(content, list):
         raise MessageError(f"messages[{index}].content must be a string, null or a list of text parts")
     pieces: list[str] = []
@@ -32,11 +47,30 @@ def content_text(content: Any, index: int) -> str | None:
             pieces.append(part)
             continue
         kind = part.get("type") if isinstance(part, dict) else None
+        where = f"messages[{index}].content[{part_index}]"
+        if kind == "image_url":  # the Renderer's image reader takes these first where images are on
+            field = part.get("field") if isinstance(part.get("field"), str) else f"{where}.image_url"
+            raise MessageError(f"{field}: {IMAGES_OFF}", field)
         if kind != "text" or not isinstance(part.get("text"), str):
-            where = f"messages[{index}].content[{part_index}]"
             raise MessageError(f"{where}: only text content parts are supported (got type {kind!r})")
         pieces.append(part["text"])
     return "".join(pieces)
+
+
+def _items_with_images(content: list[Any], index: int) -> list[dict[str, Any]]:
+    """Text runs joined, each image item kept in its place."""
+    items: list[dict[str, Any]] = []
+    run: list[Any] = []
+    for part in [*content, None]:
+        if part is not None and not _is_image_item(part):
+            run.append(part)
+            continue
+        if run:
+            items.append({"type": "text", "text": content_text(run, index)})
+            run = []
+        if part is not None:
+            items.append({"type": "image"})
+    return items
 
 
 def _decoded_call(call: Any) -> Any:

@@ -8,13 +8,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.chat_format.conversation import demote_later_system, has_later_system, normalise_messages
+from deployments.chat_format.conversation import (
+    MessageError,
+    demote_later_system,
+    has_later_system,
+    normalise_messages,
+)
 from deployments.chat_format.effort import template_kwargs, template_levels
 from deployments.chat_format.markups import markup_for_template
 from deployments.chat_format.template import ChatTemplate, TemplateRenderError
 from deployments.chat_format.think import THINK
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat, TokenizerCard
-from deployments.tokenizer import TokenizerBundle, load_tokenizer
+from deployments.messages.replies import Refusal
+from deployments.tokenizer import TokenizerBundle, load_tokenizer, min_tokens
+
+
+class PromptPastWindow(Exception):
+    """A rendered prompt whose size proves it cannot fit the window; carries the refusal."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def past_window(text: str, max_token_bytes: int, window: int | None, param: str) -> Refusal | None:
+    """The context refusal for a text whose byte count alone proves it fills `window` (no tokenising):
+    `max_token_bytes` is the tokenizer's (TokenizerBundle.max_token_bytes, TokenizerCard's)."""
+    if window is None:
+        return None
+    at_least = min_tokens(text, max_token_bytes)
+    if at_least < window:
+        return None
+    message = (
+        f"This server's maximum context length is {window} tokens. However, your prompt has at least "
+        f"{at_least} tokens, which leaves no room for a reply. Please shorten the prompt."
+    )
+    return Refusal(message, param, "context_length_exceeded")
 
 
 @dataclass
@@ -44,6 +73,7 @@ class PromptRenderer:
         self._opener_id = bundle.token_to_id(THINK.opener)
         self._closer_id = bundle.token_to_id(THINK.closer)
         self._close_ids = bundle.encode(THINK.forced_close, add_special_tokens=False)
+        self._max_token_bytes = bundle.max_token_bytes  # read over the vocabulary once, at load
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str | Path, options: RendererOptions | None = None) -> "PromptRenderer":
@@ -54,11 +84,25 @@ class PromptRenderer:
             vocab_size=self.bundle.vocab_size,
             eos_token_ids=list(self.bundle.eos_token_ids),
             has_chat_template=self.template is not None,
+            max_token_bytes=self._max_token_bytes,
         )
 
+    def render_or_refuse(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
+        """`render_chat`, with what the client caused (template, message, window) as a Refusal value."""
+        try:
+            return self.render_chat(request)
+        except (TemplateRenderError, MessageError) as exc:  # an image part's error names its field
+            return Refusal(str(exc), param=getattr(exc, "param", None) or "messages")
+        except PromptPastWindow as exc:
+            return exc.refusal
+
     def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt:
-        """Prompt ids exactly as the chat route runs them; raises TemplateRenderError/MessageError (HTTP 400)."""
+        """Prompt ids exactly as the chat route runs them; raises TemplateRenderError/MessageError (HTTP 400),
+        or PromptPastWindow before tokenising a prompt too large for `request.window`."""
         text, kwargs = self.render_text(request)
+        too_long = past_window(text, self._max_token_bytes, request.window, "messages")
+        if too_long is not None:
+            raise PromptPastWindow(too_long)
         ids = self.bundle.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         enable = kwargs.get("enable_thinking")
         reply = ReplyFormat(

@@ -8,7 +8,7 @@ from deployments.ingress.anthropic import routes as anthropic
 from deployments.ingress.backend import Backend
 from deployments.ingress.context import IngressSettings, ServingContext
 from deployments.ingress.decisions import routes as decisions
-from deployments.ingress.http.auth import AuthMiddleware
+from deployments.ingress.http.auth import HEALTH_PATHS, METRICS_PATHS, AuthMiddleware
 from deployments.ingress.http.errors import install_error_handlers
 from deployments.ingress.http.key_store import KeyStore
 from deployments.ingress.http.limits import BodyLimitMiddleware
@@ -30,6 +30,7 @@ def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None
     ctx = ServingContext(backend, settings)
     app = FastAPI(title="TensorFold", version=settings.version, docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.state.model_ids = list(settings.model_ids)  # what a body's `model` may name (deployments/ingress/http/route.py)
     app.include_router(ops.info_router(ctx))
     app.include_router(openai.generate_router(ctx))
     app.include_router(responses.responses_router(ctx))
@@ -40,7 +41,8 @@ def build_api(backend: Backend, settings: IngressSettings, keys: KeyStore | None
     app.include_router(ops.metrics_router(ctx))
     app.include_router(ops.memory_router(ctx))
     app.include_router(ops.dashboard_router(ctx))
-    document_bodies(app, REQUEST_BODIES, keys=settings.auth.enabled)
+    open_paths = HEALTH_PATHS + (METRICS_PATHS if settings.auth.metrics_open else ())
+    document_bodies(app, REQUEST_BODIES, settings.auth.enabled, settings.model_ids, open_paths)
     # The last added runs first: auth refuses before the body limit reads anything.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     store = keys if keys is not None else KeyStore(settings.auth)

@@ -17,6 +17,7 @@ from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.messages.store import StoreUnavailable
 
 log = logging.getLogger("tensorfold.ingress")
 STATUS_TIMEOUT_S = 5.0
@@ -49,7 +50,9 @@ class Backend(Protocol):
 
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer: ...
 
-    async def forget_disk(self) -> int: ...
+    async def client_left(self) -> None: ...
+
+    async def forget_disk(self) -> int | StoreUnavailable: ...
 
     async def save_response(self, entry: StoredResponse) -> None: ...
 
@@ -147,10 +150,18 @@ class GraphBackend:
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self._scheduler.imprint.remote(query)  # the router picks its conversation's replica
 
-    async def forget_disk(self) -> int:
-        """Every replica forgets its node's set; replicas sharing a node's store free it once."""
+    async def client_left(self) -> None:
+        """A client left its streamed reply: any Scheduler replica counts it (the replicas' counts are summed)."""
+        await self._scheduler.client_left.remote()
+
+    async def forget_disk(self) -> int | StoreUnavailable:
+        """Every replica forgets its node's set; replicas sharing a node's store free it once. A replica
+        whose store did not delete is the answer (the route answers 503)."""
         response = self._scheduler.broadcast("forget_disk")
         results = await response.results_async(timeout_s=60.0, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, StoreUnavailable)]
+        if refused:
+            return refused[0]
         failures = [r for r in results if not isinstance(r, int)]
         if failures:
             raise RuntimeError(f"a Scheduler replica could not forget its states: {failures[0]}")

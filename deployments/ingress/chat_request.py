@@ -21,6 +21,19 @@ _TEXT_PART = {
     "required": ["type", "text"],
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
 }
+# Read in user and tool messages with --vision (docs/vision.md): a data: URL, or https:// with --vision-urls.
+_IMAGE_PART = {
+    "type": "object",
+    "required": ["type", "image_url"],
+    "properties": {
+        "type": {"const": "image_url"},
+        "image_url": {
+            "type": "object",
+            "required": ["url"],
+            "properties": {"url": {"type": "string"}, "detail": {"enum": ["auto", "low", "high"]}},
+        },
+    },
+}
 # What `_check_messages` accepts, as /openapi.json documents it (`list[dict]` leaves it unsaid).
 MESSAGES_SCHEMA = {
     "type": "array",
@@ -30,7 +43,13 @@ MESSAGES_SCHEMA = {
         "required": ["role", "content"],
         "properties": {
             "role": {"enum": list(MESSAGE_ROLES)},
-            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART}]},
+            "content": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}},
+                ]
+            },
         },
     },
 }
@@ -52,13 +71,37 @@ def _check_messages(value: Any) -> list[dict[str, Any]]:
         if not isinstance(content, list):
             raise ValueError(f"messages[{index}].content must be a string, null or a list of parts")
         for part_index, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"messages[{index}].content[{part_index}]: only text parts are supported "
-                    f"(image, audio and video input are not), got type {kind!r}"
-                )
+            _check_part(part, f"messages[{index}].content[{part_index}]")
     return value
+
+
+def _check_part(part: Any, where: str) -> None:
+    """A text part, or an image_url part whose url is a string (the Renderer reads and checks the image)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return
+    if kind == "image_url":
+        image = part.get("image_url")
+        if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+            raise ValueError(f"{where}.image_url must be an object with a url string")
+        return
+    if kind == "text":
+        raise ValueError(f"{where}.text must be a string")
+    raise ValueError(
+        f"{where}: only text and image_url parts are supported (audio, file and video input are not), got type {kind!r}"
+    )
+
+
+def image_part(url: str, field: str) -> dict[str, Any]:
+    """Another family's image as the chat part it runs as; `field` names it in the client's own body."""
+    return {"type": "image_url", "image_url": {"url": url}, "field": field}
+
+
+def joined_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text and image parts as chat content: one string where there is no image (what text-only gets)."""
+    if any(part["type"] == "image_url" for part in parts):
+        return parts
+    return "".join(part["text"] for part in parts)
 
 
 def _check_template_kwargs(value: Any) -> dict[str, Any]:

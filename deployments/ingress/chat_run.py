@@ -5,9 +5,12 @@ from their own typed bodies (deployments/ingress/chat_request.py). Either way th
 and hence the reply tokens are the ones the equivalent chat completion gets; only the framing differs.
 """
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from deployments.chat_format.render_lanes import text_chars
+from deployments.chat_format.rendering import past_window
 from deployments.chat_format.reply_parser import ReplyParser
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
@@ -15,6 +18,7 @@ from deployments.ingress.engine_request import engine_request, thinking_controls
 from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import bad_request, refusal_error
 from deployments.ingress.http.limits import messages_over_window
+from deployments.ingress.http.sse import counting_departures
 from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations
 from deployments.ingress.reply_reader import ReplyReader
 from deployments.ingress.structured_fields import (
@@ -63,7 +67,8 @@ class ChatPrompt(Protocol):
 
 
 async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedPrompt:
-    """The prompt a chat body renders to (also what count_tokens and /tokenize answer); a refusal is a 400."""
+    """The prompt a chat body renders to (also what count_tokens and /tokenize answer); a refusal is a 400,
+    a prompt past the window among them: one whose size proves it is refused before it is tokenised."""
     too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
     if too_many:
         raise bad_request(too_many, "messages", "context_length_exceeded")
@@ -73,11 +78,29 @@ async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedP
         chat_template_kwargs=fields.chat_template_kwargs,
         add_generation_prompt=fields.add_generation_prompt is not False,
         reasoning_effort=fields.reasoning_effort,
+        window=await ctx.window_for(text_chars(fields.messages) + text_chars(fields.offered_tools)),
     )
     rendered = await ctx.backend.render_chat(render)
     if isinstance(rendered, Refusal):
         raise refusal_error(rendered)
     return rendered
+
+
+def counted_stream(ctx: ServingContext, generation: Generation, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A reply stream whose client, leaving before all of it went out, is counted as a disconnection
+    (`client_disconnections_total`) by this replica, once, whether or not the reply had finished upstream
+    (its request is `streamed`, so the engine does not count its abort too)."""
+    return counting_departures(body, ctx.backend.client_left)
+
+
+async def tokenize_prompt(ctx: ServingContext, text: str, add_special_tokens: bool) -> list[int]:
+    """A raw prompt's ids (completions, /tokenize); one whose size proves it fills the window is a 400
+    naming `prompt` before it is tokenised."""
+    card = await ctx.backend.card()
+    too_long = past_window(text, card.max_token_bytes, await ctx.window_for(len(text)), "prompt")
+    if too_long is not None:
+        raise refusal_error(too_long)
+    return await ctx.backend.tokenize(text, add_special_tokens)
 
 
 def chat_extras(fields: ChatCompletionRequest, reply: ReplyFormat) -> tuple[GrammarSpec | None, int | None]:
@@ -96,14 +119,19 @@ def chat_extras(fields: ChatCompletionRequest, reply: ReplyFormat) -> tuple[Gram
     return grammar, top
 
 
-async def start_chat(ctx: ServingContext, fields: ChatCompletionRequest, request_id: str, arrival: float) -> ChatRun:
-    """Render a chat body, then start its generation; every refusal is an APIError first."""
+async def start_chat(
+    ctx: ServingContext, fields: ChatCompletionRequest, request_id: str, arrival: float, streamed: bool = False
+) -> ChatRun:
+    """Render a chat body, then start its generation; every refusal is an APIError first (`streamed`: the
+    reply goes out as a stream, through `counted_stream`)."""
     rendered = await render_chat_body(ctx, fields)
     card = await ctx.backend.card()
     settings = ctx.settings
     thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
-    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, thinking)
+    ids = rendered.prompt_token_ids
+    request = engine_request(fields, request_id, ids, "messages", card, arrival, thinking, rendered.images)
     request.grammar, request.logprobs = chat_extras(fields, rendered.reply)
+    request.streamed = streamed
     facts = await ctx.facts()  # valid and rendered: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, rendered.reply, facts.engine)
     parallel = fields.parallel_tool_calls is not False

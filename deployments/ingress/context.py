@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from deployments.chat_format.render_lanes import LARGE_CHARS
 from deployments.config import IngressSettings
 from deployments.ingress.backend import Backend
 from deployments.ingress.http.errors import APIError
@@ -37,6 +38,14 @@ class ServingContext:
                 )
             self._facts = self._facts_of(replicas[0])
         return self._facts
+
+    async def window_for(self, chars: int) -> int | None:
+        """The window to refuse an input of `chars` characters against before it is tokenised: for a large
+        input, waited for as `facts` waits; for a small one only if known (it tokenises quickly anyway, and
+        a malformed one is refused at once while the model loads)."""
+        if self._facts is None and chars < LARGE_CHARS:
+            return None
+        return (await self.facts()).window
 
     def _facts_of(self, first: ReplicaStatus) -> EngineFacts:
         label = f"tensorfold {self.settings.version} {first.model_type} {first.dtype} {first.device}"

@@ -5,6 +5,7 @@ import uuid
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.http.request_labels import current_key_label
 from deployments.ingress.request_fields import GenerationFields
+from deployments.messages.images import ImageInput
 from deployments.messages.render import ReplyFormat, TokenizerCard
 from deployments.messages.requests import EngineRequest, SamplingParams, ThinkingControls
 
@@ -61,7 +62,9 @@ def engine_request(
     card: TokenizerCard,
     arrival_time: float,
     thinking: ThinkingControls | None = None,
+    images: list[ImageInput] | None = None,
 ) -> EngineRequest:
+    """`images`: the rendered prompt's, their placeholders already expanded in `prompt_ids`."""
     if not prompt_ids:
         raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
     check_token_ids(fields.stop_token_ids, card, "stop_token_ids")
@@ -76,4 +79,5 @@ def engine_request(
         thinking=thinking,
         key_label=current_key_label(),
         draft=fields.draft is not False,
+        images=list(images or []),
     )

@@ -188,7 +188,7 @@ class RequestHistograms:
 @dataclass
 class EngineCounters:
     requests_total: int = 0  # finished requests, whatever the reason
-    requests_aborted_total: int = 0  # the client left
+    requests_aborted_total: int = 0  # the client left (streamed replies: reported by Ingress, `client_left`)
     requests_failed_total: int = 0
     prompt_tokens_total: int = 0  # of finished requests
     cached_tokens_total: int = 0  # prompt tokens of finished requests found in the prefix cache
@@ -207,14 +207,18 @@ class EngineCounters:
     draft_rounds_total: int = 0  # verify rounds that carried drafts, of finished requests (vLLM's num_drafts)
     accepted_by_position: dict[int, int] = field(default_factory=dict)  # draft position k -> kept drafts there
 
-    def finished(self, stats: RequestStats, reason: FinishReason, key_label: str = "none") -> None:
+    def finished(
+        self, stats: RequestStats, reason: FinishReason, key_label: str = "none", departure_counted: bool = False
+    ) -> None:
+        """`departure_counted`: a client leaving this request is counted elsewhere (a streamed reply, by
+        Ingress through `client_left`), so its abort is not counted here."""
         self.requests_total += 1
         self.requests_by_key[key_label] = self.requests_by_key.get(key_label, 0) + 1
         if stats.route_reason:  # empty: Serve's own router chose (one replica, or affinity routing off)
             self.requests_by_route[stats.route_reason] = self.requests_by_route.get(stats.route_reason, 0) + 1
         self.generation_tokens_total += stats.completion_tokens
         self.histograms.observe(stats, reason)
-        if reason == FinishReason.ABORT:
+        if reason == FinishReason.ABORT and not departure_counted:
             self.requests_aborted_total += 1
         elif reason == FinishReason.ERROR:
             self.requests_failed_total += 1

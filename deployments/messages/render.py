@@ -15,6 +15,9 @@ class ChatRenderRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
     reasoning_effort: str | None = None  # the request's top-level field (validated by Ingress)
+    # The engine's window, where the request is refused past it: a rendered prompt whose size alone proves
+    # it fills the window is refused before it is tokenised. None: tokenise whatever the size (/tokenize).
+    window: int | None = None
 
 
 @dataclass
@@ -47,3 +50,5 @@ class TokenizerCard:
     vocab_size: int
     eos_token_ids: list[int]
     has_chat_template: bool
+    max_token_bytes: int  # a text of B bytes holds at least ceil(B / this) tokens (TokenizerBundle's)
+    vision: bool = False  # the Renderer reads image parts (--vision on a checkpoint with a vision tower)

@@ -92,6 +92,9 @@ class EngineRequest:
     # The prompt's images in order, their placeholders already expanded in `prompt_token_ids` (set by Ingress
     # from the rendered prompt; empty for text).
     images: list[ImageInput] = field(default_factory=list)
+    # True: the reply is streamed to its client, and Ingress counts a client that leaves it (a short reply
+    # often finished here before the client left); the engine then counts no disconnection for its abort.
+    streamed: bool = False
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What an engine and its node's PromptStore actor exchange: caps, pieces to write, block rows, hybrid
 models' state snapshots, figures."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,3 +66,16 @@ class StoreStats:
     writes_skipped: int = 0  # by a cap (total size, free disk, daily)
     states_written: int = 0  # hybrid models' state snapshots, each beside the block it ends at
     states_read: int = 0
+    # Writes that failed, by reason (prompt_store/failures.py): the disk's (no_space, permission, io_error),
+    # counted by the store since its actor started, and `unavailable`: writes its actor died before running,
+    # counted by the replica that sent them. No partial file stays behind any of them.
+    write_failures: dict[str, int] = field(default_factory=dict)
+    available: bool = True  # False: the store's actor did not answer the latest question (/health asks it)
+    unavailable_reason: str = ""  # why, while not available (no actor id or process id: the log has more)
+
+
+@dataclass
+class StoreUnavailable:
+    """DELETE /v1/imprint's answer from an engine whose store did not delete (the route answers 503)."""
+
+    message: str  # for the client: what happened and what to do (no actor id or process id)

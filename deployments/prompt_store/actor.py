@@ -14,6 +14,7 @@ from deployments.prompt_store.store import PromptStoreFiles
 
 log = logging.getLogger("tensorfold.store")
 ACTOR_CPUS = 0.05  # it mostly waits on the disk
+STORE_NAMESPACE = "tensorfold"
 
 
 class PromptStoreActor:
@@ -39,17 +40,24 @@ class PromptStoreActor:
 
 
 def store_actor(root: str, caps: StoreCaps) -> "ray.actor.ActorHandle":
-    """This node's store actor, started on first use (a detached actor, so replicas come and go under it)."""
+    """This node's store actor, started on first use (a detached actor, so replicas come and go under it).
+    Ray restarts it after a crash, under the same name and handle, and the restarted one rebuilds each
+    set's index from the folder (store.py); a caller whose actor is gone for good gets a new one here."""
     node_id = ray.get_runtime_context().get_node_id()
     remote = ray.remote(PromptStoreActor).options(
-        name=f"tensorfold-prompt-store-{node_id[:16]}-{_folder_tag(root)}",
-        namespace="tensorfold",
+        name=store_actor_name(node_id, root),
+        namespace=STORE_NAMESPACE,
         get_if_exists=True,
         lifetime="detached",
+        max_restarts=-1,  # every crash: its state is the folder, which a new process reopens
         num_cpus=ACTOR_CPUS,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     )
     return remote.remote(root, caps)
+
+
+def store_actor_name(node_id: str, root: str) -> str:
+    return f"tensorfold-prompt-store-{node_id[:16]}-{_folder_tag(root)}"
 
 
 def _folder_tag(root: str) -> str:

@@ -7,6 +7,7 @@ file (hybrid models) has the same layout: one name (the block its snapshot ends 
 snapshot's bytes.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 DIR_MODE, FILE_MODE = 0o700, 0o600
 PIECE_SUFFIX = ".piece"
 STATE_SUFFIX = ".state"
+TEMP_SUFFIX = ".tmp"
 _HEADER_LEN = struct.Struct("<I")
 
 
@@ -35,22 +37,37 @@ def secure_dir(path: Path) -> Path:
 
 def write_file_atomically(path: Path, data: bytes) -> None:
     """Write `data` to `path` 0600 via a temp file in the same folder: a reader sees all of it or none."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    temp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
     try:
-        os.fchmod(fd, FILE_MODE)  # O_CREAT's mode is masked by the umask
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)  # O_CREAT's mode is masked by the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:  # a full disk, an I/O error: no partial file stays behind
+        with contextlib.suppress(OSError):  # the original error is the one to report
+            temp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_temp_files(folder: Path) -> int:
+    """Temp files a crash left mid-write (never renamed, so never a piece): removed when a folder is opened."""
+    removed = 0
+    for path in folder.glob(f".*{TEMP_SUFFIX}"):
+        if path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def read_file(path: Path) -> bytes:

@@ -9,6 +9,7 @@ Layout under the learn folder (0700 folders, 0600 files):
 A set is one checkpoint identity, dtype, KV layout, parallel shape and kernel build (identity.py).
 """
 
+import contextlib
 import json
 import logging
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StateRows, StoreCaps, StoreStats
+from deployments.prompt_store.failures import FailureBurst, failure_reason
 from deployments.prompt_store.files import (
     PIECE_SUFFIX,
     STATE_SUFFIX,
@@ -27,6 +29,7 @@ from deployments.prompt_store.files import (
     encode_piece,
     read_file,
     read_header,
+    remove_temp_files,
     secure_dir,
     write_file_atomically,
 )
@@ -66,29 +69,42 @@ class PromptStoreFiles:
         self.caps = caps
         self._sets: dict[str, _Set] = {}
         self._skip_logged: set[str] = set()
+        self.failures = FailureBurst("prompt store: writing to disk", "states stay in RAM only")
+        remove_temp_files(self.root)
 
     # ---- sets -----------------------------------------------------------------------------------------
     def open_set(self, set_id: str) -> SetIndex:
         """Index a set's pieces and states (headers only) and stamp it used; returns the names it holds."""
-        if set_id not in self._sets:
-            folder = secure_dir(self.root / set_id)
-            entry = _Set(folder)
-            for path in sorted(folder.glob(f"*{PIECE_SUFFIX}")):
-                try:
-                    header = read_header(path)
-                except DamagedPiece as exc:
-                    log.warning("prompt store: deleting a damaged piece: %s", exc)
-                    path.unlink(missing_ok=True)
-                    continue
-                self._index(
-                    entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime)
-                )
-            self._index_states(entry)
-            self._sets[set_id] = entry
-        entry = self._sets[set_id]
-        write_file_atomically(entry.folder / "used", f"{time.time():.3f}\n".encode())
-        self._touch_clock(set_id)
+        entry = self._entry(set_id)
+        try:  # a stamp that cannot be written costs the eviction order, never the set
+            write_file_atomically(entry.folder / "used", f"{time.time():.3f}\n".encode())
+            self._touch_clock(set_id)
+        except OSError as exc:
+            self.failures.failed(failure_reason(exc), str(exc))
         return SetIndex(list(entry.blocks), list(entry.states))
+
+    def _entry(self, set_id: str) -> _Set:
+        """The set's index, built from its folder on first use (after a restart, the first call may be a
+        write or a read: the index is rebuilt from what is on disk either way)."""
+        if set_id not in self._sets:
+            self._sets[set_id] = self._load_set(secure_dir(self.root / set_id))
+        return self._sets[set_id]
+
+    def _load_set(self, folder: Path) -> _Set:
+        """Every complete piece is indexed; temp files a crash left mid-write and damaged pieces go, so
+        the folder holds no piece the index does not."""
+        remove_temp_files(folder)
+        entry = _Set(folder)
+        for path in sorted(folder.glob(f"*{PIECE_SUFFIX}")):
+            try:
+                header = read_header(path)
+            except DamagedPiece as exc:
+                log.warning("prompt store: deleting a damaged piece: %s", exc)
+                path.unlink(missing_ok=True)
+                continue
+            self._index(entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime))
+        self._index_states(entry)
+        return entry
 
     def _index_states(self, entry: _Set) -> None:
         """A state file whose block the set no longer holds can never be used: it goes."""
@@ -119,19 +135,28 @@ class PromptStoreFiles:
         return freed
 
     def stats(self, set_id: str) -> StoreStats:
-        return self._sets[set_id].stats
+        """The set's figures, with the store's write failures by reason (in-process, the live object)."""
+        entry = self._entry(set_id)
+        entry.stats.write_failures = dict(self.failures.counts)
+        return entry.stats
 
     # ---- writes ---------------------------------------------------------------------------------------
     def write(self, piece: PieceWrite) -> list[bytes]:
         """Store the blocks the set does not hold yet, then the piece's states whose blocks it now holds;
-        returns the block names now stored ([] if a cap said no)."""
-        written = self._write_blocks(piece)
-        if piece.states is not None:
-            self._write_states(piece.set_id, piece.states)
+        returns the block names now stored ([] if a cap said no or the disk failed: counted, logged once
+        per burst, and no partial file stays)."""
+        try:
+            written = self._write_blocks(piece)
+            if piece.states is not None:
+                self._write_states(piece.set_id, piece.states)
+        except OSError as exc:
+            self.failures.failed(failure_reason(exc), str(exc))
+            return []
+        self.failures.succeeded()
         return written
 
     def _write_blocks(self, piece: PieceWrite) -> list[bytes]:
-        entry = self._sets[piece.set_id]
+        entry = self._entry(piece.set_id)
         keep = [i for i, h in enumerate(piece.hashes) if h not in entry.blocks]
         if not keep:
             return []
@@ -148,15 +173,15 @@ class PromptStoreFiles:
             entry.stats.writes_skipped += 1
             return []
         path = entry.folder / f"{piece.hashes[keep[0]].hex()}{PIECE_SUFFIX}"
-        write_file_atomically(path, data)
-        self._count_written(len(data))
+        _write_indexed_file(path, data)
         self._index(entry, _Piece(path, parent, [piece.hashes[i] for i in keep], len(data), time.time()))
         entry.stats.pieces_written += 1
+        self._count_written(len(data))
         return [piece.hashes[i] for i in keep]
 
     def _write_states(self, set_id: str, states: StateRows) -> None:
         """Each snapshot once per set, only beside its block (a state without its KV rows is never read)."""
-        entry = self._sets[set_id]
+        entry = self._entry(set_id)
         rows = states.payload.reshape(len(states.names), states.state_bytes)
         for name, row in zip(states.names, rows):
             if name in entry.states or name not in entry.blocks:
@@ -166,11 +191,11 @@ class PromptStoreFiles:
                 entry.stats.writes_skipped += 1
                 continue
             path = entry.folder / f"{name.hex()}{STATE_SUFFIX}"
-            write_file_atomically(path, data)
-            self._count_written(len(data))
+            _write_indexed_file(path, data)
             entry.states[name] = _State(path, len(data))
             entry.stats.bytes_held += len(data)
             entry.stats.states_written += 1
+            self._count_written(len(data))
 
     def _room_for(self, set_id: str, size: int, keep_piece: str | None = None) -> bool:
         """Whether `size` more bytes may be written now, making room under the total cap if needed (never by
@@ -211,7 +236,7 @@ class PromptStoreFiles:
         """The longest leading run of `hashes` the set holds, every piece checked, and the state snapshot
         named `state_at` when every asked block was found (hybrid models); None if it holds neither."""
         started = time.perf_counter()
-        entry = self._sets[set_id]
+        entry = self._entry(set_id)
         rows: list[np.ndarray] = []
         tokens: list[list[int]] = []
         found: list[bytes] = []
@@ -339,6 +364,17 @@ class PromptStoreFiles:
     def _touch_clock(self, set_id: str) -> None:
         order = [s for s in self._clock() if s != set_id and (self.root / s).is_dir()] + [set_id]
         write_file_atomically(self.root / "clock", json.dumps(order).encode())
+
+
+def _write_indexed_file(path: Path, data: bytes) -> None:
+    """A piece or state file, indexed by the caller once this returns: if it fails, even after the rename
+    (the folder's fsync), the file goes, so the folder never holds a piece the index does not."""
+    try:
+        write_file_atomically(path, data)
+    except OSError:
+        with contextlib.suppress(OSError):  # the original error is the one to report
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _stored_files(folder: Path) -> list[Path]:

@@ -22,6 +22,7 @@ from deployments.messages.memory import ReplicaMemory
 from deployments.messages.replies import EngineChunk, ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.status import EngineInfo, ReplicaStatus, UpstreamItem
+from deployments.messages.store import StoreUnavailable
 from deployments.prompt_store.links import ActorStoreLink
 from deployments.routing.request_router import routing_stats
 from deployments.scheduler.engine.core import Engine
@@ -52,13 +53,13 @@ def replica_status(replica: str, info: EngineInfo, memory_figures: dict[str, int
     return ReplicaStatus(**snapshot, replica=replica, memory=memory_figures)
 
 
-def start_driver(config: EngineConfig) -> EngineLoop | EngineProcess:
-    """The engine's driver, started: a child process where the config asks for one and allows it."""
+def start_driver(config: EngineConfig, link: ActorStoreLink | None) -> EngineLoop | EngineProcess:
+    """The engine's driver, started: a child process where the config asks for one and allows it; `link`:
+    the node's prompt store (the engine's own, or the one a child's calls are relayed to)."""
     driver: EngineLoop | EngineProcess
     if config.engine_process and config.tensor_parallel_size == 1:
-        driver = EngineProcess(config)
+        driver = EngineProcess(config, link)
     else:
-        link = ActorStoreLink(config) if config.learning else None
         driver = EngineLoop(Engine(config, link))
     driver.start()
     return driver
@@ -76,7 +77,8 @@ class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         configure_logging()
         configure_serve_sockets()  # before Serve binds this replica's gRPC server
-        self._loop = start_driver(config)
+        self._store = ActorStoreLink(config) if config.learning else None
+        self._loop = start_driver(config, self._store)
         self._replica = _replica_tag()
         self._ray_metrics = RayMetricsExport(self._loop.info)  # the readings in Ray's dashboard too
 
@@ -92,7 +94,11 @@ class Scheduler:
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         return await self._loop.engine_call("imprint", query)  # type: ignore[return-value]
 
-    async def forget_disk(self) -> int:
+    async def client_left(self) -> None:
+        """Ingress saw a client leave its streamed reply: counted with the disconnections."""
+        await self._loop.engine_call("client_left")
+
+    async def forget_disk(self) -> int | StoreUnavailable:
         return await self._loop.engine_call("forget_disk")  # type: ignore[return-value]
 
     def record_routing_stats(self) -> dict[str, object]:
@@ -100,9 +106,12 @@ class Scheduler:
         info = self._loop.info()
         return routing_stats(self._loop.prefix_digest(), info.running + info.waiting)
 
-    def info(self) -> ReplicaStatus:
+    async def info(self) -> ReplicaStatus:
         # The driver's snapshot after the latest step: the engine's own state belongs to its thread or process.
-        return replica_status(self._replica, self._loop.info(), self._loop.memory_figures())
+        status = replica_status(self._replica, self._loop.info(), self._loop.memory_figures())
+        if self._store is not None and status.store is not None:  # the store's figures now, not at the last write
+            status.store = await self._store.live_stats() or status.store
+        return status
 
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         return replace(await self._loop.memory(reset_peak), replica=self._replica)

@@ -9,6 +9,10 @@ from fastapi.testclient import TestClient
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.ops.serving import OFF_MESSAGE
+from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
+from deployments.prompt_store.failures import StoreFailedError
+from deployments.prompt_store.links import UNANSWERED, LocalStoreLink
+from deployments.scheduler.engine.disk_states import DELETE_REFUSED
 from tests.support.local_app import local_backend, local_client
 
 WINDOW = 1024
@@ -16,10 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the harbour opens at dawn." for i in range(20))
 
 
-def _client(served_model: str, learn_dir: Path):
+def _client(served_model: str, learn_dir: Path, store: type | None = None):
     class Served:
         def __enter__(self) -> TestClient:
-            self._backend = local_backend(served_model, WINDOW, str(learn_dir))
+            self._backend = local_backend(served_model, WINDOW, str(learn_dir), store)
             backend = self._backend.__enter__()
             settings = IngressSettings(served_name="tiny", model_ids=["tiny"], learn_conversations=True, dashboard=True)
             self._client = TestClient(build_api(backend, settings))
@@ -182,3 +186,78 @@ def test_a_damaged_piece_costs_a_prompt_pass_not_the_reply(served_model: str, tm
     with _client(served_model, tmp_path / "fresh") as client:
         fresh = client.post("/v1/chat/completions", json=_body(later)).json()
     assert damaged["choices"][0]["message"] == fresh["choices"][0]["message"]
+
+
+class _StoreThatGoesDown(LocalStoreLink):
+    """The node's store, whose actor stops answering while `down` is set (as while Ray restarts it)."""
+
+    down = False
+
+    def _answer(self) -> None:
+        if _StoreThatGoesDown.down:
+            raise StoreFailedError(UNANSWERED)
+
+    def open_set(self, set_id: str) -> SetIndex:
+        self._answer()
+        return super().open_set(set_id)
+
+    def write(self, piece: PieceWrite) -> list[bytes]:
+        self._answer()
+        return super().write(piece)
+
+    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
+        self._answer()
+        return super().read(set_id, hashes, state_at)
+
+    def delete_set(self, set_id: str) -> int:
+        self._answer()
+        return super().delete_set(set_id)
+
+    def stats(self, set_id: str) -> StoreStats:
+        self._answer()
+        return super().stats(set_id)
+
+
+def _metric(client: TestClient, name: str) -> float:
+    (line,) = [line for line in client.get("/metrics").text.splitlines() if line.startswith(name + "{")]
+    return float(line.split()[-1])
+
+
+def test_while_the_store_is_down_nothing_is_claimed_from_disk_and_delete_answers_503(
+    served_model: str, tmp_path: Path
+) -> None:
+    turn = [{"role": "user", "content": OPENING}]
+    later = _body(turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And then?"}])
+    with _client(served_model, tmp_path, _StoreThatGoesDown) as client:
+        client.post("/v1/chat/completions", json=_body(turn))
+        kept = _wait_on_disk(client, later)
+        _StoreThatGoesDown.down = True
+        try:
+            down = client.post("/v1/imprint/resume", json=later).json()
+            assert down["disk_tokens"] == 0 and down["resume_from"] == "ram" and down["ram_tokens"] > 0
+            refused = client.delete("/v1/imprint")
+            assert refused.status_code == 503 and refused.json()["error"]["message"] == DELETE_REFUSED
+            assert refused.json()["error"]["type"] == "server_error"
+            store = client.get("/health").json()["store"]
+            assert store["available"] is False and "not answering" in store["unavailable_reason"]
+            assert _metric(client, "tensorfold:store_available") == 0
+            failures = [
+                line for line in client.get("/metrics").text.splitlines() if "store_write_failures_total{" in line
+            ]
+            assert sorted(line.split('reason="')[1].split('"')[0] for line in failures) == [
+                "io_error",
+                "no_space",
+                "permission",
+                "unavailable",
+            ]
+        finally:
+            _StoreThatGoesDown.down = False
+        assert list(tmp_path.rglob("*.piece"))  # nothing was deleted
+        deadline = time.monotonic() + 30
+        while (back := client.post("/v1/imprint/resume", json=later).json())["disk_tokens"] == 0:
+            assert time.monotonic() < deadline, back  # the index is asked for again after a pause
+            time.sleep(0.2)
+        assert back["disk_tokens"] == kept["disk_tokens"]
+        assert client.get("/health").json()["store"]["available"] is True
+        assert client.delete("/v1/imprint").json()["freed_bytes"] > 0
+        assert not list(tmp_path.rglob("*.piece"))

@@ -145,10 +145,12 @@ def test_bad_messages_are_400_on_messages(client: TestClient) -> None:
         [],
         [{"role": "wizard", "content": "x"}],
         "hello",
-        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}],
     ):
         response = client.post("/v1/chat/completions", json={"messages": messages})
         assert response.status_code == 400 and _error(response)["param"] == "messages", response.text
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]
+    response = client.post("/v1/chat/completions", json={"messages": image})  # a text-only server: the part
+    assert response.status_code == 400 and _error(response)["param"] == "messages[0].content[0].image_url"
 
 
 def test_template_refusal_is_400(client: TestClient) -> None:

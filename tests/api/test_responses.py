@@ -311,7 +311,10 @@ TOO_MANY = {f"k{i}": "v" for i in range(17)}
         ({"top_logprobs": 0}, "top_logprobs"),
         ({"logprobs": True}, "logprobs"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]}, "input"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+            "input[0].content[0].image_url",
+        ),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
         ({"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "abc"}]}, "input"),
         ({"previous_response_id": "resp_unknown"}, "previous_response_id"),

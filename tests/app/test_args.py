@@ -73,7 +73,7 @@ def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
         {"parallel": 0},
         {"decode_share": 1.5},
         {"port": 0},
-        {"placement_strategy": "SPREAD"},
+        {"placement_strategy": "SPREADING"},
         {"aliases": [""]},
         {"ready_wait_s": -1},
     ],

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = sorted((REPO / "docs").glob("*.md"))
+DOCS = sorted((REPO / "docs").rglob("*.md"))
 PAGES = [REPO / "README.md", REPO / "cluster" / "README.md", *DOCS]
 README_MAX_LINES = 220
 CODE_FOLDERS = ("deployments", "serve_app", "kernels", "tests")
@@ -118,7 +118,8 @@ def test_every_link_lands(page: Path) -> None:
 
 def test_the_readme_links_every_docs_page() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    unlinked = [page.name for page in DOCS if f"](docs/{page.name}" not in readme]
+    names = [page.relative_to(REPO / "docs").as_posix() for page in DOCS]
+    unlinked = [name for name in names if f"](docs/{name}" not in readme]
     assert not unlinked, f"README.md's documentation list lacks {unlinked}"
 
 

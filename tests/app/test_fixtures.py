@@ -307,3 +307,28 @@ def test_mtp_layer_chains_drafts_as_the_engine_does(hf_tokenizer, hf_model) -> N
     acceptance = engine_acceptance(hf_model, mtp, examples, depth=3)
     assert acceptance.anchors[0] == sum(len(e.reply_ids) for e in examples)  # every reply token is guessed once
     assert min(acceptance.accepted) >= 0.95, acceptance
+
+
+def test_vision_checkpoint_names_its_markers_and_preprocessing(tmp_path: Path) -> None:
+    """The multimodal fixture: config ids are the tokenizer's markers, and transformers' image processor reads
+    its preprocessor config into the tiny tower's patches."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoConfig, AutoImageProcessor
+
+    out = tmp_path / "qwen3_5"
+    subprocess.run(
+        [sys.executable, "-m", "serve_app.cli", "fixture", "checkpoint", str(out), "--arch", "qwen3_5"],
+        check=True,
+        capture_output=True,
+    )
+    config = AutoConfig.from_pretrained(out)
+    tokenizer = load_tokenizer(out).tokenizer
+    assert tokenizer.token_to_id("<|image_pad|>") == config.image_token_id
+    assert tokenizer.token_to_id("<|vision_start|>") == config.vision_start_token_id
+    image = Image.fromarray(np.zeros((40, 52, 3), dtype=np.uint8))
+    patches = AutoImageProcessor.from_pretrained(out)(images=[image], return_tensors="np")
+    # 40 x 52 rounds to multiples of 8 (a merged 2 x 2 of 4-pixel patches), 40 x 48: 10 x 12 patches, each
+    # 3 channels x 2 frames x 4 x 4 values (Python rounds 6.5 to even)
+    assert patches["image_grid_thw"].tolist() == [[1, 10, 12]]
+    assert patches["pixel_values"].shape == (120, 96)

@@ -136,7 +136,20 @@ def test_text_parts_concatenate_and_other_parts_are_refused() -> None:
         == "ab"
     )
     with pytest.raises(MessageError, match="only text"):
+        normalise_messages([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}])
+    with pytest.raises(MessageError, match=r"content\[0\]\.image_url: image input is off"):
         normalise_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    images = [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b"},
+        {"type": "image"},
+        {"type": "text", "text": "c"},
+    ]
+    assert normalise_messages([{"role": "user", "content": images}])[0]["content"] == [
+        {"type": "text", "text": "ab"},
+        {"type": "image"},
+        {"type": "text", "text": "c"},
+    ]
     with pytest.raises(MessageError):
         normalise_messages([])
 

@@ -1,5 +1,7 @@
 """`tensorfold serve` as a user runs it: its own Ray cluster, the Ingress replica answering HTTP on --port
-itself (Serve's direct ingress), the official SDK against it, and SIGTERM taking everything down.
+itself (Serve's direct ingress), the official SDK against it, and SIGTERM taking everything down. The
+server is started with the command line of the systemd unit `tensorfold service install` writes, so the
+unit's ExecStart is proven to start a server.
 
 The session's other e2e modules reach their apps through Serve's proxy, as `serve run` does; this module is
 the only one on the direct path, so it checks the behaviour that depends on who owns the socket: who
@@ -15,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from tests.support.serve_harness import (
     process_tree,
     time_wait_on,
 )
+from tests.support.service_units import service_command
 
 pytestmark = pytest.mark.e2e
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -114,21 +116,8 @@ def _launch(port: int, watch: bool = True, **env_vars: str) -> Server:
     with `watch`, once /health answers 200, the loading window recorded)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
-    command = [
-        sys.executable,
-        "-m",
-        "serve_app",
-        "serve",
-        "builtin:tiny-glm",
-        "--name",
-        "tiny",
-        "--port",
-        str(port),
-        "--parallel",
-        "4",
-        "--engine-threads",
-        "1",
-    ]
+    flags = ["builtin:tiny-glm", "--name", "tiny", "--port", str(port), "--parallel", "4", "--engine-threads", "1"]
+    command = service_command(flags, env)  # what `tensorfold service install` would run
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     running = Server(process, port)
     ready = threading.Event()

@@ -19,7 +19,7 @@ TOPICS = ["rivers", "bridges", "comets", "forests", "glaciers", "harbours", "isl
 OPENING = "Here are my notes on {topic}, line by line. " + " ".join(f"Note {i}: {{topic}} matter." for i in range(14))
 TURNS = ["Summarise them.", "Now add one more note."]
 STATS_PERIOD_S = 0.25
-REQUEST = {"model": "m", "max_tokens": 12, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
+REQUEST = {"model": "tiny-glm", "max_tokens": 12, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def _second_turn_routing(base_url: str, path: str, first: dict, second: dict) ->
 def test_every_route_family_uses_the_router(base_url: str, family: str) -> None:
     text = OPENING.format(topic=f"{family} notes")
     if family == "messages":
-        body = {"model": "m", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": text}]}
+        body = {"model": "tiny-glm", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": text}]}
         longer = {
             **body,
             "messages": [
@@ -214,7 +214,7 @@ def test_every_route_family_uses_the_router(base_url: str, family: str) -> None:
         cached = second["usage"]["cache_read_input_tokens"]
         previous = first["usage"]["input_tokens"] + first["usage"]["cache_read_input_tokens"]
     elif family == "responses":
-        body = {"model": "m", "max_output_tokens": 8, "temperature": 0, "input": text}
+        body = {"model": "tiny-glm", "max_output_tokens": 8, "temperature": 0, "input": text}
         longer = {
             **body,
             "input": [
@@ -227,7 +227,7 @@ def test_every_route_family_uses_the_router(base_url: str, family: str) -> None:
         cached, previous = second["usage"]["input_tokens_details"]["cached_tokens"], first["usage"]["input_tokens"]
     else:  # a prompt of token ids: no tokenizer on the way, the same block names
         ids = [(7 * i) % 500 + 20 for i in range(200)]
-        body = {"model": "m", "max_tokens": 8, "temperature": 0, "prompt": ids}
+        body = {"model": "tiny-glm", "max_tokens": 8, "temperature": 0, "prompt": ids}
         first, second = _second_turn_routing(base_url, "/v1/completions", body, {**body, "prompt": ids + [5] * 40})
         cached, previous = second["usage"]["prompt_tokens_details"]["cached_tokens"], first["usage"]["prompt_tokens"]
     assert second["tensorfold"]["route"] == "affinity"

@@ -1,16 +1,17 @@
 """lm-eval-harness's `local-completions` loglikelihood against the real graph (configs/glm.yaml, tiny-glm).
 
-lm-eval itself runs, offline: its CLI scores the local multiple-choice task in tests/e2e/lm_eval_task, each
-choice one /v1/completions request with echo, logprobs 1 and max_tokens 1 (the continuation's rows are the
-echoed prompt's; lm-eval drops the last row, the reply's). Every loglikelihood it wrote must equal
-transformers' on the same float32 checkpoint: the sum of the continuation tokens' log-softmax given the
-context, the pair tokenised as lm-eval splits it. Each item's acc and each choice's is_greedy must follow.
+lm-eval itself runs, offline: docs/agents/lm-eval.md's command scores the local multiple-choice task in
+tests/e2e/lm_eval_task, each choice one /v1/completions request with echo, logprobs 1 and max_tokens 1 (the
+continuation's rows are the echoed prompt's; lm-eval drops the last row, the reply's). Every loglikelihood it
+wrote must equal transformers' on the same float32 checkpoint: the sum of the continuation tokens'
+log-softmax given the context, the pair tokenised as lm-eval splits it. Each item's acc and each choice's is_greedy must follow.
 It shares the session's tiny-glm app (conftest.glm_base_url) with the other test_e2e_* modules that come
 before test_e2e_parallel.py, whose declarative deploy replaces the session's applications.
 """
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import torch
 import transformers
 
 from serve_app.args import AppArgs
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 TASK_DIR = Path(__file__).resolve().parent / "lm_eval_task"
@@ -38,29 +40,17 @@ def model_dir(served_model: str) -> Path:
 def samples(glm_base_url: str, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """lm-eval's logged samples, one per document of the task."""
     out = tmp_path_factory.mktemp("lm-eval")
-    # Nothing may come from a hub: the task's data is the jsonl, the tokenizer the served checkpoint's.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(out / "hf")}
-    model_args = (
-        f"base_url={glm_base_url}/v1/completions,model=tiny,tokenizer_backend=huggingface,"
-        f"tokenizer={model_dir},max_retries=1"
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "lm_eval",
-        "run",
-        "--model",
-        "local-completions",
-        "--model_args",
-        model_args,
-        "--tasks",
-        TASK,
-        "--include_path",
-        str(TASK_DIR),
-        "--output_path",
-        str(out / "results"),
-        "--log_samples",
-    ]
+    # docs/agents/lm-eval.md's command, as written, against this session's server and output folder.
+    text = (REPO / "docs" / "agents" / "lm-eval.md").read_text(encoding="utf-8")
+    (line,) = [ln for ln in text.splitlines() if " lm_eval run " in ln]
+    line = line.replace("http://127.0.0.1:8080", glm_base_url).replace("/tmp/lm-eval", str(out / "results"))
+    words = shlex.split(line)
+    env = {**os.environ, "HF_HOME": str(out / "hf")}
+    while "=" in words[0]:  # the line's environment: nothing may come from a hub
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[0] == "lm_eval" and f"tokenizer={os.path.relpath(model_dir, TASK_DIR)}," in line
+    command = [sys.executable, "-m", *words]
     # The task's data_files path is relative to the working directory.
     done = subprocess.run(command, cwd=TASK_DIR, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

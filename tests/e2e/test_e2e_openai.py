@@ -139,6 +139,10 @@ def test_errors_come_in_openais_envelope(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=USER, n=2)
     assert info.value.param == "n"
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    with pytest.raises(openai.BadRequestError) as info:  # the Renderer's refusal, its field kept across Ray
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [image]}])
+    assert info.value.param == "messages[0].content[0].image_url" and "--vision" in info.value.body["message"]
 
 
 def _scheduler_counters(app: str) -> list:
@@ -176,7 +180,7 @@ def test_client_disconnect_cancels_the_request(base_url: str, leave) -> None:
 def test_health_sums_the_replicas(base_url: str) -> None:
     body = httpx.get(f"{base_url}/health").json()
     assert body["status"] == "ok" and body["model"] == "tiny" and body["model_ids"] == ["tiny", "glm"]
-    assert body["replicas"] == 1 and body["requests_total"] >= 1
+    assert body["replicas"] == 1 and body["requests_total"] >= 1 and body["vision"] is False
     assert httpx.get(f"{base_url}/").json()["model"] == "tiny"
     # The engine computes with the node's cores less Ingress's and the Renderer's, not Ray's OMP_NUM_THREADS=1.
     from deployments.model_rank.threads import engine_thread_count

@@ -26,7 +26,7 @@ def _replies(base_url: str, prompts: list, **request) -> list[tuple[str, str]]:
     async def run() -> list[tuple[str, str]]:
         client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=180)
         replies = await asyncio.gather(
-            *[client.chat.completions.create(model="m", messages=p, **request) for p in prompts]
+            *[client.chat.completions.create(model="tiny-glm", messages=p, **request) for p in prompts]
         )
         await client.close()
         messages = [r.choices[0].message for r in replies]
@@ -83,7 +83,7 @@ def _completions(base_url: str, prompts: list[list[int]], **request) -> list[dic
 
     async def run() -> list[dict]:
         async with httpx.AsyncClient(base_url=base_url, timeout=180) as client:
-            bodies = [{"model": "m", "prompt": p, "return_token_ids": True, **request} for p in prompts]
+            bodies = [{"prompt": p, "return_token_ids": True, **request} for p in prompts]
             replies = await asyncio.gather(*[client.post("/v1/completions", json=body) for body in bodies])
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
         return [r.json() for r in replies]

@@ -5,6 +5,9 @@ to the node's PromptStore actor; deleting the application is Serve's planned sto
 waiting before the replica goes.
 """
 
+import os
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -16,7 +19,7 @@ OPENING = "Please keep these notes. " + " ".join(f"Note {i}: the ferry leaves at
 
 def _body(messages: list[dict]) -> dict:
     return {
-        "model": "m",
+        "model": "tiny-glm",
         "messages": messages,
         "max_tokens": 10,
         "temperature": 0,
@@ -68,6 +71,34 @@ def test_a_conversation_resumes_from_disk_after_its_replicas_restart(
         assert len(stats["disk_keys"]) >= 8 * (answer["disk_tokens"] // 16)  # the router sees the disk's blocks
         off = httpx.post(f"{serve_url}/fresh/v1/imprint/resume", json=_body(second_turn), timeout=60)
         assert off.status_code == 404
-        assert httpx.delete(f"{url}/v1/imprint", timeout=60).json()["freed_bytes"] > 0
+        _kill_the_store_actor(url, Path(learn_dir), _body(second_turn))
+        assert httpx.delete(f"{url}/v1/imprint", timeout=60).json()["freed_bytes"] > 0  # on the restarted actor
+        assert not list(Path(learn_dir).rglob("*.piece"))
     finally:
         delete_apps(["e2e-store", "e2e-fresh"])
+
+
+def _kill_the_store_actor(url: str, learn_dir: Path, body: dict) -> None:
+    """Ray restarts a killed store actor: the replicas' calls meanwhile wait for it (a query sent at once
+    still answers), and the new process reopens the set's index and serves every stored block again."""
+    import ray
+
+    from deployments.prompt_store.actor import STORE_NAMESPACE, store_actor_name
+
+    name = store_actor_name(ray.get_runtime_context().get_node_id(), str(learn_dir))
+    actor = ray.get_actor(name, namespace=STORE_NAMESPACE)
+    (set_id,) = [folder.name for folder in learn_dir.iterdir() if folder.is_dir()]
+    held = ray.get(actor.open_set.remote(set_id)).blocks
+    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+    before = httpx.post(f"{url}/v1/imprint/resume", json=body, timeout=60).json()
+    ray.kill(actor, no_restart=False)
+    during = httpx.post(f"{url}/v1/imprint/resume", json=body, timeout=60)
+    assert during.status_code == 200, during.text
+    assert ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=60) != pid  # a new process
+    assert set(ray.get(actor.open_set.remote(set_id)).blocks) == set(held)  # its index, reopened from disk
+    assert ray.get(actor.read.remote(set_id, held)).hashes == held  # every stored block served again
+    after = httpx.post(f"{url}/v1/imprint/resume", json=body, timeout=60).json()
+    assert after["disk_tokens"] == before["disk_tokens"] > 0, (before, after)
+    store = httpx.get(f"{url}/health", timeout=60).json()["store"]
+    on_disk = sum(path.stat().st_size for path in learn_dir.rglob("*.piece"))
+    assert store["available"] is True and store["bytes_held"] == on_disk, store

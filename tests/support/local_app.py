@@ -16,10 +16,16 @@ WINDOW = 160
 
 @contextmanager
 def local_backend(
-    served_model: str, window: int = WINDOW, learn_dir: str | None = None, **engine: object
+    served_model: str,
+    window: int = WINDOW,
+    learn_dir: str | None = None,
+    renderer: PromptRenderer | None = None,
+    store: type | None = None,
+    **engine: object,
 ) -> Iterator[LocalBackend]:
-    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process); `engine`:
-    other EngineConfig settings."""
+    """`learn_dir`: with the disk prompt-state store on, in that folder (opened in this process, by `store`:
+    LocalStoreLink or a subclass); `renderer`: one built by the test (images, a template file), else the
+    checkpoint's; `engine`: other EngineConfig settings."""
     from deployments.prompt_store.links import LocalStoreLink
     from deployments.scheduler.engine.core import Engine
     from deployments.scheduler.transports.thread import EngineLoop
@@ -29,11 +35,11 @@ def local_backend(
     config = EngineConfig(model=str(model_dir), context=window, kv_cache_gib=0.05, device="cpu", **engine)
     if learn_dir is not None:
         config = config.model_copy(update={"learn_conversations": True, "learn_dir": learn_dir})
-    engine = Engine(config, LocalStoreLink(config) if learn_dir is not None else None)
+    engine = Engine(config, (store or LocalStoreLink)(config) if learn_dir is not None else None)
     loop = EngineLoop(engine)
     loop.start()
     try:
-        yield LocalBackend(PromptRenderer.from_checkpoint(model_dir), loop)
+        yield LocalBackend(renderer or PromptRenderer.from_checkpoint(model_dir), loop)
     finally:
         loop.shutdown()
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deployments.ingress.anthropic.framing import MessagesFramer
 from deployments.ingress.anthropic.models import CountTokensRequest, MessagesRequest
 from deployments.ingress.anthropic.translate import messages_chat, prompt_request
-from deployments.ingress.chat_run import render_chat_body, start_chat
+from deployments.ingress.chat_run import counted_stream, render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.http.errors import APIError, anthropic_response, refusal_error
@@ -37,10 +37,11 @@ def anthropic_error(exc: APIError) -> JSONResponse:
 
 
 async def run_messages(ctx: ServingContext, fields: MessagesRequest, arrival: Arrival) -> Response:
-    run = await start_chat(ctx, messages_chat(fields), arrival.request_id, arrival.time)
+    run = await start_chat(ctx, messages_chat(fields), arrival.request_id, arrival.time, bool(fields.stream))
     framer = MessagesFramer(run, ctx.settings.served_name)
     if fields.stream:
-        return StreamingResponse(framer.stream(), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+        body = counted_stream(ctx, run.generation, framer.stream())
+        return StreamingResponse(body, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     try:
         return JSONResponse(await framer.body())
     except GenerationFailed as exc:

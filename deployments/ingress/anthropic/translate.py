@@ -3,16 +3,17 @@
 Blocks map onto chat messages: text joins into the message's content; `thinking` becomes the assistant's
 `reasoning_content` (plaintext, the signature is not checked); `tool_use` becomes a tool call whose
 arguments are the input as JSON; each `tool_result` becomes a `tool` message in place. A `system` message
-inside `messages` keeps its place and role. `cache_control` hints are accepted anywhere and ignored: the
-prefix cache is automatic. What this server does not run (images without a vision model, documents and
+inside `messages` keeps its place and role. `image` blocks (base64 or url sources) in user turns and tool
+results become image parts, read by the Renderer with --vision (docs/vision.md). `cache_control` hints are
+accepted anywhere and ignored: the prefix cache is automatic. What this server does not run (documents and
 file ids, redacted thinking, server-side tools, other context edits) is a 400 naming the block.
 """
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from deployments.ingress.anthropic.models import MessagesBody, MessagesRequest
-from deployments.ingress.chat_request import ChatCompletionRequest, chat_request
+from deployments.ingress.chat_request import ChatCompletionRequest, chat_request, image_part, joined_content
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.tool_checks import MESSAGES, check_tools
 
@@ -31,11 +32,9 @@ _SERVER_BLOCKS = (
 _FILE_BLOCKS = ("document", "search_result", "file")
 
 
-def _refuse_block(kind: Any, where: str) -> None:
+def _refuse_block(kind: Any, where: str) -> NoReturn:
     if kind == "image":
-        raise bad_request(
-            f"{where}: image blocks need a vision model served with --vision; this model reads text only", "messages"
-        )
+        raise bad_request(f"{where}: image blocks are read in user turns and tool results only", "messages")
     if kind in _FILE_BLOCKS:
         raise bad_request(f"{where}: {kind} blocks (documents and file ids) are not supported", "messages")
     if kind == "redacted_thinking":
@@ -74,32 +73,61 @@ def _plain_text(content: Any, where: str) -> str:
     return "".join(pieces)
 
 
+def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block as an image part: a base64 source as its data: URL, a url source as given."""
+    source = block.get("source")
+    at = f"{where}.source"
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if not isinstance(media_type, str) or not isinstance(data, str):
+            raise bad_request(f"{at}: a base64 source needs media_type and data strings", at)
+        return image_part(f"data:{media_type};base64,{data}", at)
+    if kind == "url":
+        if not isinstance(source.get("url"), str):
+            raise bad_request(f"{at}.url must be a string", at)
+        return image_part(source["url"], at)
+    raise bad_request(f"{at}: image sources of type {kind!r} are not supported (send base64 or url)", at)
+
+
+def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """A text or image block as its chat part; anything else refused."""
+    if block["type"] == "text":
+        return {"type": "text", "text": _text_of(block, at)}
+    if block["type"] == "image":
+        return _image(block, at)
+    _refuse_block(block["type"], at)
+
+
+def _parts(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    return [_part(block, f"{where}.content[{index}]") for index, block in enumerate(blocks)]
+
+
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise bad_request(f"{where}.tool_use_id must be a nonempty string", "messages")
     content = block.get("content", "")
-    text = "" if content is None else _plain_text(content, where)
-    return {"role": "tool", "tool_call_id": call_id, "content": text}
+    result = "" if content is None else joined_content(_parts(_blocks(content, where), where))
+    return {"role": "tool", "tool_call_id": call_id, "content": result}
 
 
 def _user_messages(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """A user turn: tool results become tool messages in place; the text around them stays user text."""
+    """A user turn: tool results become tool messages in place; the text and images around them stay user
+    content."""
     out: list[dict[str, Any]] = []
-    text: list[str] = []
+    parts: list[dict[str, Any]] = []
     for index, block in enumerate(blocks):
         at = f"{where}.content[{index}]"
-        if block["type"] == "text":
-            text.append(_text_of(block, at))
-        elif block["type"] == "tool_result":
-            if text:
-                out.append({"role": "user", "content": "".join(text)})
-                text = []
+        if block["type"] == "tool_result":
+            if parts:
+                out.append({"role": "user", "content": joined_content(parts)})
+                parts = []
             out.append(_tool_result(block, at))
         else:
-            _refuse_block(block["type"], at)
-    if text or not out:
-        out.append({"role": "user", "content": "".join(text)})
+            parts.append(_part(block, at))
+    if parts or not out:
+        out.append({"role": "user", "content": joined_content(parts)})
     return out
 
 

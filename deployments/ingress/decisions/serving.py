@@ -70,11 +70,11 @@ async def _ask(
     question = fields.questions[index]
     prompt = question_prompt(fields.input, question)
     render = ChatRenderRequest(
-        messages=[{"role": "user", "content": prompt.text}], chat_template_kwargs=dict(THINKING_OFF)
+        messages=[{"role": "user", "content": prompt.text}], chat_template_kwargs=dict(THINKING_OFF), window=window
     )
     rendered = await ctx.backend.render_chat(render)
     if isinstance(rendered, Refusal):
-        raise bad_request(f"{param}: {rendered.message}", param)
+        raise bad_request(f"{param}: {rendered.message}", param, rendered.code)
     if rendered.reply.prompt_opens_thinking:  # the template ignored thinking off: the answer would be reasoning
         raise bad_request(f"{param}: this model's chat template cannot turn thinking off", param)
     ids = rendered.prompt_token_ids

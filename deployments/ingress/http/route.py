@@ -2,9 +2,11 @@
 
 Arrival: stamp the wall clock (the request's `created` and its latency start) and note the caller's key
 label for per-key metrics. The reply id is minted next (from the body, where its shape decides the id's
-kind); the body is read as JSON and parsed once into the route's typed model. Refusal: an APIError raised
-before the reply is sent is logged as `refused <id>` and answered in the route's own error format. A route
-that only answers from its body (counting, tokenizing) has no reply id and logs nothing: `json_query`.
+kind); the body is read as JSON, its `model` checked against the ids this server answers to (404
+`model_not_found` otherwise, as OpenAI and vLLM answer; a body without one means the served model), and
+it is parsed once into the route's typed model. Refusal: an APIError raised before the reply is sent is
+logged as `refused <id>` and answered in the route's own error format. A route that only answers from its
+body (counting, tokenizing) has no reply id and logs nothing: `json_query`.
 """
 
 import time
@@ -41,6 +43,17 @@ def arrive(http: Request) -> float:
     return arrival
 
 
+def served_body(http: Request, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` if it names a model this server answers to (or none); else the 404 OpenAI answers."""
+    model = body.get("model")
+    ids: list[str] = http.app.state.model_ids
+    if isinstance(model, str) and model not in ids:
+        served = ", ".join(f"`{i}`" for i in ids)
+        message = f"The model `{model}` does not exist (this server answers to {served})."
+        raise APIError(404, message, "invalid_request_error", "model", "model_not_found")
+    return body  # a non-string model is the typed body's 400
+
+
 def refusal(request_id: str, exc: APIError, respond: ErrorFormat = APIError.response) -> JSONResponse:
     log_refused(request_id, exc.status, exc.message)
     return respond(exc)
@@ -66,7 +79,7 @@ def json_route(
                 return refusal(reply_id(None), exc, errors)
             arrival = Arrival(arrived, reply_id(body))
             try:
-                return await run(read(body), arrival)
+                return await run(read(served_body(http, body)), arrival)
             except APIError as exc:
                 return refusal(arrival.request_id, exc, errors)
 
@@ -84,7 +97,7 @@ def json_query(
     def decorate(run: QueryRun[Body]) -> Endpoint:
         async def endpoint(http: Request) -> Response:
             try:
-                return await run(read(await json_body(http)))
+                return await run(read(served_body(http, await json_body(http))))
             except APIError as exc:
                 return errors(exc)
 

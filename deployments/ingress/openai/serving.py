@@ -7,7 +7,7 @@ logs it as `refused <id>`, and the Generation logs `finished` or `ended`.
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.ingress.chat_request import ChatCompletionRequest
-from deployments.ingress.chat_run import start_chat
+from deployments.ingress.chat_run import counted_stream, start_chat, tokenize_prompt
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids, engine_request
 from deployments.ingress.generation import Generation, GenerationFailed
@@ -38,9 +38,12 @@ def _meta(ctx: ServingContext, fields: GenerationFields, generation: Generation,
     )
 
 
-async def _respond(fields: GenerationFields, generation: Generation, framer: ChatFramer | CompletionFramer) -> Response:
+async def _respond(
+    ctx: ServingContext, fields: GenerationFields, generation: Generation, framer: ChatFramer | CompletionFramer
+) -> Response:
     if fields.wants_stream:
-        return StreamingResponse(stream_body(generation, framer), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+        body = counted_stream(ctx, generation, stream_body(generation, framer))
+        return StreamingResponse(body, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     try:
         return JSONResponse(await json_body_of(generation, framer))
     except GenerationFailed as exc:
@@ -48,11 +51,11 @@ async def _respond(fields: GenerationFields, generation: Generation, framer: Cha
 
 
 async def run_chat(ctx: ServingContext, fields: ChatCompletionRequest, arrival: Arrival) -> Response:
-    run = await start_chat(ctx, fields, arrival.request_id, arrival.time)
+    run = await start_chat(ctx, fields, arrival.request_id, arrival.time, fields.wants_stream)
     logprobs = await logprob_framer(ctx.backend, run.generation, legacy=False)
     meta = _meta(ctx, fields, run.generation, run.prompt_token_ids)
     framer = ChatFramer(meta, ChatReply(run.parser, run.end_token_ids), logprobs)
-    return await _respond(fields, run.generation, framer)
+    return await _respond(ctx, fields, run.generation, framer)
 
 
 async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> list[int]:
@@ -60,7 +63,7 @@ async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> 
     if fields.prompt is None:
         raise bad_request("prompt is required (a string or a list of token ids)", "prompt")
     if isinstance(fields.prompt, str):
-        return await ctx.backend.tokenize(fields.prompt, bool(fields.add_special_tokens))
+        return await tokenize_prompt(ctx, fields.prompt, bool(fields.add_special_tokens))
     ids = list(fields.prompt)
     check_token_ids(ids, await ctx.backend.card(), "prompt")
     return ids
@@ -81,6 +84,7 @@ async def run_completion(ctx: ServingContext, fields: CompletionRequest, arrival
     card = await ctx.backend.card()
     request = engine_request(fields, arrival.request_id, prompt_ids, "prompt", card, arrival.time)
     request.grammar, request.logprobs = completion_extras(fields)
+    request.streamed = fields.wants_stream
     asked = completion_prompt_logprobs(fields)
     request.prompt_logprobs = prompt_rows_top(bool(fields.echo), request.logprobs, asked)
     facts = await ctx.facts()  # valid: a request sent while the model loads waits for it here
@@ -90,4 +94,4 @@ async def run_completion(ctx: ServingContext, fields: CompletionRequest, arrival
     logprobs = await logprob_framer(ctx.backend, generation, legacy=True, echoed=None if echo is None else echo.text)
     prompt_rows = None if asked is None else PromptLogprobs(ctx.backend, asked)
     framer = CompletionFramer(_meta(ctx, fields, generation, prompt_ids), logprobs, prompt_rows, echo)
-    return await _respond(fields, generation, framer)
+    return await _respond(ctx, fields, generation, framer)

@@ -10,6 +10,7 @@ from typing import Any
 
 from deployments.ingress.context import IngressSettings
 from deployments.messages.status import ReplicaStatus
+from deployments.prompt_store.failures import UNAVAILABLE
 
 
 def _sum_memory(replicas: list[ReplicaStatus]) -> dict[str, int]:
@@ -81,13 +82,15 @@ def loading_body(settings: IngressSettings, minimal: bool) -> dict[str, Any]:
     }
 
 
-def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dict[str, Any]:
+def health_body(settings: IngressSettings, replicas: list[ReplicaStatus], vision: bool = False) -> dict[str, Any]:
+    """`vision`: the Renderer reads image parts (--vision on a model with a vision tower)."""
     first = replicas[0]
     body: dict[str, Any] = {
         "status": "ok",
         "model": settings.served_name,
         "model_ids": list(settings.model_ids),
         "max_batch_size": sum(r.max_batch_size for r in replicas),
+        "vision": vision,
     }
     if first.policy:
         body["policy"] = first.policy
@@ -112,12 +115,28 @@ def health_body(settings: IngressSettings, replicas: list[ReplicaStatus]) -> dic
     return body
 
 
-def store_summary(replicas: list[ReplicaStatus]) -> dict[str, int] | None:
+def store_summary(replicas: list[ReplicaStatus]) -> dict[str, Any] | None:
     """The disk store's figures (None when it is off). Replicas on one node share a store, so each figure
-    is the largest any replica reports; restored tokens are each replica's own and add up."""
+    is the largest any replica reports; restored tokens and writes lost to an unavailable actor are each
+    replica's own and add up. `available` is false, with the reason, while any replica's store is not."""
     stores = [r.store for r in replicas if r.store is not None]
     if not stores:
         return None
-    summary = {name: max(getattr(s, name) for s in stores) for name in vars(stores[0])}
+    summary: dict[str, Any] = {
+        name: max(getattr(s, name) for s in stores)
+        for name, value in vars(stores[0]).items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
     summary["restored_tokens"] = sum(r.counters.disk_tokens_total for r in replicas)
+    failures: dict[str, int] = {}
+    for store in stores:
+        for reason, count in store.write_failures.items():
+            failures[reason] = (
+                failures.get(reason, 0) + count if reason == UNAVAILABLE else max(failures.get(reason, 0), count)
+            )
+    summary["write_failures"] = dict(sorted(failures.items()))
+    down = [s for s in stores if not s.available]
+    summary["available"] = not down
+    if down:
+        summary["unavailable_reason"] = down[0].unavailable_reason
     return summary

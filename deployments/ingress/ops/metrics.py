@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from deployments.ingress.ops.health import draft_methods, store_summary
 from deployments.messages.counters import EngineCounters, RequestHistograms
 from deployments.messages.status import ReplicaStatus
+from deployments.prompt_store.failures import WRITE_FAILURE_REASONS
 from deployments.routing.affinity import ROUTE_REASONS
 
 PREFIX = "tensorfold:"
@@ -164,8 +165,19 @@ class ReplicasCollector(Collector):
         if store is None:
             return
         yield self._gauge("store_bytes", "Bytes the disk store holds for this model and build.", store["bytes_held"])
+        yield self._gauge(
+            "store_available", "1 while the disk store answers, 0 while its actor restarts.", store["available"]
+        )
         for name, doc in STORE_COUNTERS.items():
             yield self._counter(f"store_{name}", doc, store[name])
+        family = CounterMetricFamily(
+            PREFIX + "store_write_failures",
+            "Writes that failed, by reason: no_space, permission, io_error, unavailable (the actor was down).",
+            labels=["model_name", "reason"],
+        )
+        for reason in WRITE_FAILURE_REASONS:
+            family.add_metric([self._model, reason], store["write_failures"].get(reason, 0))
+        yield family
 
     def _routing_decisions(self) -> Metric:
         """Finished requests by the prefix-affinity router's reason (all zero when Serve's router chose)."""

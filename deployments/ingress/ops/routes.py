@@ -70,7 +70,9 @@ def info_router(ctx: ServingContext) -> APIRouter:
             return JSONResponse(loading_body(ctx.settings, minimal), status_code=503)
         if not replicas:
             return _not_serving()
-        return JSONResponse({"status": "ok"} if minimal else health_body(ctx.settings, replicas))
+        if minimal:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse(health_body(ctx.settings, replicas, (await ctx.backend.card()).vision))
 
     router.add_api_route("/health", health, methods=["GET", "HEAD"])  # HEAD: clients probing the server
     router.add_api_route("/", health, methods=["GET", "HEAD"])

@@ -14,20 +14,21 @@ from dataclasses import asdict
 from typing import Any
 
 from deployments.ingress.chat_request import ChatCompletionRequest
-from deployments.ingress.chat_run import render_chat_body
+from deployments.ingress.chat_run import render_chat_body, tokenize_prompt
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import check_token_ids
 from deployments.ingress.http.errors import APIError, refusal_error
 from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest
 from deployments.messages.replies import Refusal
 from deployments.messages.requests import ImprintQuery
+from deployments.messages.store import StoreUnavailable
 
 OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
 
 
 async def tokenize_body(ctx: ServingContext, fields: TokenizeRequest) -> dict[str, Any]:
     if fields.prompt is not None:
-        ids = await ctx.backend.tokenize(fields.prompt, fields.add_special_tokens is not False)
+        ids = await tokenize_prompt(ctx, fields.prompt, fields.add_special_tokens is not False)
     else:
         ids = (await render_chat_body(ctx, fields)).prompt_token_ids
     facts = await ctx.facts()
@@ -69,6 +70,10 @@ async def imprint_body(ctx: ServingContext, fields: ChatCompletionRequest, load:
 
 
 async def forget_body(ctx: ServingContext) -> dict[str, Any]:
+    """503 when a replica's store did not delete (its actor restarting): the client may try again."""
     require_store(ctx)
     await ctx.facts()
-    return {"freed_bytes": await ctx.backend.forget_disk()}
+    freed = await ctx.backend.forget_disk()
+    if isinstance(freed, StoreUnavailable):
+        raise APIError(503, freed.message, "server_error")
+    return {"freed_bytes": freed}

@@ -9,7 +9,7 @@ carries the next `sequence_number`, from 0.
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.chat_format.reply_parser import ReplyDelta, ReplyView
@@ -52,8 +52,11 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
 
 
-def call_item(call: ParsedCall, arguments: str, status: str, item_id: str, call_id: str) -> dict[str, Any]:
-    return {
+def call_item(
+    call: ParsedCall, arguments: str, status: str, item_id: str, call_id: str, namespaces: dict[str, str]
+) -> dict[str, Any]:
+    """A function_call item; a call to a function offered from a namespace tool carries that `namespace`."""
+    item = {
         "type": "function_call",
         "id": item_id,
         "call_id": call_id,
@@ -61,20 +64,24 @@ def call_item(call: ParsedCall, arguments: str, status: str, item_id: str, call_
         "arguments": arguments,
         "status": status,
     }
+    if call.name in namespaces:
+        item["namespace"] = namespaces[call.name]
+    return item
 
 
-def _new_call(call: ParsedCall) -> dict[str, Any]:
-    return call_item(call, call.arguments, "completed", new_id("fc"), new_id("call"))
+def _new_call(call: ParsedCall, namespaces: dict[str, str]) -> dict[str, Any]:
+    return call_item(call, call.arguments, "completed", new_id("fc"), new_id("call"), namespaces)
 
 
-def whole_output(view: ReplyView, cut: bool) -> list[dict[str, Any]]:
-    """A finished reply's output items; a reply cut by the token limit leaves its last text item incomplete."""
+def whole_output(view: ReplyView, cut: bool, namespaces: dict[str, str]) -> list[dict[str, Any]]:
+    """A finished reply's output items; a reply cut by the token limit leaves its last text item incomplete.
+    `namespaces`: which namespace each function offered from a namespace tool belongs to."""
     items: list[dict[str, Any]] = []
     if view.reasoning is not None:
         items.append(reasoning_item(new_id("rs"), view.reasoning, "completed"))
     if view.content:
         items.append(message_item(new_id("msg"), view.content, "completed"))
-    items.extend(_new_call(call) for call in view.calls)
+    items.extend(_new_call(call, namespaces) for call in view.calls)
     if cut and items and items[-1]["type"] != "function_call":
         items[-1]["status"] = "incomplete"
     return items
@@ -88,6 +95,7 @@ class ResponseHead:
     created_at: int
     model: str
     echo: dict[str, Any]
+    namespaces: dict[str, str] = field(default_factory=dict)  # a function offered from a namespace -> its name
 
     def body(
         self,
@@ -196,9 +204,9 @@ class ResponseEvents:
 
     def _call(self, call: ParsedCall) -> list[dict[str, Any]]:
         events = self.close_item("completed")
-        index, done = len(self.output), _new_call(call)
+        index, done = len(self.output), _new_call(call, self.head.namespaces)
         where = {"item_id": done["id"], "output_index": index}
-        opened = call_item(call, "", "in_progress", done["id"], done["call_id"])
+        opened = call_item(call, "", "in_progress", done["id"], done["call_id"], self.head.namespaces)
         self.output.append(done)
         return events + [
             self._event("response.output_item.added", output_index=index, item=opened),

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from deployments.ingress.chat_run import ChatRun, start_chat
+from deployments.ingress.chat_run import ChatRun, counted_stream, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.http.errors import APIError, server_error
@@ -75,7 +75,9 @@ class _Exchange:
             return server_error(str(exc)).response()
         assert generation.summary is not None and generation.finish_reason is not None
         view = self.reader.whole(text, generation.finish_reason, generation.summary.token_ids)
-        body = self.head.body(self.status(), whole_output(view, self.status() == "incomplete"), generation.summary)
+        body = self.head.body(
+            self.status(), whole_output(view, self.status() == "incomplete", self.head.namespaces), generation.summary
+        )
         await self.keep(body)
         return JSONResponse(body)
 
@@ -121,14 +123,16 @@ async def _history(ctx: ServingContext, fields: ResponsesRequest) -> list[dict[s
 async def run_response(ctx: ServingContext, fields: ResponsesRequest, arrival: Arrival) -> Response:
     history = await _history(ctx, fields)
     try:  # a refusal naming a chat field names the Responses field it came from
-        chat, conversation = responses_chat(fields, history)
-        run = await start_chat(ctx, chat, arrival.request_id, arrival.time)
+        translated = responses_chat(fields, history, ctx.settings.drop_builtin_tools)
+        run = await start_chat(ctx, translated.chat, arrival.request_id, arrival.time, bool(fields.stream))
     except APIError as exc:
         raise responses_error(exc) from None
-    head = ResponseHead(arrival.request_id, int(arrival.time), ctx.settings.served_name, _echo(fields, run))
-    exchange = _Exchange(ctx, fields, run, head, conversation)
+    echo = _echo(fields, run)
+    head = ResponseHead(arrival.request_id, int(arrival.time), ctx.settings.served_name, echo, translated.namespaces)
+    exchange = _Exchange(ctx, fields, run, head, translated.conversation)
     if fields.stream:
-        return StreamingResponse(exchange.events(), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+        body = counted_stream(ctx, run.generation, exchange.events())
+        return StreamingResponse(body, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     return await exchange.whole()
 
 

@@ -3,16 +3,19 @@
 Input items become chat messages the way a chat client would write them: `instructions` is a leading
 system message (never stored, so it is not carried to a later turn); a reasoning item's text becomes the
 next assistant message's `reasoning_content`; function calls join the assistant message before them; a
-function_call_output is a tool message. A continuation is the stored messages followed by the new
-input, so its prompt repeats the earlier one and the prompt cache resumes the shared prefix.
+function_call_output is a tool message. `input_image` parts (in messages and function_call_output outputs)
+become image parts, read by the Renderer with --vision (docs/vision.md). A continuation is the stored
+messages followed by the new input, so its prompt repeats the earlier one and the prompt cache resumes the
+shared prefix.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
-from deployments.ingress.chat_request import ChatCompletionRequest, chat_request
+from deployments.ingress.chat_request import ChatCompletionRequest, chat_request, image_part, joined_content
 from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.responses.models import ResponsesRequest
-from deployments.ingress.tool_checks import RESPONSES, check_tools
+from deployments.ingress.responses.tools import offered_tools
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -45,25 +48,43 @@ def _refuse(where: str, why: str, param: str = "input") -> APIError:
     return bad_request(f"{where}: {why}", param)
 
 
-def _part_text(part: Any, where: str) -> str:
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input_image part as an image part: its image_url (a data: URL, or https:// with --vision-urls)."""
+    if part.get("file_id") is not None:
+        raise _refuse(where, "input_image file IDs are not supported: send image_url", f"{where}.file_id")
+    if not isinstance(part.get("image_url"), str):
+        raise _refuse(f"{where}.image_url", "must be a string (a data: URL)", f"{where}.image_url")
+    return image_part(part["image_url"], f"{where}.image_url")
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-        return part["text"]
+        return {"type": "text", "text": part["text"]}
     if kind == "refusal" and isinstance(part.get("refusal"), str):
-        return part["refusal"]
+        return {"type": "text", "text": part["refusal"]}
     if kind == "input_image":
-        raise _refuse(where, "image input needs a vision model, and this server serves none")
+        return _image(part, where)
     if kind == "input_file" or (isinstance(part, dict) and "file_id" in part):
         raise _refuse(where, "input_file parts and file IDs are not supported")
-    raise _refuse(where, f"content parts of type {kind!r} are not supported (send input_text)")
+    raise _refuse(where, f"content parts of type {kind!r} are not supported (send input_text or input_image)")
 
 
-def _content_text(content: Any, where: str) -> str:
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """Text parts joined into one string, or, where images are, chat's text and image parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _refuse(where, "content must be a string or a list of parts")
-    return "".join(_part_text(part, f"{where}[{i}]") for i, part in enumerate(content))
+    return joined_content([_part(part, f"{where}[{i}]") for i, part in enumerate(content)])
+
+
+def _content_text(content: Any, where: str) -> str:
+    """Content that may hold no image (assistant turns)."""
+    joined = _content(content, where)
+    if not isinstance(joined, str):
+        raise _refuse(where, "images are read in user messages and function_call_output only")
+    return joined
 
 
 class _Messages:
@@ -104,17 +125,18 @@ class _Messages:
         role = item.get("role")
         if role not in INPUT_ROLES:
             raise _refuse(f"{where}.role", f"must be one of {', '.join(INPUT_ROLES)}, got {role!r}")
-        text = _content_text(item.get("content"), f"{where}.content")
         if role == "assistant":
-            self._assistant(text)
+            self._assistant(_content_text(item.get("content"), f"{where}.content"))
             return
-        self.messages.append({"role": role, "content": text})
+        self.messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
         self.joinable = False
 
     def _call(self, item: dict[str, Any], where: str) -> None:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise _refuse(f"{where}.{key}", "must be a string")
+        if item.get("namespace") is not None and not isinstance(item["namespace"], str):
+            raise _refuse(f"{where}.namespace", "must be a string")  # the call renders under its function's name
         call = {
             "id": item["call_id"],
             "type": "function",
@@ -126,8 +148,8 @@ class _Messages:
     def _call_output(self, item: dict[str, Any], where: str) -> None:
         if not isinstance(item.get("call_id"), str):
             raise _refuse(f"{where}.call_id", "must be a string")
-        text = _content_text(item.get("output"), f"{where}.output")
-        self.messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+        output = _content(item.get("output"), f"{where}.output")
+        self.messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         self.joinable = False
 
     def _reasoning(self, item: dict[str, Any], where: str) -> None:
@@ -150,24 +172,6 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     for index, item in enumerate(value):
         folded.add(item, f"input[{index}]")
     return folded.messages
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Function tools in chat's shape; any built-in tool is refused."""
-    if tools is None:
-        return None
-    for index, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise _refuse(
-                f"tools[{index}]", f"built-in tools ({kind!r}) are not supported; send function tools", "tools"
-            )
-    check_tools(tools, RESPONSES)
-    keys = ("name", "description", "parameters", "strict")
-    return [
-        {"type": "function", "function": {key: tool[key] for key in keys if tool.get(key) is not None}}
-        for tool in tools
-    ]
 
 
 def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
@@ -222,11 +226,20 @@ def _effort(reasoning: dict[str, Any] | None) -> Any:
     return (reasoning or {}).get("effort")
 
 
+@dataclass
+class ResponsesChat:
+    """A Responses body translated: what runs, what is stored, and where the reply's calls belong."""
+
+    chat: ChatCompletionRequest  # the equivalent chat completion
+    conversation: list[dict[str, Any]]  # the messages without instructions (what a stored response keeps)
+    namespaces: dict[str, str]  # a function offered from a namespace tool -> that namespace's name
+
+
 def responses_chat(
-    fields: ResponsesRequest, history: list[dict[str, Any]]
-) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
-    """The chat completion to run, and the conversation without instructions (what a stored response keeps);
-    a refusal names chat's field (responses_error renames it)."""
+    fields: ResponsesRequest, history: list[dict[str, Any]], drop_builtin_tools: bool = False
+) -> ResponsesChat:
+    """The chat completion to run and what goes with it; a refusal names chat's field (responses_error renames
+    it). `drop_builtin_tools`: leave built-in tools out instead of refusing them."""
     if fields.input is None:
         raise bad_request("input is required (a string or a list of items)", "input")
     conversation = history + input_messages(fields.input)
@@ -237,10 +250,10 @@ def responses_chat(
         max_completion_tokens=fields.max_output_tokens,
         reasoning_effort=_effort(fields.reasoning),
     )
-    tools = chat_tools(fields.tools)
-    chat["tool_choice"], chat["tools"] = chat_tool_choice(fields.tool_choice, tools)
+    tools = offered_tools(fields.tools, drop_builtin_tools)
+    chat["tool_choice"], chat["tools"] = chat_tool_choice(fields.tool_choice, tools.chat)
     chat["response_format"] = response_format(fields.text)
-    return chat_request(**chat), conversation
+    return ResponsesChat(chat_request(**chat), conversation, tools.namespaces)
 
 
 def responses_error(exc: APIError) -> APIError:

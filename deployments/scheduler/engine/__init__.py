@@ -14,6 +14,7 @@
   the constraint and its mask; `text_output.py`: text and stop strings), the reply's end and its chunks.
 - `snapshots.py`: what the loop reports besides replies (info, memory figures, the router's digest);
   `stats.py`: the live rates. `completion.py`: one reply folded whole, for `generate`.
-- `disk_states.py`: states written to the disk store while idle, the imprint routes' answers.
+- `disk_states.py`: states written to the disk store while idle, the imprint routes' answers
+  (`disk_types.py`: the store link and the resume plan they use).
 - `memory.py`: sizing the KV pool at startup.
 """

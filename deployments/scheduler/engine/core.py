@@ -16,6 +16,7 @@ from deployments.messages.memory import ReplicaMemory
 from deployments.messages.replies import EngineChunk, FinishReason, ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.status import EngineInfo
+from deployments.messages.store import StoreUnavailable
 from deployments.model_rank.executor import Executor, make_executor
 from deployments.scheduler.engine.admission import Admission
 from deployments.scheduler.engine.completion import Completion
@@ -256,9 +257,15 @@ class Engine:
         assert self.disk is not None, "the imprint routes answer 404 unless learn_conversations is on"
         return self.disk.imprint(query)
 
-    def forget_disk(self) -> int:
-        """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first)."""
+    def forget_disk(self) -> int | StoreUnavailable:
+        """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first),
+        or why its store did not delete."""
         return 0 if self.disk is None else self.disk.forget_all()
+
+    def client_left(self) -> None:
+        """A client that left its streamed reply before all of it went out (Ingress counts each once, whether
+        the reply had finished here or was aborted): a disconnection (`requests_aborted_total`)."""
+        self.counters.requests_aborted_total += 1
 
     def memory(self, reset_peak: bool = False) -> ReplicaMemory:
         """GET /memory's snapshot of this engine (the replica names itself)."""

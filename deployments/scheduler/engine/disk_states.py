@@ -16,8 +16,7 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,11 +24,13 @@ from deployments.config import EngineConfig
 from deployments.messages.prefix import KEY_BYTES, PromptHashes
 from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
-from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
+from deployments.messages.store import BlockRows, PieceWrite, StoreStats, StoreUnavailable
+from deployments.prompt_store.failures import FailureBurst, StoreFailedError
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
 from deployments.prompt_store.links import STORE_FLUSH_S
 from deployments.prompt_store.store import PIECE_BYTES
-from deployments.scheduler.engine.disk_snapshots import DiskSnapshots, StateSlotsIO
+from deployments.scheduler.engine.disk_snapshots import DiskSnapshots
+from deployments.scheduler.engine.disk_types import BlockRowsIO, Resumable, StoreLink
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
 from deployments.scheduler.engine.state_slots import StateSlots
 
@@ -38,48 +39,8 @@ STOP_WRITES_S = 15.0  # of a planned stop's 20 s (docs/store.md): the store's fl
 FIRST_READ_BYTES_PER_S = 200e6  # until a read is measured: a cautious local disk
 FIRST_PREFILL_TOKENS_PER_S = 1000.0  # until a prompt pass is measured
 RATE_WEIGHT = 0.3  # of each new measurement in the running estimates
-
-
-class StoreLink(Protocol):
-    """Calls into the PromptStore (in-process, over Ray, or relayed by the engine's parent process)."""
-
-    def open_set(self, set_id: str) -> SetIndex: ...
-
-    def write(self, piece: PieceWrite) -> None: ...  # never waits for the disk
-
-    def flush(self, timeout_s: float) -> None: ...  # waits (up to timeout_s) for the writes sent so far
-
-    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None: ...
-
-    def delete_set(self, set_id: str) -> int: ...
-
-    def stats(self, set_id: str) -> StoreStats: ...
-
-
-class BlockRowsIO(StateSlotsIO, Protocol):
-    def read_block_rows(self, block_ids: list[int]) -> np.ndarray: ...
-
-    def write_block_rows(self, block_ids: list[int], rows: np.ndarray) -> None: ...
-
-    def kv_bytes_per_token(self) -> int: ...  # every rank's shard
-
-
-@dataclass
-class Resumable:
-    """How much of a prompt resumes, and from where (the imprint routes' answer, before any read)."""
-
-    tokens: int
-    ram_tokens: int
-    disk_tokens: int
-    disk_bytes: int
-    read_seconds: float  # estimated
-    prefill_seconds: float  # estimated, for the disk tokens
-    read_from: int = 0  # the first block to read (RAM holds those before it)
-    state_at: bytes | None = None  # hybrid models: the snapshot to read with the blocks (None: RAM holds it)
-
-    @property
-    def worth_reading(self) -> bool:
-        return self.disk_tokens > self.ram_tokens and self.read_seconds < self.prefill_seconds
+STORE_RETRY_S = 2.0  # after a failed call, the set's index is asked for again no sooner
+DELETE_REFUSED = "the prompt store is not available (it restarts after a failure): nothing was deleted; try again"
 
 
 class DiskStates:
@@ -103,6 +64,9 @@ class DiskStates:
         self.latest: StoreStats | None = None  # the store's figures for this set, refreshed while idle
         self.stats_stale = True
         self.version = 0  # counts changes to `on_disk`, for the router's digest
+        self.failures = FailureBurst("prompt store", "states stay in RAM only and prompts prefill until it answers")
+        self._retry_at = 0.0  # after a failed call: when the index may be asked for again (time.monotonic())
+        self._lost_seen = 0  # writes the store reported failed or skipped, when last compared
 
     @classmethod
     def open(
@@ -127,23 +91,56 @@ class DiskStates:
 
     @property
     def on_disk(self) -> set[bytes]:
+        """The blocks the store holds, from its index (asked for on first use and again after the store
+        failed or turned writes away: empty, and not kept, while it does not answer)."""
         if self._on_disk is None:
-            held = self.link.open_set(self.set_id)
+            if time.monotonic() < self._retry_at:
+                return set()
+            try:
+                held = self.link.open_set(self.set_id)
+            except Exception as exc:
+                self._store_failed(exc)
+                return set()
             self._on_disk = set(held.blocks)
             if self.snapshots is not None:
                 self.snapshots.on_disk = set(held.states)
             self.version += 1
         return self._on_disk
 
+    def _store_failed(self, exc: Exception) -> None:
+        """A call the store did not answer (or refused): logged once per burst, and nothing is claimed from
+        disk until its index is read again (writes sent meanwhile may be lost)."""
+        if not isinstance(exc, (StoreFailedError, OSError)):  # not the store's failure: a bug, with its traceback
+            log.error("prompt store: a call failed unexpectedly", exc_info=exc)
+        self.failures.failed("unavailable", str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+        self._retry_at = time.monotonic() + STORE_RETRY_S
+        self.latest = replace(self.latest or StoreStats(), available=False, unavailable_reason=str(exc)[:300])
+        if self._on_disk is not None:
+            self._on_disk = None
+            self.version += 1
+
+    def store_answers(self) -> bool:
+        """Ask the store for its figures now: whether it answers (the imprint routes claim disk tokens only
+        then). Failed or refused writes seen since the last question send the engine back to its index."""
+        try:
+            self.refresh_stats()
+        except Exception as exc:
+            self._store_failed(exc)
+            return False
+        return True
+
     # ---- the engine's calls ---------------------------------------------------------------------------
     def restore_prompt(self, request: EngineRequest) -> int:
         """Tokens of a new request's prompt read back from disk (0 when RAM holds as much, a read does not
         pay, or it fails)."""
         hashes = request.prompt_hashes or PromptHashes.of(request.prompt_token_ids, self.blocks.block_size)
+        return self.restore_guarded(request.prompt_token_ids, hashes)
+
+    def restore_guarded(self, prompt: list[int], hashes: PromptHashes) -> int:
         try:
-            return self.restore(request.prompt_token_ids, hashes)
-        except Exception:  # the store failing costs a prompt pass, never the request
-            log.exception("prompt store: restoring failed; prefilling instead")
+            return self.restore(prompt, hashes)
+        except Exception as exc:  # the store failing costs a prompt pass, never the request
+            self._store_failed(exc)
             return 0
 
     def imprint(self, query: ImprintQuery) -> ImprintAnswer:
@@ -153,7 +150,7 @@ class DiskStates:
         if not query.load:
             return self.answer(prompt, hashes)
         started = time.perf_counter()
-        loaded = self.restore(prompt, hashes)
+        loaded = self.restore_guarded(prompt, hashes)
         answer = self.answer(prompt, hashes)
         answer.loaded_tokens, answer.load_seconds = loaded, round(time.perf_counter() - started if loaded else 0.0, 6)
         return answer
@@ -168,8 +165,8 @@ class DiskStates:
                 self.write_one()
             else:  # after the writes: the store's figures for /metrics and /health
                 self.refresh_stats()
-        except Exception:  # the store failing costs its states, never the engine: they stay in RAM only
-            log.exception("prompt store: writing failed; states stay in RAM only")
+        except Exception as exc:  # the store failing costs its states, never the engine: they stay in RAM only
+            self._store_failed(exc)
             self.stats_stale = False
 
     def write_waiting(self, deadline: float = math.inf) -> None:
@@ -207,8 +204,17 @@ class DiskStates:
         return bool(self._queue)
 
     def refresh_stats(self) -> None:
+        """The store's figures; writes it failed or turned away since the last look mean the engine's
+        optimistic `on_disk` may claim blocks it lacks, so the index is read again."""
         _ = self.on_disk  # the set is opened before the store has figures for it
-        self.latest, self.stats_stale = self.link.stats(self.set_id), False
+        latest = self.link.stats(self.set_id)
+        self.latest, self.stats_stale = latest, False
+        self.failures.succeeded()
+        lost = sum(latest.write_failures.values()) + latest.writes_skipped
+        if lost != self._lost_seen and self._on_disk is not None:
+            self._on_disk = None  # a restarted store counts from 0 again: any change is a reason to look
+            self.version += 1
+        self._lost_seen = lost
 
     def write_one(self) -> None:
         """Send one piece of queued blocks still held in RAM, with the snapshots RAM holds at them (called
@@ -255,13 +261,15 @@ class DiskStates:
         self.version += 1
 
     # ---- reads ----------------------------------------------------------------------------------------
-    def resumable(self, prompt: list[int], hashes: PromptHashes) -> Resumable:
-        """RAM's and disk's longest kept state for this prompt (leaving its last token to compute)."""
+    def resumable(self, prompt: list[int], hashes: PromptHashes, from_disk: bool = True) -> Resumable:
+        """RAM's and disk's longest kept state for this prompt (leaving its last token to compute;
+        `from_disk` False: RAM's alone)."""
         bs = self.blocks.block_size
         usable = (len(prompt) - 1) // bs
         ram = len(self.blocks.match_prefix(prompt, len(prompt) - 1, hashes))
+        held = self.on_disk if from_disk else set()
         disk = 0
-        while disk < usable and hashes.hashes[disk] in self.on_disk:
+        while disk < usable and hashes.hashes[disk] in held:
             disk += 1
         if self.snapshots is not None:
             return self._resumable_hybrid(len(prompt), hashes.hashes[:usable], ram, disk)
@@ -349,8 +357,9 @@ class DiskStates:
             self.prefill_rate = (1 - RATE_WEIGHT) * self.prefill_rate + RATE_WEIGHT * tokens / seconds
 
     def answer(self, prompt: list[int], hashes: PromptHashes) -> ImprintAnswer:
-        """Where this prompt would resume from, and the estimated wait before its first token."""
-        plan = self.resumable(prompt, hashes)
+        """Where this prompt would resume from, and the estimated wait before its first token (no disk
+        tokens while the store does not answer: they could not be read)."""
+        plan = self.resumable(prompt, hashes, from_disk=self.store_answers())
         from_disk = plan.worth_reading
         resumed = plan.disk_tokens if from_disk else plan.ram_tokens
         wait = (plan.read_seconds if from_disk else 0.0) + (plan.tokens - resumed) / self.prefill_rate
@@ -365,10 +374,15 @@ class DiskStates:
             disk=True,
         )
 
-    def forget_all(self) -> int:
-        """DELETE /v1/imprint: the set's states on disk go (RAM's stay until evicted)."""
+    def forget_all(self) -> int | StoreUnavailable:
+        """DELETE /v1/imprint: the set's states on disk go (RAM's stay until evicted); StoreUnavailable
+        when the store did not do it (the route answers 503)."""
+        try:
+            freed = self.link.delete_set(self.set_id)
+        except Exception as exc:
+            self._store_failed(exc)
+            return StoreUnavailable(DELETE_REFUSED)
         self._queue.clear()
-        freed = self.link.delete_set(self.set_id)
         self._on_disk = set()
         self.stats_stale = True
         self.version += 1

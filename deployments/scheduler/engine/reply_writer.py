@@ -170,7 +170,7 @@ class ReplyWriter:
         stats.stop_string = seq.text.stopped_by
         if seq.prompt_done_time is not None:
             stats.decode_seconds = stats.finish_time - seq.prompt_done_time
-        self.counters.finished(stats, reason, seq.request.key_label)
+        self.counters.finished(stats, reason, seq.request.key_label, departure_counted=seq.request.streamed)
         self._emit(seq, final=True)
         last = self.outbox[-1]
         last.finish_reason, last.error, last.stats = reason, error, stats

@@ -33,7 +33,8 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # holds `deployments`: the 
 
 
 class EngineProcess(StreamHub):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, store: ActorStoreLink | None = None) -> None:
+        """`store`: the link the child's store calls are relayed to (one is opened here if learn is on)."""
         self._conn, self._process = _start_child()
         try:
             self._conn.send(config)
@@ -45,7 +46,7 @@ class EngineProcess(StreamHub):
             raise RuntimeError(f"the engine process did not start: {getattr(first, 'message', first)}")
         super().__init__(config, first.info, first.memory_figures)
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._store = ActorStoreLink(config) if config.learning else None  # the child's relayed calls
+        self._store = store or (ActorStoreLink(config) if config.learning else None)  # the child's relayed calls
         self._stopping = False
         self._alive = True
         self._sender = threading.Thread(target=self._send_loop, name="tensorfold-engine-send", daemon=True)

@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 
 from deployments.messages.engine_process import NO_REPLY, StoreCall, StoreReply
 from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
+from deployments.prompt_store.failures import StoreFailedError
 
 log = logging.getLogger("tensorfold.store")
 
@@ -32,7 +33,7 @@ class RelayStoreLink:
             message = self._conn.recv()
             if isinstance(message, StoreReply) and message.call_id == call_id:
                 if message.error is not None:
-                    raise RuntimeError(f"the prompt store failed: {message.error}")
+                    raise StoreFailedError(message.error)
                 return message.value
             self.pending.append(message)
 
@@ -46,11 +47,7 @@ class RelayStoreLink:
         """The parent relays the writes to the actor and waits for them as it stops (EngineProcess.shutdown)."""
 
     def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
-        try:
-            return self._call("read", set_id, hashes, state_at)  # type: ignore[return-value]
-        except RuntimeError:
-            log.exception("prompt store read failed; prefilling instead")
-            return None
+        return self._call("read", set_id, hashes, state_at)  # type: ignore[return-value]
 
     def delete_set(self, set_id: str) -> int:
         return self._call("delete_set", set_id)  # type: ignore[return-value]
@@ -60,10 +57,12 @@ class RelayStoreLink:
 
 
 def answer_store_call(link: object, call: StoreCall) -> StoreReply | None:
-    """Make a relayed call on the replica's own link; None for a write (nobody waits for it)."""
+    """Make a relayed call on the replica's own link; None for a write (nobody waits for it). A store that
+    failed is the child's to log (once per burst: a read prefills instead); anything else is a bug here."""
     try:
         value = getattr(link, call.method)(*call.args)
-    except Exception as exc:  # the child decides what a failed call means (a read prefills instead)
-        log.exception("prompt store call %s failed", call.method)
-        return None if call.call_id == NO_REPLY else StoreReply(call.call_id, None, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        if not isinstance(exc, StoreFailedError):
+            log.exception("prompt store call %s failed", call.method)
+        return None if call.call_id == NO_REPLY else StoreReply(call.call_id, None, str(exc))
     return None if call.call_id == NO_REPLY else StoreReply(call.call_id, value)

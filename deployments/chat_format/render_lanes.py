@@ -1,0 +1,51 @@
+"""Where the Renderer's work runs: off the event loop, in two bounded pools of threads by size.
+
+Rendering and tokenising a prompt of megabytes takes seconds of CPU. Done on the event loop (or with the
+GIL held, as `Tokenizer.encode` does) it stalls every other request; done in one shared pool, small
+requests queue behind large ones. So work on large inputs (`LARGE_CHARS` or more) runs in a pool of
+`LARGE_WORKERS` threads and everything else in its own pool: large requests wait for each other, never
+small ones, and long texts are tokenised with the GIL released (deployments/tokenizer.py).
+"""
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+LARGE_CHARS = 64 << 10  # characters of text in a request: about 10 ms of tokenising on one core
+LARGE_WORKERS = 2  # large requests tokenised at once, per replica
+SMALL_WORKERS = 8
+
+
+def text_chars(value: Any) -> int:
+    """The characters of every string in a JSON-like value (keys included), walked without recursion."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
+class RenderLanes:
+    """Two bounded thread pools, one for large inputs and one for the rest (one pair per renderer)."""
+
+    def __init__(self, large_workers: int = LARGE_WORKERS, small_workers: int = SMALL_WORKERS) -> None:
+        self._large = ThreadPoolExecutor(large_workers, thread_name_prefix="render-large")
+        self._small = ThreadPoolExecutor(small_workers, thread_name_prefix="render-small")
+
+    async def run(self, chars: int, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)` in the lane for an input of `chars` characters."""
+        pool = self._large if chars >= LARGE_CHARS else self._small
+        return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+
+    def shutdown(self) -> None:
+        self._large.shutdown(wait=False, cancel_futures=True)
+        self._small.shutdown(wait=False, cancel_futures=True)
