@@ -25,7 +25,7 @@ from ray.serve.schema import LoggingConfig
 
 from deployments.chat_format.rendering import RendererOptions
 from deployments.chat_format.template_file import load_template_file
-from deployments.config import DEFAULT_MAX_BODY_BYTES
+from deployments.config import DEFAULT_MAX_BODY_BYTES, AuthSettings
 from deployments.ingress.deployment import Ingress
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
@@ -38,6 +38,7 @@ from deployments.routing.request_router import PrefixAffinityRouter
 from deployments.scheduler.deployment import Scheduler
 from deployments.scheduler.engine.disk_states import STOP_WRITES_S
 from serve_app.args import AppArgs
+from serve_app.ray_network import check_ray_network
 from serve_app.serve_env import direct_ingress_env, replica_env
 
 log = logging.getLogger("tensorfold.app")
@@ -130,13 +131,19 @@ def build_app(args: AppArgs) -> Application:
     return build_graph(args)
 
 
-def build_graph(args: AppArgs, ingress_node_ip: str | None = None) -> Application:
-    """The graph; `ingress_node_ip` places the Ingress replica on that node (it answers HTTP there itself)."""
+def build_graph(args: AppArgs, ingress_node_ip: str | None = None, auth: AuthSettings | None = None) -> Application:
+    """The graph; `ingress_node_ip` places the Ingress replica on that node (it answers HTTP there itself).
+    `auth`: the key digests a caller already read (tensorfold serve, which then drops TENSORFOLD_API_KEY from
+    its environment before Ray starts); None reads them here, from the args and this process's environment."""
+    check_ray_network(args.allow_unauthenticated_ray_network)  # before anything is deployed
     check_checkpoint(args.model_dir)  # one line naming the problem, before any deployment starts
     device = resolve_device(args)
     engine_config = args.engine_config().model_copy(update={"device": device})
     resolve_backend(engine_config)  # an MLX setting the rank refuses fails the deploy with its one-line fix
-    auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
+    if auth is None:
+        auth = auth_settings(args.api_keys, args.api_key_file, args.metrics_open, os.environ.get(API_KEY_ENV))
+        if os.environ.get(API_KEY_ENV):  # here a Ray worker's: every Ray process started beside it holds it
+            log.warning("%s is in the Ray processes' environment; prefer api_key_file (docs/keys.md)", API_KEY_ENV)
     settings = args.ingress_settings(auth)  # digests only: replica args show in Ray's dashboard
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)

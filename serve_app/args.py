@@ -170,6 +170,18 @@ class GraphSettings(Section):
     )
 
 
+class ClusterSettings(Section):
+    """Ray's own ports (serve_app/ray_network.py): startup refuses an unauthenticated Ray beyond loopback."""
+
+    SECTION = "cluster"
+
+    allow_unauthenticated_ray_network: bool = Field(
+        default=False,
+        description="start although Ray's token authentication is off and Ray listens beyond loopback: "
+        "anyone who reaches Ray's ports can then run code as this server's user (cluster/README.md)",
+    )
+
+
 class RoutingSettings(Section):
     """Which Scheduler replica a request goes to (deployments/routing/affinity.py)."""
 
@@ -220,6 +232,7 @@ class AppArgs(
     ImageSettings,
     ToolPolicy,
     GraphSettings,
+    ClusterSettings,
     RoutingSettings,
     ResourceSettings,
 ):

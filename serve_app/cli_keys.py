@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any
 
+from serve_app.ray_network import keep_local_ray_on_loopback
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("reload-keys", help="make a running app re-read its API key file now")
@@ -18,6 +20,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
+    keep_local_ray_on_loopback()  # the server's Ray may be a single-machine one, on 127.0.0.1
     import ray
 
     from deployments.ingress.http.key_store import request_reload

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.config import StartupError
+from deployments.config import AuthSettings, StartupError
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
 from deployments.model_rank.backend import resolve_backend
@@ -155,20 +155,22 @@ class _StopSignal:
         self.event.set()
 
 
-def serve_blocking(args: AppArgs, entry: HttpEntry = "ingress") -> int:
-    import ray
-    from ray import serve
-
+def serve_blocking(args: AppArgs, auth: AuthSettings, entry: HttpEntry = "ingress") -> int:
+    """`auth`: the keys' digests, read before Ray starts; no raw key reaches a Ray process's environment."""
     from serve_app.launch import init_ray, run_graph
 
     stop = _StopSignal()
     limits = raise_open_file_limit()  # before ray.init: the raylet, and so the replica serving HTTP, inherit it
     if limits is not None:
         log.info("open-file limit: soft %d (was %d)", limits[1], limits[0])
-    init_ray(entry, args.port)
+    os.environ.pop(API_KEY_ENV, None)  # Ray's processes inherit this environment: the digests travel instead
+    init_ray(entry, args.port)  # before this process imports Ray: a Ray it starts stays on loopback
+    import ray
+    from ray import serve
+
     stop.install()  # after ray.init, which installs its own SIGTERM handler (exit without Serve's shutdown)
     try:
-        url = run_graph(args, entry, APP_NAME)
+        url = run_graph(args, entry, APP_NAME, auth)
         stop.serving = True
         print(f"tensorfold: serving {args.served_name} at {url} ({entry} answers HTTP)", flush=True)
         stop.wait_for_stop(_reload_keys)
@@ -240,4 +242,4 @@ def run(namespace: argparse.Namespace) -> int:
     if warning:
         print(f"tensorfold: {warning}", file=sys.stderr, flush=True)
     args = args.model_copy(update={"http_entry": namespace.http_entry})  # the Ingress replica's env follows it
-    return serve_blocking(args, namespace.http_entry)
+    return serve_blocking(args, auth, namespace.http_entry)

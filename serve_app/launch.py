@@ -13,7 +13,9 @@ import socket
 import time
 from typing import Literal
 
+from deployments.config import AuthSettings
 from serve_app.args import AppArgs
+from serve_app.ray_network import keep_local_ray_on_loopback
 
 HttpEntry = Literal["ingress", "proxy"]
 HTTP_ENTRIES: tuple[HttpEntry, ...] = ("ingress", "proxy")
@@ -21,25 +23,32 @@ LISTEN_TIMEOUT_S = 60.0  # the replica is RUNNING by then; its server starts as 
 
 
 def init_ray(entry: HttpEntry, port: int, **ray_init_options: object) -> None:
-    """Start Ray here (or join RAY_ADDRESS) with the job environment Serve's controller and replicas need."""
+    """Start Ray here (or join RAY_ADDRESS) with the job environment Serve's controller and replicas need.
+    A Ray started here is single-machine: every one of its ports on 127.0.0.1 (serve_app/ray_network.py)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        keep_local_ray_on_loopback()
     import ray
 
     from serve_app.serve_env import cluster_runtime_env
 
     runtime_env = cluster_runtime_env(port if entry == "ingress" else None)
-    ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="serve", runtime_env=runtime_env, **ray_init_options)
+    # "local": a Ray of its own, never the cluster a `ray start` last recorded (Ray's default for None)
+    ray.init(address=address or "local", namespace="serve", runtime_env=runtime_env, **ray_init_options)
 
 
-def run_graph(args: AppArgs, entry: HttpEntry, app_name: str) -> str:
-    """Start Serve and run the graph; returns the base URL once it answers there."""
+def run_graph(args: AppArgs, entry: HttpEntry, app_name: str, auth: AuthSettings | None = None) -> str:
+    """Start Serve and run the graph; returns the base URL once it answers there. `auth`: the key digests
+    already read (build_graph)."""
     import ray
     from ray import serve
 
     from serve_app.app import build_graph
 
-    serve.start(http_options={"host": args.host, "port": args.port if entry == "proxy" else 0})
     ingress_node_ip = ray.util.get_node_ip_address() if entry == "ingress" else None
-    serve.run(build_graph(args, ingress_node_ip=ingress_node_ip), name=app_name, route_prefix="/", blocking=False)
+    graph = build_graph(args, ingress_node_ip=ingress_node_ip, auth=auth)  # its checks refuse before Serve starts
+    serve.start(http_options={"host": args.host, "port": args.port if entry == "proxy" else 0})
+    serve.run(graph, name=app_name, route_prefix="/", blocking=False)
     if entry == "ingress":
         wait_listening(args.host, args.port, LISTEN_TIMEOUT_S)
     return f"http://{args.host}:{args.port}/v1"

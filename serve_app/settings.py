@@ -16,7 +16,20 @@ from pydantic.fields import FieldInfo
 from deployments.config import Flag, Section
 from serve_app.args import AppArgs
 
-SECTIONS = ("model", "HTTP", "keys", "engine", "drafts", "store", "chat", "vision", "graph", "routing", "resources")
+SECTIONS = (
+    "model",
+    "HTTP",
+    "keys",
+    "engine",
+    "drafts",
+    "store",
+    "chat",
+    "vision",
+    "graph",
+    "cluster",
+    "routing",
+    "resources",
+)
 
 
 @dataclass(frozen=True)

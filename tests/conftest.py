@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from serve_app.ray_network import local_ray_env
+
 REPO = Path(__file__).resolve().parents[1]
 BUILTIN_TINY_GLM = REPO / "serve_app" / "builtin" / "tiny-glm"
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# The session's Ray, started unauthenticated, keeps every port on 127.0.0.1 (the app builder refuses
+# otherwise: serve_app/ray_network.py); Ray reads this on import, after this file runs.
+os.environ.update(local_ray_env())
 # Ray's workers and Serve's build task import this checkout (also when it is not pip-installed).
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
@@ -69,7 +74,12 @@ def ray_cluster() -> Iterator[None]:
     # Serve's data-path settings reach its controller and proxy from the job; the apps are reached through
     # Serve's proxy, as under `serve run` (tests/e2e/test_cli_serve_e2e.py runs `tensorfold serve`'s direct path).
     ray.init(
-        num_cpus=8, namespace="serve", include_dashboard=False, log_to_driver=False, runtime_env=cluster_runtime_env()
+        address="local",  # its own, never one a `ray start` on this machine recorded
+        num_cpus=8,
+        namespace="serve",
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env=cluster_runtime_env(),
     )
     yield
     from ray import serve

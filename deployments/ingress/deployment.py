@@ -14,6 +14,7 @@ from deployments.ingress.context import IngressSettings
 from deployments.ingress.http.drain import Drain
 from deployments.ingress.http.key_store import KeyStore
 from deployments.log_setup import configure_logging
+from deployments.serve_sockets import configure_serve_sockets
 
 
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=1024)
@@ -27,6 +28,7 @@ class Ingress:
         responses: DeploymentHandle,
     ) -> None:
         configure_logging()  # the finish log
+        configure_serve_sockets()  # before Serve binds this replica's gRPC server and HTTP port
         self._backend = GraphBackend(renderer, scheduler, responses)
         self._settings = settings
         self._keys = KeyStore(settings.auth)  # reached by reload_keys as well as by the app's auth

@@ -15,6 +15,7 @@ from deployments.config import ImageSettings
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
 from deployments.messages.replies import Refusal
 from deployments.renderer.chat_prompts import ChatPromptRenderer
+from deployments.serve_sockets import configure_serve_sockets
 
 
 @serve.deployment(name="Renderer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
@@ -22,6 +23,7 @@ class Renderer:
     def __init__(
         self, checkpoint_dir: str, options: RendererOptions | None = None, images: ImageSettings | None = None
     ) -> None:
+        configure_serve_sockets()  # before Serve binds this replica's gRPC server
         self._renderer = ChatPromptRenderer.open(checkpoint_dir, options, images)
         self._lanes = RenderLanes()
 

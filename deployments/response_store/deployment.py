@@ -8,11 +8,13 @@ from ray import serve
 
 from deployments.messages.responses import StoredResponse
 from deployments.response_store.store import ResponseStore
+from deployments.serve_sockets import configure_serve_sockets
 
 
 @serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=1024)
 class ResponseStoreDeployment:
     def __init__(self) -> None:
+        configure_serve_sockets()  # before Serve binds this replica's gRPC server
         self._store = ResponseStore()
 
     async def save(self, entry: StoredResponse) -> bool:

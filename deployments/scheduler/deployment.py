@@ -37,6 +37,7 @@ from deployments.scheduler.ray_metrics import RayMetricsExport
 from deployments.scheduler.transports.hub import StreamHub
 from deployments.scheduler.transports.process import EngineProcess
 from deployments.scheduler.transports.thread import EngineLoop
+from deployments.serve_sockets import configure_serve_sockets
 
 log = logging.getLogger("tensorfold.engine")
 # After a lost engine's requests were ended: time for their error chunks to reach the callers before exiting.
@@ -107,6 +108,7 @@ def _exit_replica(reason: str) -> None:
 class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         configure_logging()
+        configure_serve_sockets()  # before Serve binds this replica's gRPC server
         self._store = ActorStoreLink(config) if config.learning else None
         replica_id = _serve_replica_id()
         # Outside Serve the process is the replica, and nothing would replace it: it stays, reporting the loss.

@@ -194,10 +194,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_graph_here(app_args: AppArgs, entry: HttpEntry, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
     """The graph as `tensorfold serve --http-entry ENTRY` starts it, on a Ray cluster of its own."""
+    init_ray(entry, app_args.port)  # before this process imports Ray: it keeps a Ray it starts on loopback
     import ray
     from ray import serve
 
-    init_ray(entry, app_args.port)
     try:
         url = run_graph(app_args, entry, "bench")
         figures = asyncio.run(_run_http(url, app_args.served_name, rounds, max_tokens))

@@ -105,10 +105,10 @@ async def _workload(url: str, model: str, args: argparse.Namespace) -> tuple[lis
 
 
 def _run_one(app_args: AppArgs, args: argparse.Namespace) -> WorkloadFigures:
+    init_ray("proxy", app_args.port)  # before this process imports Ray: it keeps a Ray it starts on loopback
     import ray
     from ray import serve
 
-    init_ray("proxy", app_args.port)
     try:
         url = run_graph(app_args, "proxy", "bench-turns")
         _wait_running()

@@ -33,14 +33,22 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from serve_app.ray_network import is_loopback_host
 from tests.conftest import REPO, free_port
-from tests.support.serve_harness import listener_of
+from tests.support.serve_harness import (
+    closed_by_the_server,
+    listener_of,
+    listening_sockets,
+    process_tree,
+    time_wait_on,
+)
 from tests.support.service_units import service_command
 
 pytestmark = pytest.mark.e2e
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 START_TIMEOUT_S = 300  # a fresh Ray cluster and the graph, on a 2-core machine beside the session's cluster
 POLL_S = 0.2  # between two rounds of the loading watch
+ENV_KEY = "tf-env-key-7f3a9c"  # a key given through TENSORFOLD_API_KEY to the restarted server
 LOADING_REQUEST = {"model": "tiny", "messages": USER, "max_tokens": 16, "temperature": 0}
 DRAIN_S = 2.0  # the server's drain grace: the long streams of the SIGTERM test outlast it
 STOP_BUDGET_S = 30.0  # SIGTERM to exit: the drain's grace, the store's last writes, Serve and Ray stopping
@@ -109,11 +117,11 @@ def _watch_loading(server: Server) -> None:
         window.replies = [future.result() for future in sent]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
+def _launch(port: int, watch: bool = True, **env_vars: str) -> Server:
+    """`tensorfold serve` on `port` with a Ray cluster of its own; returns once it says it is serving (and
+    with `watch`, once /health answers 200, the loading window recorded)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
-    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
-    port = free_port()
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
     flags = ["builtin:tiny-glm", "--name", "tiny", "--port", str(port), "--parallel", "4", "--engine-threads", "1"]
     flags += ["--drain-timeout", str(DRAIN_S)]
     command = service_command(flags, env)  # what `tensorfold service install` would run
@@ -122,16 +130,31 @@ def server() -> Iterator[Server]:
     ready = threading.Event()
     threading.Thread(target=_collect, args=(running, ready), daemon=True).start()
     try:
-        _watch_loading(running)
+        if watch:
+            _watch_loading(running)
         assert ready.wait(START_TIMEOUT_S) and process.poll() is None, "".join(running.lines[-40:])
+    except BaseException:
+        _stop(running)
+        raise
+    return running
+
+
+def _stop(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    running = _launch(free_port())
+    try:
         yield running
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        _stop(running)
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
@@ -206,6 +229,18 @@ def test_a_client_that_walks_away_stops_its_request(server: Server) -> None:
         assert time.monotonic() < deadline, "the request was not stopped upstream"
         time.sleep(0.2)
     assert httpx.get(f"{server.base}/health", timeout=30).json()["requests_running"] == 0
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
+def test_every_ray_port_stays_on_loopback(server: Server) -> None:
+    """Ray's GCS, raylet, dashboard agent, metrics exporters and workers: nothing beyond 127.0.0.1/::1."""
+    tree = process_tree(server.process.pid)
+    sockets = listening_sockets(tree)
+    names = " ".join(name for name, _, _ in sockets)
+    assert "gcs_server" in names and "raylet" in names and "DashboardAgent" in names, sockets
+    assert any("ServeReplica:tensorfold:Ingress" in name and port == server.port for name, _, port in sockets)
+    exposed = [entry for entry in sockets if not is_loopback_host(entry[1])]
+    assert not exposed and len(sockets) >= 8, exposed or sockets
 
 
 def _engine_processes(root: int) -> list[int]:
@@ -305,6 +340,9 @@ def _ended_with_error(end: StreamEnd) -> bool:
 
 
 def test_sigterm_drains_the_streams_refuses_new_work_and_exits_quietly(server: Server) -> None:
+    for _ in range(3):  # clients asking the server to close: its side of each connection lingers in TIME_WAIT
+        assert closed_by_the_server(server.port).startswith(b"HTTP/1.1 200")
+    assert time_wait_on(server.port) >= 3
     short = {"model": "tiny", "messages": USER, "max_tokens": 64, "ignore_eos": True, "stream": True}
     long = {**short, "max_tokens": 3000}
     first_token = threading.Semaphore(0)
@@ -335,3 +373,21 @@ def test_sigterm_drains_the_streams_refuses_new_work_and_exits_quietly(server: S
     output = "".join(server.lines)
     assert "SIGTERM, draining" in output and "drained:" in output
     assert "SIGTERM received" not in output and "PC: @" not in output, output[-4000:]  # no native stack trace
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
+def test_a_restart_on_the_same_port_serves_at_once_and_keeps_the_env_key_out_of_ray(server: Server) -> None:
+    """Right after the drained stop above (its TIME_WAIT sockets still on the port), a supervisor's restart, now with
+    TENSORFOLD_API_KEY set: it serves, asks for the key, and no Ray process's environment holds the key."""
+    assert server.process.poll() is not None and time_wait_on(server.port) >= 3
+    restarted = _launch(server.port, watch=False, TENSORFOLD_API_KEY=ENV_KEY)
+    try:
+        assert httpx.get(f"{restarted.base}/v1/models", timeout=30).status_code == 401
+        authorized = {"Authorization": f"Bearer {ENV_KEY}"}
+        assert httpx.get(f"{restarted.base}/v1/models", headers=authorized, timeout=30).status_code == 200
+        cli, *ray_processes = process_tree(restarted.process.pid)
+        assert any(ENV_KEY in value for value in cli.environ().values())  # the reading works: the CLI was given it
+        holding = [p.cmdline()[:1] for p in ray_processes if any(ENV_KEY in v for v in p.environ().values())]
+        assert len(ray_processes) >= 8 and not holding, holding
+    finally:
+        _stop(restarted)

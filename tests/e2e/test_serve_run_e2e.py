@@ -11,14 +11,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from serve_app.ray_network import is_loopback_host, local_ray_env
 from tests.conftest import REPO, free_port
-from tests.support.serve_harness import listener_of
+from tests.support.serve_harness import listener_of, listening_sockets, process_tree
 
 pytestmark = pytest.mark.e2e
 START_TIMEOUT_S = 300
@@ -40,12 +42,19 @@ def _config_on(port: int, out: Path) -> Path:
     return path
 
 
+@dataclass
+class Served:
+    base: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen  # `serve run`, the parent of the Ray cluster it started
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = free_port()
     config = _config_on(port, tmp_path_factory.mktemp("serve-run"))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
-    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_ADDRESS"] = "local"  # a cluster of its own, even where a `ray start` left its address behind
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **local_ray_env())  # the README's command
     serve = Path(sys.executable).with_name("serve")
     log = (tmp_path_factory.getbasetemp() / "serve-run.log").open("w")
     process = subprocess.Popen(
@@ -63,7 +72,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(1)
         else:
             pytest.fail("serve run did not serve the model: " + Path(log.name).read_text()[-4000:])
-        yield base
+        yield Served(base, process)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -74,18 +83,27 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
-def test_the_ingress_replica_answers_on_the_yamls_port(served: str) -> None:
-    assert "ServeReplica:tensorfold:Ingress" in listener_of(int(served.rsplit(":", 1)[1]))
+def test_the_ingress_replica_answers_on_the_yamls_port(served: Served) -> None:
+    assert "ServeReplica:tensorfold:Ingress" in listener_of(int(served.base.rsplit(":", 1)[1]))
 
 
-def test_a_chat_reply_comes_back_through_the_direct_entry(served: str) -> None:
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
+def test_every_ray_port_stays_on_loopback(served: Served) -> None:
+    sockets = listening_sockets(process_tree(served.process.pid))
+    names = " ".join(name for name, _, _ in sockets)
+    assert "gcs_server" in names and "raylet" in names and "ServeReplica:tensorfold:Ingress" in names, sockets
+    exposed = [entry for entry in sockets if not is_loopback_host(entry[1])]
+    assert not exposed and len(sockets) >= 8, exposed or sockets
+
+
+def test_a_chat_reply_comes_back_through_the_direct_entry(served: Served) -> None:
     body = {
         "model": "tiny-glm",
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "temperature": 0,
         "max_tokens": 48,
     }
-    response = httpx.post(f"{served}/v1/chat/completions", json=body, timeout=60)
+    response = httpx.post(f"{served.base}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     reply = response.json()
     assert "Paris" in reply["choices"][0]["message"]["content"]

@@ -68,3 +68,51 @@ def listener_of(port: int) -> str:
         except OSError:  # gone, or not ours to read
             continue
     return ""
+
+
+def process_tree(root_pid: int) -> list[Any]:
+    """The process and every descendant (Ray's GCS, raylet, agents and workers under a server it started)."""
+    import psutil
+
+    root = psutil.Process(root_pid)
+    return [root, *root.children(recursive=True)]
+
+
+def listening_sockets(processes: list[Any]) -> list[tuple[str, str, int]]:
+    """(process name, address, port) of every listening TCP socket and bound UDP socket the processes hold."""
+    import psutil
+
+    found = []
+    for process in processes:
+        try:
+            connections = process.net_connections(kind="inet")
+            name = " ".join(process.cmdline()[:1]) or process.name()
+        except psutil.NoSuchProcess:
+            continue
+        for conn in connections:
+            if conn.status in (psutil.CONN_LISTEN, psutil.CONN_NONE) and conn.laddr:
+                found.append((name, conn.laddr.ip, conn.laddr.port))
+    return found
+
+
+def time_wait_on(port: int) -> int:
+    """TIME_WAIT sockets (state 06) whose local port is `port`: the server closed those connections first."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            cols = row.split()
+            count += int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "06"
+    return count
+
+
+def closed_by_the_server(port: int, path: str = "/health") -> bytes:
+    """One request asking the server to close; read to its end of stream before closing, so the server's
+    side closes first (and lingers in TIME_WAIT on `port`). Returns the reply."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
