@@ -13,6 +13,7 @@
 #define ROWS 4         // rows of x per register block
 #define ACCUMULATORS 4 // 16-lane accumulators per block (rows x tiles of one pass), half the register file
 #define CHUNK_ROWS 64  // rows per work item: threads split M in chunks as well as N in groups
+#define UNROLL _Pragma("GCC unroll 4")  // R and P unrolled whole, so the accumulators stay in registers
 
 // out rows [0, R) x tiles [t0, t0 + P) of one group of T tiles (cols_left columns remain in W from tile 0).
 static inline __attribute__((always_inline)) void block(const uint16_t *x, int64_t ldx, const uint16_t *b,
@@ -20,26 +21,26 @@ static inline __attribute__((always_inline)) void block(const uint16_t *x, int64
                                                          int64_t cols_left, int T, int t0, const int R,
                                                          const int P) {
     vf16 acc[ROWS][ACCUMULATORS];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < P; t++) acc[r][t] = vf_zero();
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int t = 0; t < P; t++) acc[r][t] = vf_zero();
     for (int64_t kt = 0; kt < k_tiles; kt++) {
         const uint16_t *bk = b + kt * T * TILE_ELEMS, *xk = x + kt * TILE_K;
         for (int p = 0; p < TILE_K / 2; p++) {
             vf16 even[ROWS], odd[ROWS];
-            for (int r = 0; r < R; r++) {
+            UNROLL for (int r = 0; r < R; r++) {
                 even[r] = vf_set1(bf16_to_float(xk[r * ldx + 2 * p]));
                 odd[r] = vf_set1(bf16_to_float(xk[r * ldx + 2 * p + 1]));
             }
-            for (int t = 0; t < P; t++) {
+            UNROLL for (int t = 0; t < P; t++) {
                 vf16 w_even, w_odd;
                 bf16_pairs(bk + (p * T + t0 + t) * 2 * TILE_N, &w_even, &w_odd);
-                for (int r = 0; r < R; r++) acc[r][t] = vf_fma(even[r], w_even, acc[r][t]);
-                for (int r = 0; r < R; r++) acc[r][t] = vf_fma(odd[r], w_odd, acc[r][t]);
+                UNROLL for (int r = 0; r < R; r++) acc[r][t] = vf_fma(even[r], w_even, acc[r][t]);
+                UNROLL for (int r = 0; r < R; r++) acc[r][t] = vf_fma(odd[r], w_odd, acc[r][t]);
             }
         }
     }
-    for (int t = 0; t < P; t++)
-        for (int r = 0; r < R; r++)
+    UNROLL for (int t = 0; t < P; t++)
+        UNROLL for (int r = 0; r < R; r++)
             store16(out + r * ldo, (t0 + t) * TILE_N, DT_BF16, cols_left - (t0 + t) * TILE_N, acc[r][t]);
 }
 

@@ -50,7 +50,7 @@ VF_INLINE void native_to_f16(uint16_t *p, vn v) {
 #endif
 }
 
-#define EACH_PART for (int i_ = 0; i_ < PARTS; i_++)
+#define EACH_PART _Pragma("GCC unroll 4") for (int i_ = 0; i_ < PARTS; i_++)
 #define VF_MAP(name, expr)                       \
     VF_INLINE vf16 name(vf16 a, vf16 b) {        \
         vf16 r;                                  \
@@ -185,12 +185,16 @@ VF_INLINE vi16 vi_shl16(vi16 a) {
     EACH_PART r.p[i_] = (vin)((vun)a.p[i_] << 16);
     return r;
 }
+// Whole-vector copies go part by part: each memcpy of one part is one unaligned load or store (one copy of
+// the whole struct goes through the stack, and its reload stalls on store forwarding).
 VF_INLINE vi16 vi_loadu(const void *p) {
     vi16 r;
-    memcpy(r.p, p, sizeof(r.p));
+    EACH_PART memcpy(&r.p[i_], (const char *)p + i_ * sizeof(vin), sizeof(vin));
     return r;
 }
-VF_INLINE void vi_store(int32_t *p, vi16 a) { memcpy(p, a.p, sizeof(a.p)); }
+VF_INLINE void vi_store(int32_t *p, vi16 a) {
+    EACH_PART memcpy(p + i_ * NATIVE_LANES, &a.p[i_], sizeof(vin));
+}
 VF_INLINE vmask16 vi_eq(vi16 a, vi16 b) {
     vmask16 r;
     EACH_PART r.p[i_] = a.p[i_] == b.p[i_];
@@ -226,7 +230,7 @@ VF_INLINE int mask_any(vmask16 a) {
 VF_INLINE vf16 vf_load_f32(const float *p, int64_t left) {
     vf16 r;
     if (left >= 16) {
-        memcpy(r.p, p, sizeof(r.p));
+        EACH_PART memcpy(&r.p[i_], p + i_ * NATIVE_LANES, sizeof(vn));
         return r;
     }
     float lanes[16] = {0};
@@ -235,14 +239,19 @@ VF_INLINE vf16 vf_load_f32(const float *p, int64_t left) {
     return r;
 }
 VF_INLINE void vf_store_f32(float *p, int64_t left, vf16 v) {
-    memcpy(p, v.p, (size_t)(left >= 16 ? 16 : left) * sizeof(float));
+    if (left >= 16) {
+        EACH_PART memcpy(p + i_ * NATIVE_LANES, &v.p[i_], sizeof(vn));
+        return;
+    }
+    memcpy(p, v.p, (size_t)left * sizeof(float));
 }
 
 // 16 elements of a float32, bfloat16 or float16 array from `index` (the first `left`; zeros past them).
 VF_INLINE vf16 load16(const void *base, int64_t index, int dtype, int64_t left) {
     if (dtype == DT_F32) return vf_load_f32((const float *)base + index, left);
-    uint16_t raw[16] = {0};
-    memcpy(raw, (const uint16_t *)base + index, (size_t)(left >= 16 ? 16 : left) * sizeof(uint16_t));
+    uint16_t staged[16] = {0};
+    const uint16_t *raw = (const uint16_t *)base + index;
+    if (left < 16) raw = memcpy(staged, raw, (size_t)left * sizeof(uint16_t));
     vf16 r;
     EACH_PART {
         if (dtype == DT_BF16) {
