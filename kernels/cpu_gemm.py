@@ -1,11 +1,13 @@
-"""Batch-invariant bfloat16 matmuls, the CPU path's projections: on Intel AMX (kernels/cpu/amx_gemm.c) or,
-at the avx512 level, on AVX-512 BF16 (kernels/cpu/avx512_gemm.c).
+"""Batch-invariant bfloat16 matmuls, the CPU path's projections: on Intel AMX (kernels/cpu/amx_gemm.c), at
+the avx512 level on AVX-512 BF16 (kernels/cpu/avx512_gemm.c), at the avx2 level with bfloat16 widened to fp32
+and FMA (kernels/cpu/fma_gemm.c).
 
 torch's bfloat16 GEMMs on CPU read weights at 8-20 GB/s for the 1-16 rows of a decode step, and oneDNN's
 prepacked kernels change a row's bits with the row count at larger K. Here each output element is one
-fixed sequence of ops over K (AMX tile ops, or VDPBF16PS over pairs of K), whatever M, the N split or the
-thread count, and one row streams the weights near memory bandwidth. Weights are packed in place once at
-load (`pack_`, kernels/cpu/bf16_pack.c: one layout for both levels).
+fixed sequence of ops over K (AMX tile ops, VDPBF16PS over pairs of K, or one FMA per element of K), whatever
+M, the N split or the thread count, and one row streams the weights near memory bandwidth. Weights are packed
+in place once at load (`pack_`, kernels/cpu/bf16_pack.h over each GEMM's layout; avx512 and avx2 share
+pair_pack.h's).
 """
 
 import torch
@@ -78,8 +80,10 @@ def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         lib.tf_amx_gemm(
             x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, panels.data_ptr(), cpu_native.threads()
         )
-    else:
+    elif cpu_native.level() is cpu_native.AVX512:
         lib.tf_avx512_gemm(x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, cpu_native.threads())
+    else:
+        lib.tf_fma_gemm(x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, cpu_native.threads())
     return out
 
 

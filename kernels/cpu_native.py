@@ -4,7 +4,9 @@ torch's CPU kernels either change a row's bits with the row count (float32 GEMMs
 GEMMs at large K) or run far below memory bandwidth at decode shapes; these kernels do neither
 (cpu_gemm.py, cpu_attention.py say how). They come in levels chosen at load by the CPU's features: `amx`
 (the bf16 GEMM on AMX tiles) and `avx512` (AVX-512 BF16 without AMX: the same attention and layer ops, the
-GEMM on VDPBF16PS); `TENSORFOLD_KERNELS=amx|avx512` forces one, `auto` takes the best the CPU has. The
+GEMM on VDPBF16PS) and `avx2` (AVX2 + FMA + F16C: the same sources through simd.h's portable backend, the
+GEMM with bfloat16 widened to fp32 and FMA; ARM NEON compiles from them too, tests/kernels/test_kernels_neon.py);
+`TENSORFOLD_KERNELS=amx|avx512|avx2` forces one, `auto` takes the best the CPU has. The
 sources are compiled with the system C compiler into `TENSORFOLD_KERNEL_CACHE` (default
 `~/.cache/tensorfold/kernels`), keyed by level and hash. Without the CPU features, a compiler, or with
 `TENSORFOLD_KERNELS=torch`, `available()` is False and callers keep torch.
@@ -23,12 +25,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CPU_DIR = Path(__file__).parent / "cpu"
-HEADERS = [CPU_DIR / "simd.h", CPU_DIR / "bf16_pack.h"]
+HEADERS = [CPU_DIR / name for name in ("simd.h", "simd_avx512.h", "simd_portable.h", "bf16_pack.h", "pair_pack.h")]
 SHARED_SOURCES = ("paged_attention.c", "layer_ops.c")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
 BASE_COMPILE_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 AVX512_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c")
+AVX2_FLAGS = ("avx2", "fma", "f16c")
+AVX2_COMPILE_FLAGS = ("-mavx2", "-mfma", "-mf16c")
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ AMX = Level(
     (*BASE_COMPILE_FLAGS, *AVX512_COMPILE_FLAGS, "-mamx-tile", "-mamx-bf16"),
 )
 AVX512 = Level("avx512", AVX512_FLAGS, "avx512_gemm.c", (*BASE_COMPILE_FLAGS, *AVX512_COMPILE_FLAGS))
-LEVELS = (AMX, AVX512)  # best first: `auto` takes the first this CPU has
+AVX2 = Level("avx2", AVX2_FLAGS, "fma_gemm.c", (*BASE_COMPILE_FLAGS, *AVX2_COMPILE_FLAGS))
+LEVELS = (AMX, AVX512, AVX2)  # best first: `auto` takes the first this CPU has
 
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
@@ -86,6 +91,7 @@ SIGNATURES = {
 GEMM_SIGNATURES = {
     "amx": ("tf_amx_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int]),
     "avx512": ("tf_avx512_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
+    "avx2": ("tf_fma_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
 }
 
 

@@ -9,26 +9,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TILE_N 16   // columns of W per tile: one fp32 vector of accumulators
-#define TILE_K 32   // bfloat16 elements of K per step (16 pairs)
-#define GROUP_N 4   // n tiles streamed together
-
 #define ROWS 4          // rows of x per register block (ROWS x GROUP_N accumulators)
 #define CHUNK_ROWS 64   // rows per work item: threads split M in chunks as well as N in groups
-#define TILE_ELEMS (TILE_K * TILE_N)
 
-// Element (nt*16 + j, kt*32 + 2p + h) of W in the pack: groups of GROUP_N n tiles, each group K-major,
-// and in each 32-wide K step pair-major, the group's tiles side by side: [kt][p][tile][16 n][2]. Every
-// load of a block walks forward through memory (tiles 1 KiB apart read together stream at a third of
-// the bandwidth).
-static inline int64_t pack_index(int64_t nt, int64_t kt, int p, int j, int h, int64_t n_tiles, int64_t k_tiles) {
-    const int64_t group = nt / GROUP_N, g = nt % GROUP_N;
-    const int64_t count = n_tiles - group * GROUP_N < GROUP_N ? n_tiles - group * GROUP_N : GROUP_N;
-    return group * GROUP_N * k_tiles * TILE_ELEMS + (kt * TILE_K / 2 + p) * count * TILE_N * 2 + g * TILE_N * 2 +
-           j * 2 + h;
-}
-
-#include "bf16_pack.h"  // tf_bf16_pack, tf_bf16_unpack_rows over pack_index
+#include "pair_pack.h"  // the pack's layout (pack_index), tf_bf16_pack, tf_bf16_unpack_rows
 
 // out rows [0, R) x columns of one group's T tiles (cols_left columns remain in W from there).
 static inline __attribute__((always_inline)) void block(const uint16_t *x, int64_t ldx, const uint16_t *b,

@@ -23,23 +23,22 @@ void tf_rms_norm(const void *x, const void *residual, const void *weight, void *
         const void *source = x;
         if (residual) {  // summed = round(x + residual), the stream the next sublayer adds to
             for (int64_t c = 0; c < chunks; c++) {
-                const __mmask16 m = tail_mask(hidden - c * 16);
-                const __m512 sum = _mm512_add_ps(load16(x, base + c * 16, dtype, m),
-                                                 load16(residual, base + c * 16, dtype, m));
-                store16(summed, base + c * 16, dtype, m, sum);
+                const int64_t left = hidden - c * 16;
+                const vf16 sum = vf_add(load16(x, base + c * 16, dtype, left), load16(residual, base + c * 16, dtype, left));
+                store16(summed, base + c * 16, dtype, left, sum);
             }
             source = summed;
         }
-        __m512 squares = _mm512_setzero_ps();
+        vf16 squares = vf_zero();
         for (int64_t c = 0; c < chunks; c++) {
-            const __m512 v = load16(source, base + c * 16, dtype, tail_mask(hidden - c * 16));
-            squares = _mm512_fmadd_ps(v, v, squares);
+            const vf16 v = load16(source, base + c * 16, dtype, hidden - c * 16);
+            squares = vf_fma(v, v, squares);
         }
-        const __m512 scale = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)hidden + eps));
+        const vf16 scale = vf_set1(1.0f / sqrtf(vf_reduce_add(squares) / (float)hidden + eps));
         for (int64_t c = 0; c < chunks; c++) {
-            const __mmask16 m = tail_mask(hidden - c * 16);
-            const __m512 normed = round_to(dtype, _mm512_mul_ps(load16(source, base + c * 16, dtype, m), scale));
-            store16(out, base + c * 16, dtype, m, _mm512_mul_ps(load16(weight, c * 16, dtype, m), normed));
+            const int64_t left = hidden - c * 16;
+            const vf16 normed = round_to(dtype, vf_mul(load16(source, base + c * 16, dtype, left), scale));
+            store16(out, base + c * 16, dtype, left, vf_mul(load16(weight, c * 16, dtype, left), normed));
         }
     }
 }
@@ -54,25 +53,20 @@ void tf_rotary(const void *x, void *out, const void *cos, const void *sin, int64
         for (int64_t h = 0; h < heads; h++) {
             const int64_t row = (t * heads + h) * dim;
             for (int64_t i = 0; i < half; i += 16) {
-                const __mmask16 m = tail_mask(half - i);
-                const __m512 lo = load16(x, row + i, dtype, m), hi = load16(x, row + half + i, dtype, m);
-                const __m512 cos_lo = load16(cos, t * rot + i, dtype, m);
-                const __m512 cos_hi = load16(cos, t * rot + half + i, dtype, m);
-                const __m512 sin_lo = load16(sin, t * rot + i, dtype, m);
-                const __m512 sin_hi = load16(sin, t * rot + half + i, dtype, m);
-                const __m512i sign = _mm512_set1_epi32(INT32_MIN);  // -hi as torch's neg: the sign bit flipped
-                const __m512 neg_hi = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(hi), sign));
-                const __m512 out_lo = _mm512_add_ps(round_to(dtype, _mm512_mul_ps(lo, cos_lo)),
-                                                    round_to(dtype, _mm512_mul_ps(neg_hi, sin_lo)));
-                const __m512 out_hi = _mm512_add_ps(round_to(dtype, _mm512_mul_ps(hi, cos_hi)),
-                                                    round_to(dtype, _mm512_mul_ps(lo, sin_hi)));
-                store16(out, row + i, dtype, m, out_lo);
-                store16(out, row + half + i, dtype, m, out_hi);
+                const int64_t left = half - i;
+                const vf16 lo = load16(x, row + i, dtype, left), hi = load16(x, row + half + i, dtype, left);
+                const vf16 cos_lo = load16(cos, t * rot + i, dtype, left);
+                const vf16 cos_hi = load16(cos, t * rot + half + i, dtype, left);
+                const vf16 sin_lo = load16(sin, t * rot + i, dtype, left);
+                const vf16 sin_hi = load16(sin, t * rot + half + i, dtype, left);
+                const vf16 out_lo =
+                    vf_add(round_to(dtype, vf_mul(lo, cos_lo)), round_to(dtype, vf_mul(vf_neg(hi), sin_lo)));
+                const vf16 out_hi = vf_add(round_to(dtype, vf_mul(hi, cos_hi)), round_to(dtype, vf_mul(lo, sin_hi)));
+                store16(out, row + i, dtype, left, out_lo);
+                store16(out, row + half + i, dtype, left, out_hi);
             }
-            for (int64_t i = rot; i < dim; i += 16) {  // the features RoPE leaves alone
-                const __mmask16 m = tail_mask(dim - i);
-                store16(out, row + i, dtype, m, load16(x, row + i, dtype, m));
-            }
+            for (int64_t i = rot; i < dim; i += 16)  // the features RoPE leaves alone
+                store16(out, row + i, dtype, dim - i, load16(x, row + i, dtype, dim - i));
         }
     }
 }
@@ -86,13 +80,12 @@ void tf_silu_mul(const void *gate, const void *up, void *out, int64_t rows, int6
 #pragma omp parallel for num_threads(threads) if (rows * chunks >= 4096) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < chunks; c++) {
-            const __mmask16 m = tail_mask(cols - c * 16);
-            const __m512 g = load16(gate, r * stride + c * 16, dtype, m);
-            const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-            const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-            const __m512 numerator = _mm512_mask_mul_ps(g, negative, g, e);
-            const __m512 silu = round_to(dtype, _mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
-            store16(out, r * cols + c * 16, dtype, m, _mm512_mul_ps(silu, load16(up, r * stride + c * 16, dtype, m)));
+            const int64_t left = cols - c * 16;
+            const vf16 g = load16(gate, r * stride + c * 16, dtype, left);
+            const vf16 e = exp_nonpositive(vf_sub(vf_zero(), vf_abs(g)));
+            const vf16 numerator = vf_select(vf_lt(g, vf_zero()), vf_mul(g, e), g);
+            const vf16 silu = round_to(dtype, vf_div(numerator, vf_add(vf_set1(1.0f), e)));
+            store16(out, r * cols + c * 16, dtype, left, vf_mul(silu, load16(up, r * stride + c * 16, dtype, left)));
         }
     }
 }
@@ -103,29 +96,27 @@ void tf_argmax_rows(const float *x, int64_t rows, int64_t cols, int64_t *out, in
 #pragma omp parallel for num_threads(threads) if (rows > 1) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * cols;
-        __m512 best = _mm512_set1_ps(-INFINITY);
-        __m512i where = _mm512_set1_epi32(-1);
-        __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        __mmask16 unordered = 0;
+        vf16 best = vf_set1(-INFINITY);
+        vi16 where = vi_set1(-1), at = vi_iota();
+        vmask16 unordered = vf_tail(0);
         for (int64_t c = 0; c < cols; c += 16) {
-            const __mmask16 m = tail_mask(cols - c);
-            const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, row + c);
-            unordered |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
-            const __mmask16 better = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ)
-                                     | (_mm512_cmpeq_epi32_mask(where, _mm512_set1_epi32(-1)) & m);
-            best = _mm512_mask_mov_ps(best, better, v);
-            where = _mm512_mask_mov_epi32(where, better, at);
-            at = _mm512_add_epi32(at, _mm512_set1_epi32(16));
+            const vmask16 m = vf_tail(cols - c);
+            const vf16 v = vf_select(m, vf_load_f32(row + c, cols - c), vf_set1(-INFINITY));
+            unordered = mask_or(unordered, vf_nan(v));
+            const vmask16 better = mask_and(mask_or(vf_gt(v, best), vi_eq(where, vi_set1(-1))), m);
+            best = vf_select(better, v, best);
+            where = vi_select(better, at, where);
+            at = vi_add(at, vi_set1(16));
         }
         int64_t index = -1;
-        if (unordered) {
+        if (mask_any(unordered)) {
             for (int64_t c = 0; c < cols && index < 0; c++)
                 if (row[c] != row[c]) index = c;
         } else {
             float lanes[16];
             int32_t ids[16];
-            _mm512_storeu_ps(lanes, best);
-            _mm512_storeu_si512(ids, where);
+            vf_store_f32(lanes, 16, best);
+            vi_store(ids, where);
             for (int l = 0; l < 16; l++) {
                 if (ids[l] < 0) continue;
                 if (index < 0 || lanes[l] > row[index] || (lanes[l] == row[index] && ids[l] < index)) index = ids[l];

@@ -28,20 +28,6 @@ typedef struct {
     int dtype;
 } attention_args;
 
-// Lane i of the result = the sum of v[i]'s 16 lanes, by one fixed tree whatever the other vectors hold.
-static inline __m512 sum_lanes_of_16(const __m512 v[16]) {
-    __m512 pairs[8], quads[4];
-    for (int i = 0; i < 8; i++)  // per 128-bit quad: [a0+a2, b0+b2, a1+a3, b1+b3]
-        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {  // per quad: the quad's sum for each of 4 vectors
-        const __m512d x = _mm512_castps_pd(pairs[2 * i]), y = _mm512_castps_pd(pairs[2 * i + 1]);
-        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88), _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
-    const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88), _mm512_shuffle_f32x4(quads[2], quads[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
-}
-
 #define MAX_TILE 4  // rows computed together (bounded by the V accumulators the registers hold)
 
 // One tile: `n` rows (query row ts[r], head hs[r]) of one sequence and one KV head, each over its own keys
@@ -63,74 +49,73 @@ static inline __attribute__((always_inline)) void attend_tile_as(
         const int64_t base = table[b] * a->block_size;
         for (int64_t slot = 0; slot < a->block_size && j < most; slot++, j++) rows[j] = (base + slot) * a->hkv + kv_head;
     }
-    __m512 q[MAX_TILE][MAX_HEAD_DIM / 16], best[MAX_TILE];
+    vf16 q[MAX_TILE][MAX_HEAD_DIM / 16], best[MAX_TILE];
     for (int r = 0; r < n; r++) {
-        best[r] = _mm512_set1_ps(-INFINITY);
+        best[r] = vf_set1(-INFINITY);
         for (int64_t c = 0; c < dq; c++)
-            q[r][c] = load16(a->q, (ts[r] * a->hq + hs[r]) * a->d + c * 16, dtype, tail_mask(a->d - c * 16));
+            q[r][c] = load16(a->q, (ts[r] * a->hq + hs[r]) * a->d + c * 16, dtype, a->d - c * 16);
     }
     for (int64_t j0 = 0; j0 < most; j0 += 16) {  // scores of 16 keys at a time
-        __m512 partial[MAX_TILE][16];
+        vf16 partial[MAX_TILE][16];
         for (int i = 0; i < 16; i++) {
             const int64_t j = j0 + i;
             if (j >= most) {
-                for (int r = 0; r < n; r++) partial[r][i] = _mm512_setzero_ps();
+                for (int r = 0; r < n; r++) partial[r][i] = vf_zero();
                 continue;
             }
-            __m512 k[MAX_HEAD_DIM / 16];
-            for (int64_t c = 0; c < dq; c++) k[c] = load16(a->k_cache, rows[j] * a->d + c * 16, dtype, tail_mask(a->d - c * 16));
+            vf16 k[MAX_HEAD_DIM / 16];
+            for (int64_t c = 0; c < dq; c++) k[c] = load16(a->k_cache, rows[j] * a->d + c * 16, dtype, a->d - c * 16);
             for (int r = 0; r < n; r++) {
-                __m512 dot = _mm512_setzero_ps();
+                vf16 dot = vf_zero();
                 if (j < keys[r])
-                    for (int64_t c = 0; c < dq; c++) dot = _mm512_fmadd_ps(q[r][c], k[c], dot);
+                    for (int64_t c = 0; c < dq; c++) dot = vf_fma(q[r][c], k[c], dot);
                 partial[r][i] = dot;
             }
         }
         for (int r = 0; r < n; r++) {
             if (j0 >= keys[r]) continue;
-            const __mmask16 m = tail_mask(keys[r] - j0);
-            const __m512 group = _mm512_mul_ps(sum_lanes_of_16(partial[r]), _mm512_set1_ps(a->scale));
-            _mm512_mask_storeu_ps(scores + r * padded + j0, m, group);
-            best[r] = _mm512_mask_max_ps(best[r], m, best[r], group);
+            const vf16 group = vf_mul(sum_lanes_of_16(partial[r]), vf_set1(a->scale));
+            vf_store_f32(scores + r * padded + j0, keys[r] - j0, group);
+            best[r] = vf_select(vf_tail(keys[r] - j0), vf_max(best[r], group), best[r]);
         }
     }
     float inverse[MAX_TILE];
     for (int r = 0; r < n; r++) {
         float *row_scores = scores + r * padded;
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best[r]));
-        __m512 total = _mm512_setzero_ps();
+        const vf16 top = vf_set1(vf_reduce_max(best[r]));
+        vf16 total = vf_zero();
         for (int64_t j0 = 0; j0 < keys[r]; j0 += 16) {
-            const __mmask16 m = tail_mask(keys[r] - j0);
-            const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row_scores + j0), top)));
-            _mm512_mask_storeu_ps(row_scores + j0, m, e);
-            total = _mm512_add_ps(total, e);
+            const int64_t left = keys[r] - j0;
+            const vf16 e = vf_select(vf_tail(left), exp_nonpositive(vf_sub(vf_load_f32(row_scores + j0, left), top)), vf_zero());
+            vf_store_f32(row_scores + j0, left, e);
+            total = vf_add(total, e);
         }
-        inverse[r] = 1.0f / _mm512_reduce_add_ps(total);
+        inverse[r] = 1.0f / vf_reduce_add(total);
     }
-    __m512 acc[MAX_TILE][MAX_HEAD_DIM / 16];
+    vf16 acc[MAX_TILE][MAX_HEAD_DIM / 16];
     for (int r = 0; r < n; r++)
-        for (int64_t c = 0; c < dvq; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < dvq; c++) acc[r][c] = vf_zero();
     for (int64_t j = 0; j < fewest; j++) {  // the V sums, every row in ascending key order
-        __m512 v[MAX_HEAD_DIM / 16];
-        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16));
+        vf16 v[MAX_HEAD_DIM / 16];
+        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, a->dv - c * 16);
         for (int r = 0; r < n; r++) {
-            const __m512 p = _mm512_set1_ps(scores[r * padded + j]);
-            for (int64_t c = 0; c < dvq; c++) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+            const vf16 p = vf_set1(scores[r * padded + j]);
+            for (int64_t c = 0; c < dvq; c++) acc[r][c] = vf_fma(p, v[c], acc[r][c]);
         }
     }
     for (int64_t j = fewest; j < most; j++) {  // the keys only the tile's later rows see
-        __m512 v[MAX_HEAD_DIM / 16];
-        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16));
+        vf16 v[MAX_HEAD_DIM / 16];
+        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, a->dv - c * 16);
         for (int r = 0; r < n; r++) {
             if (j >= keys[r]) continue;
-            const __m512 p = _mm512_set1_ps(scores[r * padded + j]);
-            for (int64_t c = 0; c < dvq; c++) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+            const vf16 p = vf_set1(scores[r * padded + j]);
+            for (int64_t c = 0; c < dvq; c++) acc[r][c] = vf_fma(p, v[c], acc[r][c]);
         }
     }
     for (int r = 0; r < n; r++)
         for (int64_t c = 0; c < dvq; c++)
-            store16(a->out, (ts[r] * a->hq + hs[r]) * a->dv + c * 16, dtype, tail_mask(a->dv - c * 16),
-                    _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inverse[r])));
+            store16(a->out, (ts[r] * a->hq + hs[r]) * a->dv + c * 16, dtype, a->dv - c * 16,
+                    vf_mul(acc[r][c], vf_set1(inverse[r])));
 }
 
 // The tile kernel compiled per element type and for 64-, 128- and 256-wide heads, so the inner loops carry no
@@ -147,10 +132,11 @@ TILE_OF(DT_F32)
 TILE_OF(DT_BF16)
 TILE_OF(DT_F16)
 
-// How many rows a tile takes: as many V accumulators as leave registers for the V row and the weights.
+// How many rows a tile takes: as many V accumulators as leave registers for the V row and the weights (half
+// the register file; the tile size never changes a row's bits).
 static int tile_rows(int64_t dv) {
-    const int64_t dvq = (dv + 15) / 16;
-    return dvq <= 4 ? 4 : dvq <= 8 ? 2 : 1;
+    const int64_t dvq = (dv + 15) / 16, budget = VF_REGISTERS / 2;
+    return dvq <= budget / 4 ? 4 : dvq <= budget / 2 ? 2 : 1;
 }
 
 // Every (query row, head) of one step. Per sequence and KV head, its rows (query-row major, then the heads

@@ -1,6 +1,7 @@
 """The engine end to end on real (tiny random) checkpoints: exactness, caching, preemption, stops, limits.
 
-Every test runs on the torch rank and on the MLX rank (where mlx imports: Linux runs its CPU build).
+Every test runs on the torch rank and on the MLX rank (where mlx imports: Linux runs its CPU build); the
+bf16 exactness checks also at each lower CPU kernel level and on torch's kernels.
 """
 
 import importlib.util
@@ -11,6 +12,8 @@ from deployments.config import EngineConfig
 from deployments.messages.replies import FinishReason
 from deployments.messages.requests import EngineRequest, Priority, SamplingParams
 from deployments.scheduler.engine.core import Engine
+from kernels import cpu_native
+from tests.support.kernel_levels import other_kernel_levels
 from tests.support.requests import alternating, greedy, reply_tokens
 
 NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
@@ -24,14 +27,23 @@ CASES = [
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
 def checkpoint(request, tmp_path_factory) -> tuple[str, str, str]:
+    dtype, backend = request.param
+    return _build_checkpoint(tmp_path_factory, dtype), dtype, backend
+
+
+@pytest.fixture(scope="module")
+def bf16_checkpoint(tmp_path_factory) -> tuple[str, str, str]:
+    return _build_checkpoint(tmp_path_factory, "bfloat16"), "bfloat16", "torch"
+
+
+def _build_checkpoint(tmp_path_factory, dtype: str) -> str:
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    dtype, backend = request.param
     out = tmp_path_factory.mktemp(f"qwen3-{dtype}")
     build_random_checkpoint("qwen3", out, seed=3, dtype=dtype)
     build_tokenizer(out, family="qwen")
-    return str(out), dtype, backend
+    return str(out)
 
 
 def _engine(checkpoint: tuple[str, str, str], **overrides) -> Engine:
@@ -90,6 +102,21 @@ def test_preempted_request_equals_uninterrupted(checkpoint) -> None:
     tight = tight_engine.generate(_requests(prompts, "p", max_tokens=40))
     assert tight_engine.counters.preemptions_total > 0
     assert reply_tokens(roomy, "p", 6) == reply_tokens(tight, "p", 6)
+
+
+@pytest.mark.parametrize("level", other_kernel_levels())
+def test_replies_are_exact_at_every_kernel_level(bf16_checkpoint, level: str, monkeypatch) -> None:
+    """The bf16 torch rank at each lower kernel level: concurrent = solo = chunked = cached."""
+    monkeypatch.setenv("TENSORFOLD_KERNELS", level)
+    assert cpu_native.level_name() == level
+    prompts = _prompts(8)[4:]  # 30 to 45 tokens
+    engine = _engine(bf16_checkpoint)
+    together = reply_tokens(engine.generate(_requests(prompts, "c", max_tokens=12)), "c", 4)
+    solo = [engine.generate([r])[r.request_id].token_ids for r in _requests(prompts, "s", max_tokens=12)]
+    chunked = _engine(bf16_checkpoint, prefill_chunk_size=5).generate(_requests(prompts, "c", max_tokens=12))
+    cached = engine.generate(_requests(prompts, "c", max_tokens=12))  # the prompts' full blocks are cached now
+    assert together == solo == reply_tokens(chunked, "c", 4) == reply_tokens(cached, "c", 4)
+    assert cached["c-3"].stats.cached_tokens == 32
 
 
 def test_stop_string_cuts_text_and_ends_at_completing_token(checkpoint) -> None:

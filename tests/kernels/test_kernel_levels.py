@@ -16,7 +16,7 @@ def cpu_has(monkeypatch):
     return set_flags
 
 
-AMX_CPU = ("amx_bf16", "amx_tile", *cpu_native.AVX512_FLAGS)
+AMX_CPU = ("amx_bf16", "amx_tile", *cpu_native.AVX512_FLAGS, *cpu_native.AVX2_FLAGS)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,12 @@ AMX_CPU = ("amx_bf16", "amx_tile", *cpu_native.AVX512_FLAGS)
         (cpu_native.AVX512_FLAGS, "amx", None),  # a forced level the CPU lacks: torch
         (cpu_native.AVX512_FLAGS[:-1], "auto", None),  # no f16c
         (AMX_CPU, "torch", None),
+        (AMX_CPU, "avx2", "avx2"),  # an AMX machine runs every level
+        (cpu_native.AVX512_FLAGS, "avx2", None),  # AVX-512 without the avx2/fma flags
+        ((*cpu_native.AVX512_FLAGS, *cpu_native.AVX2_FLAGS), "avx2", "avx2"),
+        (cpu_native.AVX2_FLAGS, "auto", "avx2"),  # an AVX2 CPU without AVX-512
+        (cpu_native.AVX2_FLAGS, "avx512", None),
+        (cpu_native.AVX2_FLAGS[1:], "auto", None),  # no avx2
     ],
 )
 def test_the_level_follows_the_cpu_and_the_setting(cpu_has, monkeypatch, flags, requested, expected) -> None:
@@ -42,28 +48,35 @@ def test_the_level_follows_the_cpu_and_the_setting(cpu_has, monkeypatch, flags, 
 def test_each_level_has_its_own_build_identity(cpu_has, monkeypatch) -> None:
     cpu_has(*AMX_CPU)
     digests = {}
-    for requested in ("amx", "avx512", "torch"):
+    for requested in ("amx", "avx512", "avx2", "torch"):
         monkeypatch.setenv("TENSORFOLD_KERNELS", requested)
         digests[requested] = cpu_native.source_digest()
-    assert digests["amx"].startswith("amx-") and digests["avx512"].startswith("avx512-")
-    assert len(set(digests.values())) == 3
+    assert all(digests[name].startswith(f"{name}-") for name in ("amx", "avx512", "avx2"))
+    assert len(set(digests.values())) == 4
 
 
 def test_the_avx512_level_leaves_out_amx() -> None:
     assert not any("amx" in flag for flag in (*cpu_native.AVX512.cpu_flags, *cpu_native.AVX512.compile_flags))
     assert cpu_native.AMX.sources[1:] == cpu_native.AVX512.sources[1:]  # attention and layer ops: one source
+    assert cpu_native.AVX2.sources[1:] == cpu_native.AVX512.sources[1:]
 
 
-@pytest.mark.skipif(
-    not all(flag in cpu_native.cpu_flags() for flag in cpu_native.AVX512.cpu_flags), reason="no AVX-512 BF16"
-)
-def test_the_avx512_level_builds_and_runs_here(monkeypatch) -> None:
+def test_the_avx2_level_leaves_out_avx512() -> None:
+    assert not any("avx512" in flag or "amx" in flag for flag in cpu_native.AVX2.compile_flags)
+    assert set(cpu_native.AVX2.cpu_flags) == {"avx2", "fma", "f16c"}
+
+
+@pytest.mark.parametrize("name", ["avx512", "avx2"])
+def test_each_level_this_cpu_has_builds_and_runs_here(monkeypatch, name: str) -> None:
     import torch
 
     from kernels import cpu_gemm
 
-    monkeypatch.setenv("TENSORFOLD_KERNELS", "avx512")
-    assert cpu_native.available()
+    chosen = next(lv for lv in cpu_native.LEVELS if lv.name == name)
+    if chosen not in cpu_native.supported_levels():
+        pytest.skip(f"this CPU lacks {', '.join(chosen.cpu_flags)}")
+    monkeypatch.setenv("TENSORFOLD_KERNELS", name)
+    assert cpu_native.available() and cpu_native.level_name() == name
     weight = torch.randn(64, 64).to(torch.bfloat16)
     pack = weight.clone()
     cpu_gemm.pack_(pack)

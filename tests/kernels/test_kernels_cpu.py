@@ -67,6 +67,27 @@ def test_matmul_rows_are_the_same_bits_at_any_row_count_and_thread_count(n: int,
             assert torch.equal(threads(count, cpu_gemm.matmul, x[:rows], pack), alone[:rows]), (count, rows)
 
 
+def test_the_avx2_gemm_is_the_fp32_sum_in_k_order(kernel_level: str) -> None:
+    """At the avx2 level each element is acc += x[k] * w[k] in fp32, k ascending, rounded once to bf16 (a bf16
+    product is exact, so FMA and multiply-then-add agree). A large first product that the last cancels makes
+    every sum between round at its scale, so any other order of K shows in the result."""
+    if kernel_level != "avx2":
+        pytest.skip("the other levels sum pairs of K (VDPBF16PS) or tiles (AMX)")
+    gen = torch.Generator().manual_seed(6)
+    n, k = 48, 96
+    weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    weight[:, 0] = (65536 * (1.5 + 0.5 * torch.rand(n, generator=gen))).to(torch.bfloat16)
+    weight[:, -1] = -weight[:, 0]
+    x = torch.randn(7, k, generator=gen).to(torch.bfloat16)
+    x[:, 0] = x[:, -1] = 1
+    pack = weight.clone()
+    cpu_gemm.pack_(pack)
+    acc = torch.zeros(7, n)
+    for i in range(k):
+        acc = acc + x[:, i : i + 1].float() * weight[:, i].float()
+    assert torch.equal(cpu_gemm.matmul(x, pack), acc.to(torch.bfloat16))
+
+
 def test_packed_rows_read_back_the_original_rows() -> None:
     weight, pack = packed(96, 64)
     ids = torch.tensor([0, 95, 17, 17, 48])

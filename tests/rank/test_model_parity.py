@@ -12,6 +12,7 @@ from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
 from kernels import cpu_gemm
 from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, build_random_checkpoint
+from tests.support.kernel_levels import other_kernel_levels
 from tests.support.model_harness import PagedHarness, tp_worker
 from tests.support.reference import hf_model
 
@@ -210,12 +211,17 @@ def _packed_copy(weight: torch.Tensor) -> list[torch.Tensor]:
     return [copy]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# bf16 also at every lower kernel level (and torch's): each is its own build with its own bits.
+@pytest.mark.parametrize(
+    "dtype,kernels",
+    [("float32", "auto"), ("bfloat16", "auto"), *(("bfloat16", level) for level in other_kernel_levels())],
+)
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_last_token_logits_are_batch_invariant(
-    arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
+    arch: str, dtype: str, kernels: str, checkpoints: dict[str, Path], prompt: list[int], monkeypatch
 ) -> None:
     """Whole prefill, chunks of 1/5/7 with cached decode, and inside a mixed batch: bitwise equal."""
+    monkeypatch.setenv("TENSORFOLD_KERNELS", kernels)
     model = load_model(checkpoints[arch], dtype=dtype)
     whole = PagedHarness(model).prefill(0, prompt)
     for chunk in (1, 5, 7):

@@ -9,13 +9,16 @@ takes down exactly its raylet and workers: never `ray stop`, which would stop ev
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serve_app.ray_network import LOCAL_RAY_VARIABLE
 from tests.conftest import REPO, free_port
 
 NODE_START_TIMEOUT_S = 120
@@ -26,6 +29,7 @@ class LocalNode:
     name: str  # its custom resource: `node_head`, `node_a`, ...
     process: subprocess.Popen
     log: Path
+    folder: Path  # its own --temp-dir: session, sockets and logs
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process.poll() is None:
@@ -35,6 +39,7 @@ class LocalNode:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @dataclass
@@ -79,22 +84,41 @@ def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Po
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _start_node(name: str, args: list[str], env: dict[str, str], tmp: Path) -> LocalNode:
+    """One node with folders and agent ports of its own: nodes of one machine would otherwise share the
+    raylet's socket file and the agents' fixed ports."""
+    folder = Path(tempfile.mkdtemp(prefix=f"tfray-{name}-", dir="/tmp"))  # socket paths must stay short
+    ports = {
+        flag: free_port()
+        for flag in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+        )
+    }
+    args = [*args, f"--temp-dir={folder}", *(f"--{flag}={port}" for flag, port in ports.items())]
+    log = tmp / f"{name}.log"
+    return LocalNode(name, _ray_start(args, env, log), log, folder)
+
+
 def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2) -> LocalCluster:
     """A head (`node_head`) and one worker node per name, all on loopback; waits until every node is alive."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
+    # Several nodes: not the single-machine Ray the rest of the tests keep on loopback (serve_app/ray_network.py).
+    dropped = ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", LOCAL_RAY_VARIABLE)
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     # Token authentication on, as the docs ask of any cluster whose ports leave loopback.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), PYTHONPATH=str(REPO))
     port = free_port()
     cluster = LocalCluster(f"127.0.0.1:{port}", env)
     common = ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus_per_node}", "--num-gpus=0"]
     head_args = [*common, "--head", f"--port={port}", "--include-dashboard=false", '--resources={"node_head": 1}']
-    cluster.nodes.append(LocalNode("node_head", _ray_start(head_args, env, tmp / "head.log"), tmp / "head.log"))
+    cluster.nodes.append(_start_node("node_head", head_args, env, tmp))
     try:
         _wait_for_nodes(cluster, 1)
         for name in workers:
             args = [*common, f"--address={cluster.gcs_address}", f"--resources={json.dumps({name: 1})}"]
-            log = tmp / f"{name}.log"
-            cluster.nodes.append(LocalNode(name, _ray_start(args, env, log), log))
+            cluster.nodes.append(_start_node(name, args, env, tmp))
         _wait_for_nodes(cluster, 1 + len(workers))
     except BaseException:
         cluster.stop()

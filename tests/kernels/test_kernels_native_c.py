@@ -1,0 +1,75 @@
+"""The portable native kernels as C programs (tests/kernels/native/kernels_check.c): the avx2 level built
+natively, and ARM NEON built from the same sources with a cross compiler and run under qemu-aarch64 (or
+natively on an ARM machine). Each build checks the GEMM is the fp32 sum in K order rounded once, attention
+and the layer ops near float64 references or exact, and every row's bits the same at any row count and on
+1 or 2 threads.
+
+The NEON build skips only where neither an ARM CPU nor the cross toolchain (gcc-aarch64-linux-gnu,
+qemu-user; .ci/run installs them) is present.
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kernels import cpu_native
+
+CHECK = Path(__file__).parent / "native" / "kernels_check.c"
+SOURCES = [cpu_native.CPU_DIR / name for name in ("fma_gemm.c", "paged_attention.c", "layer_ops.c")]
+CHECKS = (
+    "gemm_is_the_fp32_sum_in_k_order",
+    "gemm_rows_invariant",
+    "attention_near_float64",
+    "attention_rows_invariant",
+    "rms_norm_near_float64",
+    "rotary_exact",
+    "silu_mul_bf16_near_libm",
+    "argmax_exact",
+)
+# The levels' optimisation and rounding flags (a program, not a shared library).
+PROGRAM_FLAGS = [flag for flag in cpu_native.BASE_COMPILE_FLAGS if flag not in ("-shared", "-fPIC")]
+
+
+def _build(name: str) -> tuple[list[str], list[str]] | None:
+    """(the compile command's head, the run command's head) for this build here, or None if it cannot run."""
+    if name == "avx2":
+        if platform.machine() not in ("x86_64", "AMD64") or not all(
+            f in cpu_native.cpu_flags() for f in cpu_native.AVX2_FLAGS
+        ):
+            return None
+        return ["cc", *PROGRAM_FLAGS, *cpu_native.AVX2_COMPILE_FLAGS], []
+    if platform.machine() in ("aarch64", "arm64"):
+        return ["cc", *PROGRAM_FLAGS], []
+    if shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64"):
+        return ["aarch64-linux-gnu-gcc", *PROGRAM_FLAGS, "-march=armv8-a", "-static"], [shutil.which("qemu-aarch64")]
+    return None
+
+
+@pytest.mark.parametrize("name", ["avx2", "neon"])
+def test_the_portable_kernels_pass_their_c_checks(name: str, tmp_path: Path) -> None:
+    build = _build(name)
+    if build is None:
+        pytest.skip(f"no {name} build here (neon: an ARM CPU, or gcc-aarch64-linux-gnu and qemu-user)")
+    compile_head, run_head = build
+    program = tmp_path / f"kernels_check_{name}"
+    sources = [*map(str, SOURCES), str(CHECK)]
+    subprocess.run(
+        [*compile_head, f"-I{cpu_native.CPU_DIR}", "-o", str(program), *sources, "-lm"],
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
+    result = subprocess.run(
+        [*run_head, str(program)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines == [f"ok {check}" for check in CHECKS]
