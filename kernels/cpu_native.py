@@ -25,7 +25,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CPU_DIR = Path(__file__).parent / "cpu"
-HEADERS = [CPU_DIR / name for name in ("simd.h", "simd_avx512.h", "simd_portable.h", "bf16_pack.h", "pair_pack.h")]
+HEADERS = [
+    CPU_DIR / name
+    for name in ("simd.h", "simd_avx512.h", "simd_portable.h", "bf16_pack.h", "pair_pack.h", "pair_gemm.h")
+]
 SHARED_SOURCES = ("paged_attention.c", "layer_ops.c")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).

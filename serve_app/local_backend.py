@@ -9,11 +9,11 @@ ready), and `attach` hands it the engine's running loop once that exists.
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from deployments.chat_format.render_lanes import RenderLanes, text_chars
+from deployments.chat_format.render_lanes import LanedRendering, RenderLanes
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.messages.memory import ReplicaMemory
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
-from deployments.messages.replies import ImprintAnswer, Refusal
+from deployments.messages.render import TokenizerCard
+from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
 from deployments.messages.status import ReplicaStatus, UpstreamItem
@@ -34,7 +34,7 @@ class _LocalStream:
         await self._generator.aclose()  # type: ignore[attr-defined]
 
 
-class LocalBackend:
+class LocalBackend(LanedRendering):
     def __init__(self, renderer: PromptRenderer, loop: EngineLoop | None) -> None:
         self._renderer = renderer
         self._loop = loop  # None while the engine loads
@@ -53,19 +53,6 @@ class LocalBackend:
 
     async def card(self) -> TokenizerCard:
         return self._renderer.card()
-
-    async def render_chat(self, request: ChatRenderRequest) -> RenderedPrompt | Refusal:
-        chars = text_chars(request.messages) + text_chars(request.tools)
-        return await self._lanes.run(chars, self._renderer.render_or_refuse, request)
-
-    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return await self._lanes.run(len(text), self._renderer.tokenize, text, add_special_tokens)
-
-    async def token_strs(self, ids: list[int]) -> list[str]:
-        return await self._lanes.run(len(ids), self._renderer.token_strs, ids)
-
-    async def detokenize(self, ids: list[int]) -> str:
-        return await self._lanes.run(len(ids), self._renderer.detokenize, ids)
 
     def stream(self, request: EngineRequest) -> _LocalStream:
         return _LocalStream(engine_stream(self.loop, request))

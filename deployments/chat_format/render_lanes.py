@@ -49,3 +49,25 @@ class RenderLanes:
     def shutdown(self) -> None:
         self._large.shutdown(wait=False, cancel_futures=True)
         self._small.shutdown(wait=False, cancel_futures=True)
+
+
+class LanedRendering:
+    """The Renderer's calls, each in its lane: shared by the Renderer deployment and the in-process backend,
+    which set `_renderer` (a PromptRenderer) and `_lanes`."""
+
+    _renderer: Any
+    _lanes: RenderLanes
+
+    async def render_chat(self, request: Any) -> Any:
+        """A `RenderedPrompt`, or the `Refusal` a client's error becomes."""
+        chars = text_chars(request.messages) + text_chars(request.tools)
+        return await self._lanes.run(chars, self._renderer.render_or_refuse, request)
+
+    async def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return await self._lanes.run(len(text), self._renderer.tokenize, text, add_special_tokens)
+
+    async def token_strs(self, ids: list[int]) -> list[str]:
+        return await self._lanes.run(len(ids), self._renderer.token_strs, ids)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return await self._lanes.run(len(ids), self._renderer.detokenize, ids)

@@ -61,24 +61,10 @@ static void block_dispatch(const uint16_t *x, int64_t ldx, const uint16_t *b, in
     }
 }
 
-// out [M, N] (row stride ldo) = x [M, K] (row stride ldx) @ W^T, with W packed by tf_bf16_pack; K must be
-// a multiple of TILE_K (the pack's padding would meet x's next elements otherwise).
+#include "pair_gemm.h"  // pair_gemm: the work split, over block_dispatch above
+
+// out [M, N] = x [M, K] @ W^T, W packed by tf_bf16_pack (pair_gemm.h says how the work is split).
 void tf_fma_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const uint16_t *packed, int64_t n,
                  uint16_t *out, int64_t ldo, int threads) {
-    const int64_t k_tiles = k / TILE_K, n_tiles = (n + TILE_N - 1) / TILE_N;
-    const int64_t groups = (n_tiles + GROUP_N - 1) / GROUP_N, chunks = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
-    const int64_t work = groups * chunks;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && work > 1)
-    for (int64_t item = 0; item < work; item++) {
-        const int64_t group = item / chunks, chunk = item % chunks;  // a thread keeps its W group in cache
-        const int64_t nt0 = group * GROUP_N;
-        const int tiles = (int)(n_tiles - nt0 < GROUP_N ? n_tiles - nt0 : GROUP_N);
-        const uint16_t *b = packed + pack_index(nt0, 0, 0, 0, 0, n_tiles, k_tiles);
-        const int64_t end = (chunk + 1) * CHUNK_ROWS < m ? (chunk + 1) * CHUNK_ROWS : m;
-        for (int64_t r0 = chunk * CHUNK_ROWS; r0 < end; r0 += ROWS) {
-            const int rows = (int)(end - r0 < ROWS ? end - r0 : ROWS);
-            block_dispatch(x + r0 * ldx, ldx, b, k_tiles, out + r0 * ldo + nt0 * TILE_N, ldo, n - nt0 * TILE_N, rows,
-                           tiles);
-        }
-    }
+    pair_gemm(x, m, k, ldx, packed, n, out, ldo, threads);
 }

@@ -9,6 +9,7 @@ their own resources), the app deployed onto it with `serve run --address` as an 
 import asyncio
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,10 +47,8 @@ def _deploy(cluster: LocalCluster, config_name: str, tmp: Path, **args) -> str:
     config["applications"][0]["args"].update(args)
     path = tmp / f"{config_name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    serve = str(Path(cluster.env.get("VIRTUAL_ENV", "")) / "bin" / "serve")
-    command = ["serve", "run", "--address", cluster.gcs_address, "--non-blocking", str(path)]
-    if Path(serve).exists():
-        command[0] = serve
+    serve = str(Path(sys.executable).parent / "serve")  # Ray's CLI, beside this interpreter
+    command = [serve, "run", "--address", cluster.gcs_address, "--non-blocking", str(path)]
     result = subprocess.run(command, env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=READY_TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     base = f"http://127.0.0.1:{port}"
