@@ -112,14 +112,28 @@ class RayNetworkError(RuntimeError):
     """Ray's ports are open to the network without authentication (the message says what to do)."""
 
 
+def started_here() -> bool:
+    """This process started the Ray it runs on (`serve run` or `ray.init()` without an address): a
+    single-machine Ray, not a cluster it joined."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    return bool(node is not None and node.all_processes)  # a joining driver's node starts no process
+
+
 def check_ray_network(allowed: bool) -> None:
-    """Startup's check, in the app builder: refuse an unauthenticated Ray reachable beyond loopback."""
+    """Startup's check, in the app builder: refuse to join an unauthenticated Ray cluster reachable beyond
+    loopback. A single-machine Ray this command started itself (plain `serve run`) has bound its ports
+    already: that is a WARNING naming the safe command, so the documented start keeps working."""
     import ray
 
     if not ray.is_initialized():  # built outside Ray: nothing listens yet
         return
     exposure = read_exposure()
     line = refusal(exposure, allowed)
+    if line is not None and started_here():
+        log.warning("%s This command started that Ray itself, so it starts anyway.", line)
+        return
     if line is not None:
         raise RayNetworkError(line)
     risk = warning(exposure, allowed)

@@ -102,13 +102,15 @@ def _start_node(name: str, args: list[str], env: dict[str, str], tmp: Path) -> L
     return LocalNode(name, _ray_start(args, env, log), log, folder)
 
 
-def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2) -> LocalCluster:
-    """A head (`node_head`) and one worker node per name, all on loopback; waits until every node is alive."""
+def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2, token_auth: bool = True) -> LocalCluster:
+    """A head (`node_head`) and one worker node per name on this machine's address; waits until every node is
+    alive. `token_auth=False` makes the unauthenticated cluster the startup check must refuse."""
     # Several nodes: not the single-machine Ray the rest of the tests keep on loopback (serve_app/ray_network.py).
     dropped = ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", LOCAL_RAY_VARIABLE)
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     # Token authentication on, as the docs ask of any cluster whose ports leave loopback.
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), PYTHONPATH=str(REPO))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)} if token_auth else {}
+    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **auth)
     port = free_port()
     cluster = LocalCluster(f"127.0.0.1:{port}", env)
     common = ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus_per_node}", "--num-gpus=0"]
