@@ -202,11 +202,12 @@ def test_health_sums_replicas_in_their_documented_order() -> None:
         IngressSettings(served_name="m", model_ids=["m", "a"], version="1.2.3"),
         [_status("r1", 2, 1, 10.04, 3), _status("r2", 1, 0, 5.0, 4)],
     )
-    assert list(body)[:9] == [
+    assert list(body)[:10] == [
         "status",
         "model",
         "model_ids",
         "max_batch_size",
+        "vision",
         "policy",
         "warming",
         "memory",

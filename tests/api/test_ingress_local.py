@@ -177,11 +177,12 @@ def test_an_omitted_limit_is_capped_to_the_remaining_context(client: TestClient)
 
 def test_health_fields_in_their_documented_order(client: TestClient) -> None:
     body = client.get("/health").json()
-    assert list(body)[:9] == [
+    assert list(body)[:10] == [
         "status",
         "model",
         "model_ids",
         "max_batch_size",
+        "vision",
         "policy",
         "warming",
         "memory",

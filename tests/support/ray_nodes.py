@@ -102,7 +102,9 @@ def _start_node(name: str, args: list[str], env: dict[str, str], tmp: Path) -> L
     return LocalNode(name, _ray_start(args, env, log), log, folder)
 
 
-def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2, token_auth: bool = True) -> LocalCluster:
+def start_cluster(
+    workers: list[str], tmp: Path, cpus_per_node: int = 2, token_auth: bool = True, head_cpus: int | None = None
+) -> LocalCluster:
     """A head (`node_head`) and one worker node per name on this machine's address; waits until every node is
     alive. `token_auth=False` makes the unauthenticated cluster the startup check must refuse."""
     # Several nodes: not the single-machine Ray the rest of the tests keep on loopback (serve_app/ray_network.py).
@@ -113,13 +115,15 @@ def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2, token_a
     env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **auth)
     port = free_port()
     cluster = LocalCluster(f"127.0.0.1:{port}", env)
-    common = ["--node-ip-address=127.0.0.1", f"--num-cpus={cpus_per_node}", "--num-gpus=0"]
-    head_args = [*common, "--head", f"--port={port}", "--include-dashboard=false", '--resources={"node_head": 1}']
+    common = ["--node-ip-address=127.0.0.1", "--num-gpus=0"]
+    head_args = [*common, f"--num-cpus={head_cpus or cpus_per_node}", "--head", f"--port={port}"]
+    head_args += ["--include-dashboard=false", '--resources={"node_head": 1}']
     cluster.nodes.append(_start_node("node_head", head_args, env, tmp))
     try:
         _wait_for_nodes(cluster, 1)
         for name in workers:
-            args = [*common, f"--address={cluster.gcs_address}", f"--resources={json.dumps({name: 1})}"]
+            args = [*common, f"--num-cpus={cpus_per_node}", f"--address={cluster.gcs_address}"]
+            args.append(f"--resources={json.dumps({name: 1})}")
             cluster.nodes.append(_start_node(name, args, env, tmp))
         _wait_for_nodes(cluster, 1 + len(workers))
     except BaseException:

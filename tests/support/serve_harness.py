@@ -23,14 +23,21 @@ def load_app_config(config_name: str, app_name: str, route_prefix: str, **args: 
     return {**app, "name": app_name, "route_prefix": route_prefix, "args": merged}
 
 
+# Every application deployed here and not yet deleted: a declarative deploy replaces the whole set (Serve
+# deletes the config's applications it no longer lists), so each deploy lists these too, unchanged.
+_DEPLOYED: dict[str, dict[str, Any]] = {}
+
+
 def deploy_apps(apps: list[dict[str, Any]]) -> None:
-    """Deploy applications declaratively, as `serve run config.yaml` does, and wait for RUNNING."""
+    """Deploy applications declaratively, as `serve run config.yaml` does, beside the session's others
+    (the shared tiny-glm app among them), and wait for RUNNING."""
     from ray import serve
     from ray.serve._private.api import serve_start
     from ray.serve.schema import ServeDeploySchema
 
     client = serve_start()  # the running instance
-    client.deploy_apps(ServeDeploySchema(applications=apps))
+    _DEPLOYED.update({app["name"]: app for app in apps})
+    client.deploy_apps(ServeDeploySchema(applications=list(_DEPLOYED.values())))
     names = {app["name"] for app in apps}
     deadline = time.monotonic() + APP_START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -38,6 +45,8 @@ def deploy_apps(apps: list[dict[str, Any]]) -> None:
         states = {name: (s.status if s else "MISSING") for name, s in statuses.items()}
         failed = {n: statuses[n].message for n, st in states.items() if st == "DEPLOY_FAILED"}
         if failed:
+            for name in names:  # not listed again by the next deploy
+                _DEPLOYED.pop(name, None)
             raise RuntimeError(f"applications failed to deploy: {failed}")
         if all(st == "RUNNING" for st in states.values()):
             return
@@ -49,6 +58,7 @@ def delete_apps(names: list[str]) -> None:
     from ray import serve
 
     for name in names:
+        _DEPLOYED.pop(name, None)
         serve.delete(name)
 
 
