@@ -4,8 +4,8 @@ transformers' on one multimodal checkpoint, in one run.
 Both sides start from the same PNG bytes. Encode: our Renderer's decoding and patches, then our tower,
 against transformers' image processor and `get_image_features`. TTFT: the same, then the prompt's prefill
 and first token (our offline Engine, one request, max_tokens 1) against `generate(max_new_tokens=1)` on the
-same ids. Each figure is the median over --images distinct pictures, after one warm-up picture per side;
-the greedy first tokens are printed side by side as a sanity check.
+same ids. Each figure is the median over --images distinct pictures, after one warm-up picture; the sides
+take turns picture by picture. The greedy first tokens are printed side by side as a sanity check.
 """
 
 import argparse
@@ -147,12 +147,22 @@ class TheirSide:
         return int(out[0, -1])
 
 
-def _measure(encode: Callable[[bytes], int], first: Callable[[bytes], int], pngs: list[bytes]) -> Figures:
-    encode(pngs[0])  # warm-up: first calls allocate and pick kernels
-    first(pngs[0])
-    encodes = [_timed(lambda png=png: encode(png))[0] for png in pngs[1:]]
-    firsts = [_timed(lambda png=png: first(png)) for png in pngs[1:]]
-    return Figures(encodes, [seconds for seconds, _ in firsts], [token for _, token in firsts])
+Side = tuple[Callable[[bytes], int], Callable[[bytes], int]]  # (encode, first token) from PNG bytes
+
+
+def _measure(sides: list[Side], pngs: list[bytes]) -> list[Figures]:
+    """Each side's figures over the pictures after pngs[0] (a warm-up); the sides take turns on every
+    picture, so load from elsewhere on the machine falls on both alike."""
+    figures = [Figures([], [], []) for _ in sides]
+    for index, png in enumerate(pngs):
+        for (encode, first), out in zip(sides, figures):
+            encode_s, _ = _timed(lambda: encode(png))
+            ttft_s, token = _timed(lambda: first(png))
+            if index > 0:
+                out.encode_s.append(encode_s)
+                out.ttft_s.append(ttft_s)
+                out.first_tokens.append(token)
+    return figures
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,16 +175,21 @@ def run(args: argparse.Namespace) -> int:
         checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(Path(scratch), args.size, dtype)
         ours = OurSide(checkpoint, args.dtype)
         try:
-            ids, loaded = ours.prompt(pngs[0])
-            mine = _measure(ours.encode, ours.first_token, pngs)
             model_dtype = getattr(torch, ours.engine.runner_info.dtype)
+            theirs = TheirSide(checkpoint, model_dtype)
+            ids, loaded = ours.prompt(pngs[0])
+            _, their_grid = theirs.patches(pngs[0])
+            if tuple(their_grid[0].tolist()) != loaded.grid_thw:
+                raise RuntimeError(f"patch grids differ: ours {loaded.grid_thw}, transformers' {their_grid.tolist()}")
+            mine, other = _measure(
+                [
+                    (ours.encode, ours.first_token),
+                    (theirs.encode, lambda png: theirs.first_token(png, ours.prompt(png)[0])),
+                ],
+                pngs,
+            )
         finally:
             ours.engine.shutdown()
-        theirs = TheirSide(checkpoint, model_dtype)
-        _, their_grid = theirs.patches(pngs[0])
-        if tuple(their_grid[0].tolist()) != loaded.grid_thw:
-            raise RuntimeError(f"patch grids differ: ours {loaded.grid_thw}, transformers' {their_grid[0].tolist()}")
-        other = _measure(theirs.encode, lambda png: theirs.first_token(png, ours.prompt(png)[0]), pngs)
     print(
         f"checkpoint: {checkpoint}  dtype {model_dtype}  threads {torch.get_num_threads()}  "
         f"image {width}x{height} -> grid {loaded.grid_thw}, {loaded.length} image tokens, prompt {len(ids)} tokens  "
