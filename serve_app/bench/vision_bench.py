@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             mine, other = _measure(
                 [
                     (ours.encode, ours.first_token),
-                    (theirs.encode, lambda png: theirs.first_token(png, ours.prompt(png)[0])),
+                    (theirs.encode, lambda png: theirs.first_token(png, ids)),  # every picture: the same size
                 ],
                 pngs,
             )
