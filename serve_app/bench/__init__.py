@@ -51,6 +51,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--profile", action="store_true", help="also print where a step's time goes, by part")
     engine.set_defaults(func=_runner("engine_bench"))
 
+    vision = kinds.add_parser(
+        "vision", help="image encode time and a one-image chat's TTFT vs transformers (Qwen3.5 with a vision tower)"
+    )
+    vision.add_argument("--checkpoint", help="a checkpoint with a vision tower (default: a random one of --size)")
+    vision.add_argument("--size", default="qwen3_5-vl-bench", choices=["qwen3_5-vl-bench"])
+    vision.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    vision.add_argument("--images", type=int, default=3, help="pictures measured (the median is reported)")
+    vision.add_argument("--image-size", default="1024x768", help="each picture's WIDTHxHEIGHT in pixels")
+    vision.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    vision.set_defaults(func=_runner("vision_bench"))
+
     store = kinds.add_parser(
         "store", help="a long conversation's first token: restored from the disk store vs prefilled"
     )
