@@ -158,7 +158,7 @@ class StreamEnd:
 
 def _stream(base: str, prompt: str, started: threading.Semaphore) -> StreamEnd:
     body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "stream": True}
-    body.update(max_tokens=3000, ignore_eos=True, temperature=0)
+    body.update(max_tokens=800, ignore_eos=True, temperature=0)  # still running when the node is lost
     end, first = StreamEnd(), True
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=180) as reply:
         for line in reply.iter_lines():

@@ -112,7 +112,7 @@ def start_cluster(
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     # Token authentication on, as the docs ask of any cluster whose ports leave loopback.
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)} if token_auth else {}
-    env.update(RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **auth)
+    env.update({"RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO), **auth})
     port = free_port()
     cluster = LocalCluster(f"127.0.0.1:{port}", env)
     common = ["--node-ip-address=127.0.0.1", "--num-gpus=0"]
