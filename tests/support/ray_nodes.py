@@ -102,9 +102,7 @@ def _start_node(name: str, args: list[str], env: dict[str, str], tmp: Path) -> L
     return LocalNode(name, _ray_start(args, env, log), log, folder)
 
 
-def start_cluster(
-    workers: list[str], tmp: Path, cpus_per_node: int = 2, token_auth: bool = True, head_cpus: int | None = None
-) -> LocalCluster:
+def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2, token_auth: bool = True) -> LocalCluster:
     """A head (`node_head`) and one worker node per name on this machine's address; waits until every node is
     alive. `token_auth=False` makes the unauthenticated cluster the startup check must refuse."""
     # Several nodes: not the single-machine Ray the rest of the tests keep on loopback (serve_app/ray_network.py).
@@ -116,7 +114,7 @@ def start_cluster(
     port = free_port()
     cluster = LocalCluster(f"127.0.0.1:{port}", env)
     common = ["--node-ip-address=127.0.0.1", "--num-gpus=0"]
-    head_args = [*common, f"--num-cpus={head_cpus or cpus_per_node}", "--head", f"--port={port}"]
+    head_args = [*common, f"--num-cpus={cpus_per_node}", "--head", f"--port={port}"]
     head_args += ["--include-dashboard=false", '--resources={"node_head": 1}']
     cluster.nodes.append(_start_node("node_head", head_args, env, tmp))
     try:
