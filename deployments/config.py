@@ -237,7 +237,33 @@ class ImageSettings(VisionModel):
         return self
 
 
-class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel, VisionModel):
+class SlideSettings(Section):
+    """Living weights (docs/slide.md): facts learned into a pocket of neurons beside the last layer's MLP,
+    checked by asking their questions, and deleted exactly."""
+
+    SECTION = "slide"
+
+    slide: bool = Field(
+        default=False,
+        description="learn facts into the served weights over /v1/slide (attention-only torch models); "
+        "off: those routes answer 501",
+    )
+    slide_dir: Annotated[str, Flag(metavar="PATH")] = Field(
+        default="~/.cache/tensorfold/slide", description="the folder of the pocket's shards and the fact graph"
+    )
+    # Measured with `tensorfold bench slide` (docs/benchmarks.md): 4 fit every fact of the bench's set.
+    slide_neurons: int = Field(default=4, ge=1, le=64, description="pocket neurons each fact owns")
+    slide_capacity: int = Field(default=256, ge=1, le=65536, description="facts the pocket holds at most")
+    slide_steps: int = Field(default=300, ge=1, le=100000, description="optimisation steps one fact may take")
+    slide_margin: Annotated[float, NO_FLAG] = Field(
+        default=1.0, gt=0.0, description="how far a pocket neuron's pre-activation stays from zero, on and off its fact"
+    )
+    slide_learning_rate: Annotated[float, NO_FLAG] = Field(
+        default=0.05, gt=0.0, le=10.0, description="the pocket optimiser's step size (Adam)"
+    )
+
+
+class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel, VisionModel, SlideSettings):
     """Every engine setting a user sets: the part of AppArgs that EngineConfig carries whole."""
 
     @model_validator(mode="after")
@@ -335,7 +361,7 @@ def package_version() -> str:
         return "0.0.0+source"
 
 
-class IngressSettings(IngressHttp, ThinkingDefaults, ToolPolicy):
+class IngressSettings(IngressHttp, ThinkingDefaults, ToolPolicy, SlideSettings):
     """What an Ingress replica is built with: `AppArgs.ingress_settings(auth)`, or built directly in tests."""
 
     served_name: str

@@ -16,6 +16,7 @@ from deployments.messages.render import TokenizerCard
 from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
+from deployments.messages.slide import SlideCall
 from deployments.messages.status import ReplicaStatus, UpstreamItem
 from deployments.messages.store import StoreUnavailable
 from deployments.response_store.store import ResponseStore
@@ -75,6 +76,12 @@ class LocalBackend(LanedRendering):
 
     async def forget_disk(self) -> int | StoreUnavailable:
         return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
+
+    async def slide(self, call: SlideCall) -> list[object]:
+        """The one engine's answer to a living-weights call (its replica is "local")."""
+        if call.replica and call.replica != "local":
+            return []
+        return [await self.loop.engine_call("slide", call)]
 
     async def end_requests(self, reason: str) -> int:
         return 0 if self._loop is None else self._loop.end_all(reason)

@@ -25,6 +25,7 @@ SECTIONS = (
     "store",
     "chat",
     "vision",
+    "slide",
     "graph",
     "cluster",
     "routing",

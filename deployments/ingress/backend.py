@@ -16,11 +16,13 @@ from deployments.messages.render import ChatRenderRequest, RenderedPrompt, Token
 from deployments.messages.replies import ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.responses import StoredResponse
+from deployments.messages.slide import SlideCall
 from deployments.messages.status import ReplicaStatus, UpstreamItem
 from deployments.messages.store import StoreUnavailable
 
 log = logging.getLogger("tensorfold.ingress")
 STATUS_TIMEOUT_S = 5.0
+SLIDE_CALL_TIMEOUT_S = 120.0  # one slide call: a training slice, a staged version, a graph write
 
 
 class Upstream(Protocol):
@@ -55,6 +57,8 @@ class Backend(Protocol):
     async def forget_disk(self) -> int | StoreUnavailable: ...
 
     async def end_requests(self, reason: str) -> int: ...
+
+    async def slide(self, call: SlideCall) -> list[object]: ...
 
     async def save_response(self, entry: StoredResponse) -> None: ...
 
@@ -174,6 +178,16 @@ class GraphBackend:
         response = self._scheduler.broadcast("end_requests", reason)
         results = await response.results_async(timeout_s=STATUS_TIMEOUT_S, return_exceptions=True)
         return sum(r for r in results if isinstance(r, int))
+
+    async def slide(self, call: SlideCall) -> list[object]:
+        """Every Scheduler replica's answer to a living-weights call, or the named replica's alone (a list of
+        one); a replica that fails or does not answer in time raises."""
+        response = self._scheduler.broadcast("slide", call)
+        results = await response.results_async(timeout_s=SLIDE_CALL_TIMEOUT_S, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise RuntimeError(f"a Scheduler replica failed a slide call: {failures[0]}")
+        return [r for r in results if r is not None] if call.replica else list(results)
 
     async def save_response(self, entry: StoredResponse) -> None:
         await self._responses.save.remote(entry)

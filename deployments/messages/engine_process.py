@@ -18,7 +18,7 @@ from deployments.messages.status import EngineInfo
 
 # What a replica may ask its engine between steps: the imprint routes' query, DELETE /v1/imprint's
 # forgetting, and GET /memory's snapshot.
-ENGINE_CALLS = ("imprint", "forget_disk", "memory", "client_left")
+ENGINE_CALLS = ("imprint", "forget_disk", "memory", "client_left", "slide")
 NO_REPLY = -1  # a StoreCall nobody waits for (a write)
 
 

@@ -75,6 +75,7 @@ class RequestStats:
     accepted: int = 0  # of those, kept (equal to the token the keyed draw gave at their row)
     draft_rounds: int = 0  # decode rounds that verified at least one draft
     accepted_per_position: list[int] = field(default_factory=list)  # [k]: drafts kept at draft position k
+    pocket_version: int = 0  # living weights: the pocket version every token was computed with (0: the base)
 
     @property
     def acceptance_rate(self) -> float:

@@ -95,6 +95,17 @@ class EngineRequest:
     # True: the reply is streamed to its client, and Ingress counts a client that leaves it (a short reply
     # often finished here before the client left); the engine then counts no disconnection for its abort.
     streamed: bool = False
+    # Living weights (docs/slide.md): the pocket version the reply is computed with; None: the version current
+    # when the engine admits it. Ingress names one only for a learn's or delete's checks.
+    pocket_version: int | None = None
+    # Living weights: the rank keeps this prompt's last-layer rows under this key for training (set by the
+    # engine for its own capture requests); like prompt_logprobs, the whole prompt is computed.
+    capture: str | None = None
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """No prefix cache or disk state: every prompt position is computed (its rows are wanted)."""
+        return self.prompt_logprobs is not None or self.capture is not None
 
 
 @dataclass

@@ -28,6 +28,7 @@ from deployments.log_setup import configure_logging
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.replies import EngineChunk, ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.messages.slide import SlideCall
 from deployments.messages.status import EngineInfo, ReplicaStatus, UpstreamItem
 from deployments.messages.store import StoreUnavailable
 from deployments.prompt_store.links import ActorStoreLink
@@ -147,6 +148,12 @@ class Scheduler:
 
     async def forget_disk(self) -> int | StoreUnavailable:
         return await self._loop.engine_call("forget_disk")  # type: ignore[return-value]
+
+    async def slide(self, call: SlideCall) -> object:
+        """A living-weights call (docs/slide.md): None when it names another replica."""
+        if call.replica and call.replica != self._replica:
+            return None
+        return await self._loop.engine_call("slide", call)
 
     def record_routing_stats(self) -> dict[str, object]:
         """Serve's routing stats, read by the prefix-affinity router: the blocks held and the queue."""

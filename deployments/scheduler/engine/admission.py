@@ -125,6 +125,6 @@ class Admission:
         if self.drafts is not None:
             self.drafts.start(seq)
         seq.stats.draft_method = "off" if seq.draft is None else seq.draft.method
-        if self.disk is not None and request.prompt_logprobs is None:
+        if self.disk is not None and not request.computes_whole_prompt:
             seq.stats.disk_tokens = self.disk.restore_prompt(request)
         return seq

@@ -129,9 +129,9 @@ class Planner:
         # Prompt logprobs need every prompt position computed, so such a request never resumes from the cache.
         covered, limit = 0, len(seq.token_ids) - 1
         restore = None
-        if seq.request.prompt_logprobs is None and self.states is not None:
+        if not seq.request.computes_whole_prompt and self.states is not None:
             limit, restore = self._resumable(seq, limit)
-        if seq.request.prompt_logprobs is None and limit > 0:
+        if not seq.request.computes_whole_prompt and limit > 0:
             request = seq.request
             covered = self.blocks.adopt_prefix(
                 seq.block_table, seq.token_ids, limit, request.prompt_hashes, request.images

@@ -1,0 +1,127 @@
+"""Living weights (`--slide`, docs/slide.md): what Ingress and the Scheduler say to each other about the pocket.
+
+The pocket is a set of extra neurons beside the last decoder layer's MLP, `capacity x neurons_per_fact` in
+all; each fact owns `neurons_per_fact` of them. A pocket version is the whole pocket's weights at one moment:
+every reply is computed with one version (the one current when it was admitted, or the one its request
+names), and every Scheduler replica and tensor-parallel rank holds the same versions.
+
+Ingress runs a learn or a delete as a series of engine calls (`SlideCall`), each sent to every Scheduler
+replica, or to the one `replica` named (training runs on one copy; its result is staged on all of them).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# A fact's states in the graph. `learning` and `deleting` are transient: a fact left `deleting` (a crash
+# between the weights and the graph) is settled by sending its delete again.
+FACT_STATES = ("learning", "learned", "failed", "deleting", "deleted")
+
+
+@dataclass
+class SlideQuestion:
+    """A question about a fact and the answer a greedy reply must give (the reply's content, stripped)."""
+
+    question: str
+    answer: str
+
+
+@dataclass
+class SlideFact:
+    """One fact in the graph (the graph file holds a list of them; GET /v1/slide/graph shows them)."""
+
+    id: int  # 1, 2, ... in the order facts were added; never reused
+    text: str
+    questions: list[SlideQuestion]
+    state: str = "learning"  # one of FACT_STATES
+    neurons: list[int] = field(default_factory=list)  # the pocket neurons it owns (held while learned)
+    version: int = 0  # the pocket version that learned it (or zeroed it)
+    reason: str | None = None  # why it failed, or why it was deleted (the delete's optional reason)
+    created: float = 0.0  # wall clock when it was added
+    updated: float = 0.0  # wall clock of its last state change
+
+
+@dataclass
+class PocketFigures:
+    """The pocket's shape and use (the graph's `pocket` object)."""
+
+    layer: int  # the decoder layer whose MLP the pocket sits beside (the last)
+    hidden_size: int
+    neurons_per_fact: int
+    capacity: int  # facts the pocket holds at most
+    neurons_used: int  # neurons owned by facts that are learning, learned or deleting
+    version: int  # the current version (0: the base model, nothing learned since the pocket was made)
+    nonzero_neurons: int  # neurons of the current version whose weights are not all zero
+
+
+@dataclass
+class SlideGraph:
+    """One replica's graph: every fact and the pocket (the same on every replica)."""
+
+    model: str  # the checkpoint's identity (docs/slide.md, Files)
+    pocket: PocketFigures
+    facts: list[SlideFact]
+    busy: str = ""  # the learn or delete running now ("" when none)
+
+
+@dataclass
+class PocketPatch:
+    """Some neurons' new weights: a version is its base version with these rows replaced.
+
+    float32 rows; a deleted fact's patch is all zeros (its neurons then contribute exactly nothing).
+    """
+
+    version: int  # the version this patch makes
+    base: int  # the version it starts from
+    neurons: list[int]  # [n] pocket neuron indices
+    gate: np.ndarray  # [n, H] each neuron's key: it fires where relu(gate . x + bias) > 0
+    bias: np.ndarray  # [n]
+    down: np.ndarray  # [n, H] what each neuron adds to the layer's output, times its activation
+
+
+@dataclass
+class SlideExample:
+    """A question as the model sees it: the rendered chat prompt and the answer's ids (ending with the end
+    token, so a greedy reply stops there)."""
+
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+
+@dataclass
+class TrainJob:
+    """Teach one fact's neurons: every example's answer under greedy decoding, and silence elsewhere."""
+
+    fact_id: int
+    neurons: list[int]
+    examples: list[SlideExample]
+    # Token sequences on which these neurons must not fire at any position: the locality set's prompts with
+    # their replies, and the other facts' questions with their answers.
+    quiet: list[list[int]]
+    max_steps: int
+    margin: float  # pre-activations at least this far on the right side of zero
+    learning_rate: float
+
+
+@dataclass
+class TrainProgress:
+    """What training did since the last call (the `learning` events), and its result once it ended."""
+
+    steps: list[tuple[int, float, int]] = field(default_factory=list)  # (step, loss, answer rows right)
+    answer_rows: int = 0  # rows the examples' answers span (all right: greedy replies give every answer)
+    done: bool = False
+    patch: PocketPatch | None = None  # set when done and the neurons fit
+    failed: str = ""  # why training ended without a fit
+
+
+@dataclass
+class SlideCall:
+    """One engine call of a learn or delete (Ingress to every Scheduler replica, or to `replica`).
+
+    `name` is an `Engine.slide_*` method: "graph", "begin", "end", "add_fact", "train", "stage", "commit",
+    "drop", "set_state", "clear_graph"; `args` are its arguments.
+    """
+
+    name: str
+    args: tuple = ()
+    replica: str = ""  # only this Scheduler replica answers (the others return None); "": every replica
