@@ -24,6 +24,8 @@ from kernels import cpu_gemm
 
 GRADIENT_TOKENS = 1024  # vocabulary rows the cross-entropy gradient is taken over: each row's likeliest, and its target
 QUIET_WEIGHT = 4.0  # a quiet row firing costs this much more than an answer row not firing
+CAP = 0.02  # a neuron's threshold at most this fraction of its rows' length below them
+KEY_RATE = 0.1  # keys move this much slower than values: a cap that drifts fires on unseen text
 
 
 def example_key(fact_id: int, index: int) -> str:
@@ -56,7 +58,8 @@ class PocketTraining:
         self.fitted = False
         self.right, self.silent = 0, False  # the latest judgement
         self.gate, self.bias, self.down = self._initial(job)
-        self.optimizer = torch.optim.Adam([self.gate, self.bias, self.down], lr=job.learning_rate)
+        keys = {"params": [self.gate, self.bias], "lr": job.learning_rate * KEY_RATE}
+        self.optimizer = torch.optim.Adam([keys, {"params": [self.down]}], lr=job.learning_rate)
 
     @property
     def answer_rows(self) -> int:
@@ -77,23 +80,27 @@ class PocketTraining:
         return torch.cat(x_pos), torch.cat(h_pos), as_long, torch.cat(quiet)
 
     def _initial(self, job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Neuron j answers the rows r with r % n == j: its key points from the quiet rows' mean to its rows'
-        mean, biased so its rows start at the margin; values zero (the model starts unchanged)."""
+        """Each neuron a narrow cap around its rows: the MLP's input is RMS-normed, so rows have nearly one
+        length and `key . x > threshold` holds only for rows pointing close to the key. The threshold sits
+        just under its rows (CAP of their length, or half the gap to the nearest other row); the scale puts
+        its rows at +margin and that edge at -margin. Values start at zero: the model starts unchanged."""
         n, rows = len(job.neurons), self.x_pos.shape[0]
         r, j = torch.arange(rows)[:, None], torch.arange(n)[None, :]
         self.assigned = (r % n == j) | (j % rows == r)  # [R, n]: each row has a neuron, each neuron a row
-        quiet_mean = self.x_quiet.mean(dim=0) if self.x_quiet.shape[0] else torch.zeros_like(self.x_pos[0])
-        keys, biases = [], []
-        for j in range(n):
-            mine = self.x_pos[self.assigned[:, j]]
-            key = mine.mean(dim=0) - quiet_mean
+        gates, biases = [], []
+        for neuron in range(n):
+            mine = self.x_pos[self.assigned[:, neuron]]
+            others = torch.cat([self.x_quiet, self.x_pos[~self.assigned[:, neuron]]])
+            key = mine.mean(dim=0)
             key = key / key.norm().clamp_min(1e-6)
-            keys.append(key)
-            biases.append(job.margin - (mine @ key).min())
-        gate = torch.stack(keys)
-        bias = torch.stack(biases)
+            low = (mine @ key).min()
+            gap = low - (others @ key).max() if others.shape[0] else low
+            depth = torch.clamp(gap / 2, max=CAP * key.dot(mine.mean(dim=0)).abs(), min=1e-3)
+            scale = job.margin / depth
+            gates.append(key * scale)
+            biases.append(-(low - depth) * scale)
         down = torch.zeros(n, self.x_pos.shape[1], dtype=torch.float32, device=self.pocket.device)
-        return gate.requires_grad_(), bias.detach().requires_grad_(), down.requires_grad_()
+        return torch.stack(gates).requires_grad_(), torch.stack(biases).detach().requires_grad_(), down.requires_grad_()
 
     # ---- one step ----------------------------------------------------------------------------------------
     def step(self) -> StepReport:
