@@ -174,6 +174,11 @@ class StoreSettings(Section):
     learn_dir: Annotated[str, Flag(metavar="PATH")] = Field(
         default="~/.cache/tensorfold/learned", description="the store's folder"
     )
+    learn_shared: bool = Field(
+        default=False,
+        description="learn_dir is one folder several nodes share (network storage): a prompt past what this node's "
+        "store has indexed looks there for the states other nodes wrote (a file check or two per such prompt)",
+    )
     learn_gib: float = Field(default=32.0, gt=0.0, description="disk the stored states may take, every model's")
     learn_min_free_gib: float = Field(
         default=4.0, ge=0.0, description="free disk to keep; below it, states stay in RAM only"

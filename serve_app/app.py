@@ -10,7 +10,8 @@ the replica itself, bundle i + 1 rank i's actor (deployments/model_rank/deployme
 there and asks each rank's CPUs from TENSORFOLD_RANK_CPUS, which the replica's environment sets from
 `rank_cpus`). Every deployment declares fractional CPUs so the graph fits a 2-core machine. The YAML's
 `deployments:` section overrides these options; leave `ray_actor_options` to `args` (ingress_cpus,
-renderer_cpus, scheduler_cpus, rank_cpus, device), since an override replaces the GPU and environment
+renderer_cpus, scheduler_cpus, rank_cpus, device, and the custom resources that place replicas on nodes:
+front_resources, scheduler_resources, rank_resources), since an override replaces the GPU and environment
 settings made here (serve_env.py).
 """
 
@@ -80,13 +81,19 @@ def placement_bundles(args: AppArgs, device: str) -> list[dict[str, float]]:
     rank: dict[str, float] = {"CPU": args.rank_cpus, **args.rank_resources}
     if device == "cuda":
         rank["GPU"] = 1
-    return [{"CPU": args.scheduler_cpus}] + [dict(rank) for _ in range(args.tensor_parallel_size)]
+    replica = {"CPU": args.scheduler_cpus, **args.scheduler_resources}
+    return [replica] + [dict(rank) for _ in range(args.tensor_parallel_size)]
 
 
-def actor_options(num_cpus: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict[str, Any]:
-    """A replica's Ray actor options: its CPUs and Serve's data-path settings (serve_env.py), sized for
-    bodies up to `max_body_bytes`."""
-    return {"num_cpus": num_cpus, "runtime_env": {"env_vars": replica_env(max_body_bytes)}}
+def actor_options(
+    num_cpus: float, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, resources: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """A replica's Ray actor options: its CPUs, its custom `resources` (the node labels that place it) and
+    Serve's data-path settings (serve_env.py), sized for bodies up to `max_body_bytes`."""
+    options: dict[str, Any] = {"num_cpus": num_cpus, "runtime_env": {"env_vars": replica_env(max_body_bytes)}}
+    if resources:
+        options["resources"] = dict(resources)
+    return options
 
 
 def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
@@ -97,7 +104,7 @@ def scheduler_options(args: AppArgs, device: str) -> dict[str, Any]:
     }
     if args.max_replicas_per_node is not None:
         options["max_replicas_per_node"] = args.max_replicas_per_node
-    actor = actor_options(args.scheduler_cpus, args.max_body_bytes)
+    actor = actor_options(args.scheduler_cpus, args.max_body_bytes, args.scheduler_resources)
     if args.tensor_parallel_size > 1:
         options["placement_group_bundles"] = placement_bundles(args, device)
         options["placement_group_strategy"] = args.placement_strategy
@@ -148,17 +155,17 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None, auth: AuthSet
     template = None if args.chat_template is None else load_template_file(args.chat_template)  # fails startup
     options = RendererOptions(chat_template=template, reasoning_effort=args.reasoning_effort)
     renderer = Renderer.options(
-        ray_actor_options=actor_options(args.renderer_cpus, args.max_body_bytes),
+        ray_actor_options=actor_options(args.renderer_cpus, args.max_body_bytes, args.front_resources),
         logging_config=QUIET,
         **stop_options(args),
     )
     renderer = renderer.bind(str(args.model_dir), options, args.image_settings())
     scheduler = Scheduler.options(**scheduler_options(args, device), logging_config=QUIET).bind(engine_config)
-    ingress_actor = actor_options(args.ingress_cpus, args.max_body_bytes)
+    ingress_actor = actor_options(args.ingress_cpus, args.max_body_bytes, args.front_resources)
     if args.http_entry == "ingress":  # the replica runs the HTTP server on the port the controller hands it
         ingress_actor["runtime_env"]["env_vars"].update(direct_ingress_env(args.port))
     if ingress_node_ip is not None:
-        ingress_actor["resources"] = {f"node:{ingress_node_ip}": 0.001}  # Ray's per-node resource
+        ingress_actor.setdefault("resources", {})[f"node:{ingress_node_ip}"] = 0.001  # Ray's per-node resource
     ingress = Ingress.options(
         ray_actor_options=ingress_actor,
         max_ongoing_requests=args.max_ongoing_requests,
@@ -174,7 +181,9 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None, auth: AuthSet
         "affinity" if args.affinity_routing else "serve",
     )
     responses = ResponseStoreDeployment.options(
-        ray_actor_options=actor_options(STORE_CPUS, args.max_body_bytes), logging_config=QUIET, **stop_options(args)
+        ray_actor_options=actor_options(STORE_CPUS, args.max_body_bytes, args.front_resources),
+        logging_config=QUIET,
+        **stop_options(args),
     )
     responses = responses.bind()
     return ingress.bind(renderer, scheduler, settings, responses)

@@ -29,6 +29,7 @@ from deployments.config import (
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
 DEFAULT_MODEL = "builtin:tiny-glm"
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 Derived = TypeVar("Derived", bound=BaseModel)
 
 
@@ -158,6 +159,17 @@ class GraphSettings(Section):
         description="custom Ray resources each tensor-parallel rank's bundle asks for (a node label such as "
         "`{gpu_node: 0.01}`, given to the nodes by `ray start --resources`)",
     )
+    scheduler_resources: Annotated[dict[str, float], NO_FLAG] = Field(
+        default_factory=dict,
+        description="custom Ray resources each Scheduler replica (model copy) asks for, such as "
+        "`{model_node: 0.01}`: the copies land only on nodes started with that resource",
+    )
+    front_resources: Annotated[dict[str, float], NO_FLAG] = Field(
+        default_factory=dict,
+        description="custom Ray resources the Ingress, Renderer and ResponseStore replicas ask for, such as "
+        "`{node_head: 0.01}`: the HTTP front and rendering stay on that node, so losing a model copy's node "
+        "never takes them with it",
+    )
     max_replicas_per_node: int | None = Field(
         default=None,
         ge=1,
@@ -168,6 +180,18 @@ class GraphSettings(Section):
         ge=1,
         description="requests each Ingress and Scheduler replica takes at once (they queue in the engine)",
     )
+
+    @field_validator("rank_resources", "scheduler_resources", "front_resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        """Ray takes CPUs, GPUs and memory from their own options (the *_cpus settings, `device`), and
+        refuses a resource asked for in an amount that is not positive."""
+        for name, amount in value.items():
+            if name in RAY_BUILTIN_RESOURCES:
+                raise ValueError(f"{name!r} is not a custom resource: CPUs come from the *_cpus settings")
+            if amount <= 0:
+                raise ValueError(f"resource {name!r}: the amount must be positive, not {amount}")
+        return value
 
 
 class ClusterSettings(Section):

@@ -32,6 +32,9 @@ class PromptStoreActor:
     def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
         return self._files.read(set_id, hashes, state_at)
 
+    def lookup(self, set_id: str, hashes: list[bytes], with_states: bool = False) -> SetIndex:
+        return self._files.lookup(set_id, hashes, with_states)
+
     def delete_set(self, set_id: str) -> int:
         return self._files.delete_set(set_id)
 

@@ -14,12 +14,12 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StateRows, StoreCaps, StoreStats
+from deployments.prompt_store.entries import Piece, SetEntry, StateFile
 from deployments.prompt_store.failures import FailureBurst, failure_reason
 from deployments.prompt_store.files import (
     PIECE_SUFFIX,
@@ -33,41 +33,18 @@ from deployments.prompt_store.files import (
     secure_dir,
     write_file_atomically,
 )
+from deployments.prompt_store.shared_folder import look_in_folder
 
 log = logging.getLogger("tensorfold.store")
 PIECE_BYTES = 16 << 20  # a piece's payload at most: what a request arriving during a write waits for
 PREFIX_SET_SUFFIX = "-prefixes"  # identity.PREFIXES: a plain --learn store's sets, the first to go
 
 
-@dataclass
-class _Piece:
-    path: Path
-    parent: bytes | None
-    hashes: list[bytes]
-    size: int
-    used: float
-
-
-@dataclass
-class _State:
-    path: Path
-    size: int
-
-
-@dataclass
-class _Set:
-    folder: Path
-    pieces: dict[str, _Piece] = field(default_factory=dict)
-    blocks: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # name -> (piece, index in it)
-    states: dict[bytes, _State] = field(default_factory=dict)  # a snapshot's block name -> its file
-    stats: StoreStats = field(default_factory=StoreStats)
-
-
 class PromptStoreFiles:
     def __init__(self, root: Path, caps: StoreCaps) -> None:
         self.root = secure_dir(Path(root).expanduser())
         self.caps = caps
-        self._sets: dict[str, _Set] = {}
+        self._sets: dict[str, SetEntry] = {}
         self._skip_logged: set[str] = set()
         self.failures = FailureBurst("prompt store: writing to disk", "states stay in RAM only")
         remove_temp_files(self.root)
@@ -83,18 +60,18 @@ class PromptStoreFiles:
             self.failures.failed(failure_reason(exc), str(exc))
         return SetIndex(list(entry.blocks), list(entry.states))
 
-    def _entry(self, set_id: str) -> _Set:
+    def _entry(self, set_id: str) -> SetEntry:
         """The set's index, built from its folder on first use (after a restart, the first call may be a
         write or a read: the index is rebuilt from what is on disk either way)."""
         if set_id not in self._sets:
             self._sets[set_id] = self._load_set(secure_dir(self.root / set_id))
         return self._sets[set_id]
 
-    def _load_set(self, folder: Path) -> _Set:
+    def _load_set(self, folder: Path) -> SetEntry:
         """Every complete piece is indexed; temp files a crash left mid-write and damaged pieces go, so
         the folder holds no piece the index does not."""
         remove_temp_files(folder)
-        entry = _Set(folder)
+        entry = SetEntry(folder)
         for path in sorted(folder.glob(f"*{PIECE_SUFFIX}")):
             try:
                 header = read_header(path)
@@ -102,11 +79,11 @@ class PromptStoreFiles:
                 log.warning("prompt store: deleting a damaged piece: %s", exc)
                 path.unlink(missing_ok=True)
                 continue
-            self._index(entry, _Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime))
+            entry.add(Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime))
         self._index_states(entry)
         return entry
 
-    def _index_states(self, entry: _Set) -> None:
+    def _index_states(self, entry: SetEntry) -> None:
         """A state file whose block the set no longer holds can never be used: it goes."""
         for path in sorted(entry.folder.glob(f"*{STATE_SUFFIX}")):
             try:
@@ -116,14 +93,19 @@ class PromptStoreFiles:
                 path.unlink(missing_ok=True)
                 continue
             if name in entry.blocks:
-                entry.states[name] = _State(path, path.stat().st_size)
+                entry.states[name] = StateFile(path, path.stat().st_size)
                 entry.stats.bytes_held += entry.states[name].size
             else:
                 path.unlink(missing_ok=True)
 
+    def lookup(self, set_id: str, hashes: list[bytes], with_states: bool = False) -> SetIndex:
+        """The leading run of `hashes` the set holds (with_states: and the snapshots at them), looking in the
+        folder past what the index holds (shared_folder.py)."""
+        return look_in_folder(self._entry(set_id), hashes, with_states)
+
     def delete_set(self, set_id: str) -> int:
         """Forget a set's states: its pieces go, its folder and `used` stamp stay. Returns the bytes freed."""
-        entry = self._sets.get(set_id) or self._sets.setdefault(set_id, _Set(secure_dir(self.root / set_id)))
+        entry = self._sets.get(set_id) or self._sets.setdefault(set_id, SetEntry(secure_dir(self.root / set_id)))
         freed = 0
         for path in _stored_files(entry.folder):
             freed += path.stat().st_size
@@ -174,7 +156,7 @@ class PromptStoreFiles:
             return []
         path = entry.folder / f"{piece.hashes[keep[0]].hex()}{PIECE_SUFFIX}"
         _write_indexed_file(path, data)
-        self._index(entry, _Piece(path, parent, [piece.hashes[i] for i in keep], len(data), time.time()))
+        entry.add(Piece(path, parent, [piece.hashes[i] for i in keep], len(data), time.time()))
         entry.stats.pieces_written += 1
         self._count_written(len(data))
         return [piece.hashes[i] for i in keep]
@@ -192,7 +174,7 @@ class PromptStoreFiles:
                 continue
             path = entry.folder / f"{name.hex()}{STATE_SUFFIX}"
             _write_indexed_file(path, data)
-            entry.states[name] = _State(path, len(data))
+            entry.states[name] = StateFile(path, len(data))
             entry.stats.bytes_held += len(data)
             entry.stats.states_written += 1
             self._count_written(len(data))
@@ -252,6 +234,8 @@ class PromptStoreFiles:
                     break
                 cache[piece_name] = loaded
             piece_tokens, payload = cache[piece_name]
+            if index >= len(piece_tokens):  # another store replaced the file with a shorter run of the chain
+                break
             rows.append(payload[index])
             tokens.append(piece_tokens[index])
             found.append(name)
@@ -263,7 +247,7 @@ class PromptStoreFiles:
         payload = np.concatenate(rows) if rows else np.zeros(0, dtype=np.uint8)
         return BlockRows(found, tokens, payload, time.perf_counter() - started, state)
 
-    def _load_state(self, entry: _Set, name: bytes) -> StateRows | None:
+    def _load_state(self, entry: SetEntry, name: bytes) -> StateRows | None:
         stored = entry.states.get(name)
         if stored is None:
             return None
@@ -279,7 +263,7 @@ class PromptStoreFiles:
         entry.stats.states_read += 1
         return StateRows([name], header.block_bytes, np.frombuffer(payload, dtype=np.uint8))
 
-    def _load(self, entry: _Set, piece_name: str) -> tuple[list[list[int]], np.ndarray] | None:
+    def _load(self, entry: SetEntry, piece_name: str) -> tuple[list[list[int]], np.ndarray] | None:
         piece = entry.pieces[piece_name]
         try:
             header, payload = decode_piece(piece.path)
@@ -292,13 +276,7 @@ class PromptStoreFiles:
         return header.token_ids, np.frombuffer(payload, dtype=np.uint8).reshape(len(header.hashes), -1)
 
     # ---- bookkeeping ----------------------------------------------------------------------------------
-    def _index(self, entry: _Set, piece: _Piece) -> None:
-        entry.pieces[piece.path.name] = piece
-        for index, name in enumerate(piece.hashes):
-            entry.blocks[name] = (piece.path.name, index)
-        entry.stats.bytes_held += piece.size
-
-    def _drop(self, entry: _Set, name: str) -> None:
+    def _drop(self, entry: SetEntry, name: str) -> None:
         piece = entry.pieces.pop(name)
         piece.path.unlink(missing_ok=True)
         for block in piece.hashes:
@@ -307,13 +285,13 @@ class PromptStoreFiles:
                 self._drop_state(entry, block)  # a snapshot is useless without the block it ends at
         entry.stats.bytes_held -= piece.size
 
-    def _drop_state(self, entry: _Set, name: bytes) -> None:
+    def _drop_state(self, entry: SetEntry, name: bytes) -> None:
         stored = entry.states.pop(name, None)
         if stored is not None:
             stored.path.unlink(missing_ok=True)
             entry.stats.bytes_held -= stored.size
 
-    def _drop_with_dependents(self, entry: _Set, name: str) -> None:
+    def _drop_with_dependents(self, entry: SetEntry, name: str) -> None:
         """A damaged piece and every piece continuing a chain through it (they can never be reached)."""
         doomed, names = {name}, set(entry.pieces[name].hashes)
         changed = True
@@ -327,7 +305,7 @@ class PromptStoreFiles:
         for other in doomed:
             self._drop(entry, other)
 
-    def _depth(self, entry: _Set, name: str) -> list[bytes]:
+    def _depth(self, entry: SetEntry, name: str) -> list[bytes]:
         """The chain of block names before a piece, as far as the set holds it (for eviction order)."""
         chain: list[bytes] = []
         parent = entry.pieces[name].parent

@@ -76,6 +76,9 @@ def test_engine_config_carries_the_engine_knobs(ckpt: Path) -> None:
         {"placement_strategy": "SPREADING"},
         {"aliases": [""]},
         {"ready_wait_s": -1},
+        {"front_resources": {"CPU": 1}},
+        {"scheduler_resources": {"model_node": 0}},
+        {"rank_resources": {"GPU": 1}},
     ],
 )
 def test_bad_values_are_refused(ckpt: Path, bad: dict) -> None:
@@ -208,6 +211,22 @@ def test_a_planned_stop_fits_thirty_seconds_and_serve_waits_for_each_step(ckpt: 
     longer = AppArgs(model=str(ckpt), drain_grace_s=40)
     assert scheduler_options(longer, "cpu")["graceful_shutdown_timeout_s"] == scheduler + 32
     assert app_args_from(build_parser().parse_args(["serve", str(ckpt), "--drain-timeout", "3"])).drain_grace_s == 3
+
+
+def test_custom_resources_place_the_front_and_the_model_copies() -> None:
+    """front_resources reach the Ingress, Renderer and ResponseStore; scheduler_resources each model copy
+    (bundle 0 of its placement group at tensor parallel > 1, which the replica runs in)."""
+    from serve_app.app import build_graph
+
+    args = AppArgs(front_resources={"node_head": 0.01}, scheduler_resources={"model_node": 0.5}, data_parallel_size=2)
+    ingress = build_graph(args)._bound_deployment
+    graph = [ingress] + [a._bound_deployment for a in ingress.init_args if hasattr(a, "_bound_deployment")]
+    placed = {d.name: d.ray_actor_options.get("resources") for d in graph}
+    front = {"node_head": 0.01}
+    assert placed == {"Ingress": front, "Renderer": front, "Scheduler": {"model_node": 0.5}, "ResponseStore": front}
+    spread = args.model_copy(update={"tensor_parallel_size": 2})
+    assert placement_bundles(spread, "cpu")[0] == {"CPU": 0.2, "model_node": 0.5}
+    assert "resources" not in scheduler_options(AppArgs(), "cpu")["ray_actor_options"]  # unset: Ray places them
 
 
 def test_data_parallel_is_scheduler_replicas(ckpt: Path) -> None:

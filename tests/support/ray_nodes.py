@@ -1,6 +1,8 @@
 """A Ray cluster of several nodes on this machine, started as an operator does: `ray start --head`, then
 `ray start --address` for each worker, each node with a custom resource naming it (`node_a: 1`), with
-Ray's token authentication on (Ray binds a node given 127.0.0.1 to the machine's own address).
+Ray's token authentication on (Ray binds a node given 127.0.0.1 to the machine's own address). Each worker
+may get further resources (a label such as `model_node: 1`) and a home folder of its own, so that a path
+under `~` (the default learn_dir) is each node's own, as on separate machines.
 
 Every node runs `ray start --block` in its own process group, so stopping one node (SIGTERM to its group)
 takes down exactly its raylet and workers: never `ray stop`, which would stop every Ray on the machine.
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels import cpu_native
 from serve_app.ray_network import LOCAL_RAY_VARIABLE
 from tests.conftest import REPO, free_port
 
@@ -30,6 +33,8 @@ class LocalNode:
     process: subprocess.Popen
     log: Path
     folder: Path  # its own --temp-dir: session, sockets and logs
+    args: list[str]  # its `ray start` arguments, less the folder and ports: what a restart starts again
+    env: dict[str, str]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process.poll() is None:
@@ -51,6 +56,13 @@ class LocalCluster:
     def node(self, name: str) -> LocalNode:
         (node,) = [n for n in self.nodes if n.name == name]
         return node
+
+    def restart(self, name: str) -> None:
+        """Start a stopped node again under its name and resources (new folder and ports), once it is alive."""
+        old = self.node(name)
+        assert old.process.poll() is not None, f"{name} is still running"
+        self.nodes[self.nodes.index(old)] = _start_node(name, old.args, old.env, old.log.parent)
+        _wait_for_nodes(self, len(self.nodes))
 
     def python(self, code: str, timeout: float = 120) -> str:
         """Run `code` in a driver connected to this cluster; returns its stdout."""
@@ -97,14 +109,22 @@ def _start_node(name: str, args: list[str], env: dict[str, str], tmp: Path) -> L
             "runtime-env-agent-port",
         )
     }
-    args = [*args, f"--temp-dir={folder}", *(f"--{flag}={port}" for flag, port in ports.items())]
+    started = [*args, f"--temp-dir={folder}", *(f"--{flag}={port}" for flag, port in ports.items())]
     log = tmp / f"{name}.log"
-    return LocalNode(name, _ray_start(args, env, log), log, folder)
+    return LocalNode(name, _ray_start(started, env, log), log, folder, args, env)
 
 
-def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2, token_auth: bool = True) -> LocalCluster:
+def start_cluster(
+    workers: list[str],
+    tmp: Path,
+    cpus_per_node: int = 2,
+    token_auth: bool = True,
+    worker_resources: dict[str, float] | None = None,
+    own_homes: bool = False,
+) -> LocalCluster:
     """A head (`node_head`) and one worker node per name on this machine's address; waits until every node is
-    alive. `token_auth=False` makes the unauthenticated cluster the startup check must refuse."""
+    alive. `token_auth=False` makes the unauthenticated cluster the startup check must refuse;
+    `worker_resources` are added to every worker's; `own_homes` gives each worker its own HOME under `tmp`."""
     # Several nodes: not the single-machine Ray the rest of the tests keep on loopback (serve_app/ray_network.py).
     dropped = ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", LOCAL_RAY_VARIABLE)
     env = {k: v for k, v in os.environ.items() if k not in dropped}
@@ -121,13 +141,22 @@ def start_cluster(workers: list[str], tmp: Path, cpus_per_node: int = 2, token_a
         _wait_for_nodes(cluster, 1)
         for name in workers:
             args = [*common, f"--num-cpus={cpus_per_node}", f"--address={cluster.gcs_address}"]
-            args.append(f"--resources={json.dumps({name: 1})}")
-            cluster.nodes.append(_start_node(name, args, env, tmp))
+            args.append(f"--resources={json.dumps({name: 1, **(worker_resources or {})})}")
+            node_env = {**env, **_own_home(tmp, name)} if own_homes else env
+            cluster.nodes.append(_start_node(name, args, node_env, tmp))
         _wait_for_nodes(cluster, 1 + len(workers))
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _own_home(tmp: Path, name: str) -> dict[str, str]:
+    """A node's own HOME, and the machine's compiled CPU kernels kept (a fresh cache would compile them
+    again on every node, minutes on a 2-core machine)."""
+    home = tmp / f"home-{name}"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "TENSORFOLD_KERNEL_CACHE": str(cpu_native.cache_dir())}
 
 
 def alive_nodes(cluster: LocalCluster) -> dict[str, str]:

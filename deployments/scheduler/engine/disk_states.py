@@ -52,8 +52,10 @@ class DiskStates:
         rows: BlockRowsIO,
         block_bytes: int,
         snapshots: DiskSnapshots | None = None,
+        shared: bool = False,
     ) -> None:
         self.link, self.set_id = link, set_id
+        self.shared = shared  # learn_shared: other nodes write to the folder too (look_further)
         self.blocks, self.rows, self.block_bytes = blocks, rows, block_bytes
         self.snapshots = snapshots  # a hybrid model's state snapshots (None: an attention-only model)
         self._on_disk: set[bytes] | None = None  # opened on first use (the link may not answer before then)
@@ -87,7 +89,7 @@ class DiskStates:
         kind = CONVERSATIONS if config.learn_conversations else PREFIXES
         store_set = set_id(config.model, dtype, layout, config.tensor_parallel_size, kind)
         snapshots = None if states is None else DiskSnapshots(states[0], rows, states[1])
-        return cls(link, store_set, blocks, rows, token_bytes * config.block_size, snapshots)
+        return cls(link, store_set, blocks, rows, token_bytes * config.block_size, snapshots, config.learn_shared)
 
     @property
     def on_disk(self) -> set[bytes]:
@@ -273,6 +275,8 @@ class DiskStates:
         disk = 0
         while disk < usable and hashes.hashes[disk] in held:
             disk += 1
+        if from_disk and self.shared and max(ram, disk) < usable:
+            disk = self._look_further(hashes.hashes[:usable], disk)
         if self.snapshots is not None:
             return self._resumable_hybrid(len(prompt), hashes.hashes[:usable], ram, disk)
         extra = max(0, disk - ram)
@@ -287,6 +291,21 @@ class DiskStates:
         plan = self._plan(tokens, from_ram, end, size, min(ram, end))
         plan.state_at = state_at
         return plan
+
+    def _look_further(self, names: list[bytes], known: int) -> int:
+        """A shared folder: ask the store for the prompt's blocks past the `known` ones this engine knows
+        are on disk (another node's store may have written them); returns the run the store holds."""
+        try:
+            held = self.link.lookup(self.set_id, names, self.snapshots is not None)
+        except Exception as exc:  # the store failing costs a prompt pass, never the request
+            self._store_failed(exc)
+            return 0
+        if len(held.blocks) > known:
+            self.on_disk.update(held.blocks)
+            if self.snapshots is not None:
+                self.snapshots.on_disk.update(held.states)
+            self.version += 1
+        return max(known, len(held.blocks))
 
     def _plan(self, tokens: int, ram: int, disk: int, size: int, read_from: int) -> Resumable:
         bs = self.blocks.block_size

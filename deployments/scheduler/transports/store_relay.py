@@ -49,6 +49,9 @@ class RelayStoreLink:
     def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
         return self._call("read", set_id, hashes, state_at)  # type: ignore[return-value]
 
+    def lookup(self, set_id: str, hashes: list[bytes], with_states: bool = False) -> SetIndex:
+        return self._call("lookup", set_id, hashes, with_states)  # type: ignore[return-value]
+
     def delete_set(self, set_id: str) -> int:
         return self._call("delete_set", set_id)  # type: ignore[return-value]
 
