@@ -86,6 +86,7 @@ def slide_router(ctx: ServingContext) -> APIRouter:
     @router.get("/v1/slide/graph", responses=_OFF)
     async def slide_graph() -> JSONResponse:
         """Every fact (state, neurons, questions and expected answers, reason) and the pocket."""
+        await ctx.facts()  # waits for the model while it loads (503 past ready_wait_s)
         return JSONResponse(graph_json(await SlideEngine(ctx.backend).graph()))
 
     @router.delete("/v1/slide/graph", responses={**_OFF, **_BUSY})

@@ -8,8 +8,10 @@ unexpected failure an `error` event, never a broken server. The lock is released
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from contextlib import aclosing
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.http.errors import APIError, bad_request
@@ -32,7 +34,7 @@ from deployments.messages.slide import SlideFact, SlideGraph, SlideQuestion, Tra
 
 log = logging.getLogger("tensorfold.ingress")
 TRAIN_SLICE_S = 0.25  # one train call's budget: a learning event at least this often
-_RELEASES: set[asyncio.Task[None]] = set()  # strong references to lock releases in flight
+_BACKGROUND: set[asyncio.Task[None]] = set()  # strong references to clean-ups in flight
 
 
 @dataclass
@@ -56,10 +58,7 @@ class Change:
 
 async def release(change: Change) -> None:
     """End the change's lock on every replica, even while its request is being cancelled."""
-    task = asyncio.get_running_loop().create_task(change.engine.end(change.owner))
-    _RELEASES.add(task)
-    task.add_done_callback(_RELEASES.discard)
-    await asyncio.shield(task)
+    await _shielded(change.engine.end(change.owner))
 
 
 def error_event(exc: Exception) -> SlideEvent:
@@ -74,8 +73,9 @@ def error_event(exc: Exception) -> SlideEvent:
 async def guarded(change: Change, events: AsyncIterator[SlideEvent]) -> AsyncIterator[SlideEvent]:
     """`events`, then the lock released; a failure ends the stream with an `error` event."""
     try:
-        async for event in events:
-            yield event
+        async with aclosing(events) as steps:  # closed before the lock is released, whatever ended it
+            async for event in steps:
+                yield event
     except Exception as exc:
         yield error_event(exc)
     finally:
@@ -114,39 +114,79 @@ async def learn_events(
     trainer = await change.engine.trainer()
     for pending in facts:
         await change.engine.begin(change.owner, change.what)  # renews the lock's lease for this fact
-        async for event in learn_fact(change, pending, baseline, trainer):
-            yield event
+        async with aclosing(learn_fact(change, pending, baseline, trainer)) as steps:
+            async for event in steps:
+                yield event
 
 
 async def learn_fact(
     change: Change, pending: Pending, baseline: list[Locality], trainer: str
 ) -> AsyncIterator[SlideEvent]:
-    """fact, learning..., then learned or failed."""
+    """fact, learning..., then learned or failed; a learn stopped on the way leaves the fact failed."""
     started = time.monotonic()
     added = await change.engine.add_fact(pending.body.text, _pairs(pending.body))
     if isinstance(added, str):
         yield SlideEvent("failed", {"id": None, "text": pending.body.text, "reason": added})
         return
-    yield SlideEvent("fact", fact_json(added))
     for question in pending.questions:
         question.fact_id = added.id
-    progress = TrainProgress()
-    async for event in train(change, added, pending.questions, baseline, trainer, progress):
-        yield event
-    if progress.patch is None:
-        yield await fail(change, added.id, progress.failed or "training ended without a fit", None)
-        return
-    version = await change.engine.stage(progress.patch)
-    verdict = await judge(change.ctx, version, pending.questions, change.learned, baseline)
+    staged: list[int] = []  # the version staged for its checks, once it is
+    settled = False
+    try:
+        yield SlideEvent("fact", fact_json(added))
+        progress = TrainProgress()
+        async for event in train(change, added, pending.questions, baseline, trainer, progress):
+            yield event
+        if progress.patch is None:
+            settled = True
+            yield await fail(change, added.id, progress.failed or "training ended without a fit", None)
+            return
+        staged.append(await change.engine.stage(progress.patch))
+        event = await check_and_commit(change, added.id, staged[0], pending.questions, baseline)
+        settled = True
+        yield _timed(event, progress, started)
+    finally:
+        if not settled:
+            await _shielded(_abandon(change, added.id, staged))
+
+
+async def check_and_commit(
+    change: Change, fact: int, version: int, questions: list[Question], baseline: list[Locality]
+) -> SlideEvent:
+    """Judge the staged version: commit it (learned) or drop it (failed)."""
+    verdict = await judge(change.ctx, version, questions, change.learned, baseline)
     if verdict.reason is not None:
         await change.engine.drop(version)
-        yield await fail(change, added.id, verdict.reason, {"version": version, "checked": verdict.figures()})
-        return
-    saved = await change.engine.commit(version, added.id, "learned", None)
-    change.learned += pending.questions
-    steps = progress.steps[-1][0] if progress.steps else 0
-    data = {"id": added.id, "version": version, "steps": steps, "seconds": round(time.monotonic() - started, 3)}
-    yield SlideEvent("learned", {**data, "saved": saved, "checked": verdict.figures()})
+        return await fail(change, fact, verdict.reason, {"version": version, "checked": verdict.figures()})
+    saved = await change.engine.commit(version, fact, "learned", None)
+    change.learned += questions
+    return SlideEvent("learned", {"id": fact, "version": version, "saved": saved, "checked": verdict.figures()})
+
+
+def _timed(event: SlideEvent, progress: TrainProgress, started: float) -> SlideEvent:
+    if event.name == "learned":
+        steps = progress.steps[-1][0] if progress.steps else 0
+        event.data.update(steps=steps, seconds=round(time.monotonic() - started, 3))
+    return event
+
+
+async def _abandon(change: Change, fact: int, staged: list[int]) -> None:
+    """A learn that stopped mid-fact (the client left, an engine call failed): its version dropped, the fact
+    failed, so no neurons stay held by a fact nobody is learning."""
+    try:
+        for version in staged:
+            await change.engine.drop(version)
+        await change.engine.set_state(fact, "failed", "the learn stopped before its checks ended")
+    except Exception:
+        log.warning("could not settle fact %d after its learn stopped", fact, exc_info=True)
+
+
+async def _shielded(work: Coroutine[Any, Any, None]) -> None:
+    """`work` runs to its end even while the request that started it is being cancelled."""
+    task = asyncio.get_running_loop().create_task(work)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    await asyncio.shield(task)
 
 
 async def fail(change: Change, fact: int, reason: str, extra: dict[str, object] | None) -> SlideEvent:
@@ -225,6 +265,7 @@ def free_facts(graph: SlideGraph) -> int:
 
 async def start_learn(ctx: ServingContext, fields: LearnRequest, owner: str) -> AsyncIterator[SlideEvent]:
     """The learn's events, once its body is known to be learnable and the lock is held (400s, 503 first)."""
+    await ctx.facts()  # a request sent while the model loads waits for it (503 past ready_wait_s)
     engine = SlideEngine(ctx.backend)
     change = Change(ctx, engine, owner, f"learn {owner}")
     graph = await engine.graph()
@@ -247,6 +288,7 @@ async def start_forget(
 ) -> AsyncIterator[SlideEvent]:
     """The delete's events, once the fact is known and the lock is held (400, 404, 503 first)."""
     wanted = fact_id(raw_id)
+    await ctx.facts()
     engine = SlideEngine(ctx.backend)
     change = Change(ctx, engine, owner, f"delete of fact {wanted}")
     graph = await engine.graph()
@@ -260,6 +302,7 @@ async def start_forget(
 
 async def clear_graph(ctx: ServingContext, owner: str) -> int:
     """Every fact removed from the graph (under the lock: not while a change runs); the weights keep theirs."""
+    await ctx.facts()
     engine = SlideEngine(ctx.backend)
     await engine.begin(owner, "a graph clear")
     try:
