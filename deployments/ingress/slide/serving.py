@@ -8,8 +8,8 @@ unexpected failure an `error` event, never a broken server. The lock is released
 import asyncio
 import logging
 import time
-from contextlib import aclosing
 from collections.abc import AsyncIterator, Coroutine
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
