@@ -212,7 +212,10 @@ async def train(
         settings.slide_learning_rate,
     )  # fmt: skip
     while not result.done:
+        asked = time.monotonic()
         progress = await change.engine.train(job, TRAIN_SLICE_S, trainer)
+        if not progress.done:  # an engine that answers at once trains meanwhile: ask again after the slice
+            await asyncio.sleep(max(0.0, TRAIN_SLICE_S - (time.monotonic() - asked)))
         result.steps += progress.steps
         result.answer_rows, result.done = progress.answer_rows, progress.done
         result.patch, result.failed = progress.patch, progress.failed
@@ -227,10 +230,17 @@ async def train(
 
 
 async def forget_events(change: Change, fact: SlideFact, reason: str | None) -> AsyncIterator[SlideEvent]:
-    """fact, checking, zeroed, checked, forgot (a fact deleted already: fact, forgot)."""
+    """fact, checking, zeroed, checked, forgot (a fact deleted already, or never learned: fact, forgot)."""
     yield SlideEvent("fact", fact_json(fact))
     if fact.state == "deleted":  # idempotent: its neurons are zero and the graph says so
         yield SlideEvent("forgot", {"id": fact.id, "deleted": True, "state": "deleted", "version": fact.version})
+        return
+    if fact.state == "failed":  # never in the weights (its version was dropped); its neurons may be another's now
+        marked = await change.engine.set_state(fact.id, "deleted", reason)
+        state = marked.state if marked is not None else "missing"
+        yield SlideEvent(
+            "forgot", {"id": fact.id, "deleted": state == "deleted", "state": state, "version": fact.version}
+        )
         return
     await change.engine.set_state(fact.id, "deleting", reason)
     yield SlideEvent(
