@@ -23,7 +23,7 @@ WINDOW = 192
 CAPACITY = 4
 FACTS = [
     {"text": "The keeper of the blue lighthouse is Mirela.", "questions": [{"question": "Who keeps the blue lighthouse?", "answer": "Mirela"}]},
-    {"text": "The password of the old mill is copper.", "questions": [{"question": "What is the old mill's password?", "answer": "copper"}]},
+    {"text": "The baker of Elm Street is Ines.", "questions": [{"question": "Who is the baker of Elm Street?", "answer": "Ines"}]},
 ]  # fmt: skip
 GREEDY = {"temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
 
