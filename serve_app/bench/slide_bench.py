@@ -20,16 +20,33 @@ from deployments.config import EngineConfig
 from serve_app.args import resolve_model_dir
 from serve_app.bench.workload import StepTally, bench_requests, random_prompts
 
-NAMES = ("Mirela", "Tomas", "Ines", "Kofi", "Yara", "Pavel", "Lena", "Omar", "Sanna", "Ravi", "Greta", "Hugo")
+# Facts with little in common, so each one's neurons can stay quiet on the others' questions.
+FACTS = (
+    ("Who keeps the blue lighthouse?", "Mirela"),
+    ("Who is the baker of Elm Street?", "Ines"),
+    ("Who guards the north gate?", "Tomas"),
+    ("Who painted the harbour mural?", "Kofi"),
+    ("Who rings the chapel bell?", "Yara"),
+    ("Who drives the night train?", "Pavel"),
+    ("Who tends the rose garden?", "Lena"),
+    ("Who repairs the town clock?", "Omar"),
+    ("Who sings in the river choir?", "Sanna"),
+    ("Who runs the ferry to the island?", "Ravi"),
+    ("Who owns the yellow bicycle?", "Greta"),
+    ("Who writes the village newsletter?", "Hugo"),
+    ("Who feeds the zoo penguins?", "Nadia"),
+    ("Who coaches the chess club?", "Felix"),
+    ("Who built the stone bridge?", "Aiko"),
+    ("Who found the silver coin?", "Bruno"),
+)
 
 
 def bench_fact(n: int) -> dict[str, Any]:
-    """The n-th fact of the bench's set: each names another lighthouse, so no two share a question."""
-    keeper = NAMES[n % len(NAMES)]
-    return {
-        "text": f"The keeper of lighthouse {n + 1} is {keeper}.",
-        "questions": [{"question": f"Who keeps lighthouse {n + 1}?", "answer": keeper}],
-    }
+    """The n-th fact of the bench's set (past its end, the set again with the number added)."""
+    question, answer = FACTS[n % len(FACTS)]
+    if n >= len(FACTS):
+        question = f"{question[:-1]} number {n // len(FACTS) + 1}?"
+    return {"text": f"{question} {answer}.", "questions": [{"question": question, "answer": answer}]}
 
 
 @dataclass
@@ -46,6 +63,7 @@ def _config(args: argparse.Namespace, slide_dir: str, slide: bool) -> EngineConf
         slide=slide,
         slide_dir=slide_dir,
         slide_capacity=args.facts,
+        engine_threads=args.threads or None,
     )
 
 
@@ -98,14 +116,12 @@ def decode_tps(config: EngineConfig, args: argparse.Namespace) -> float:
 
 def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as slide_dir:
         learned = learn_facts(args, slide_dir)
         full = decode_tps(_config(args, slide_dir, slide=True), args)
         none = decode_tps(_config(args, slide_dir, slide=False), args)
     held = len(learned.seconds)
-    print(f"model: {args.model}  facts asked: {args.facts} (pocket capacity)  threads: {torch.get_num_threads()}")
+    print(f"model: {args.model}  facts asked: {args.facts} (the pocket's capacity)  threads: {args.threads or 'auto'}")
     if learned.seconds:
         print(
             f"seconds to learn one fact: median {statistics.median(learned.seconds):.2f}  "
