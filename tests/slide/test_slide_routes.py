@@ -217,7 +217,12 @@ def test_a_text_is_extracted_by_the_model_and_fails_clearly(client: TestClient) 
     for event in events:
         if event["type"] == "failed":
             assert isinstance(event["reason"], str) and event["reason"]
+    if events[0]["type"] == "failed":  # the extraction itself gave nothing to learn, and says why
+        assert events == [{"type": "failed", "id": None, "reason": events[0]["reason"]}]
+        assert events[0]["reason"].startswith("no facts to learn: the model")
     assert graph(client)["busy"] == ""
+    too_long = client.post("/v1/slide/learn", json={"text": "The river Odra flows north. " * 40})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "text"
 
 
 def test_clearing_the_graph_keeps_the_weights(client: TestClient) -> None:

@@ -12,7 +12,7 @@ from deployments.ingress.chat_request import chat_request
 from deployments.ingress.chat_run import render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import new_request_id
-from deployments.ingress.http.errors import APIError
+from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.slide.asking import THINKING_OFF
 from deployments.ingress.slide.models import MAX_QUESTIONS, FactBody
 
@@ -67,9 +67,17 @@ def _fields(text: str, max_tokens: int | None):  # type: ignore[no-untyped-def]
 async def extraction_prompt_length(ctx: ServingContext, text: str) -> int:
     """The extraction prompt's tokens (a text too long for the window is a 400 naming `text`, before any work)."""
     try:
-        return len((await render_chat_body(ctx, _fields(text, None))).prompt_token_ids)
+        tokens = len((await render_chat_body(ctx, _fields(text, None))).prompt_token_ids)
     except APIError as exc:  # the prompt's refusal names `messages`: the client sent `text`
         raise APIError(exc.status, f"text: {exc.message}", exc.type, "text", exc.code) from None
+    window = (await ctx.facts()).window
+    if tokens >= window:
+        message = (
+            f"text: the extraction prompt for this text has {tokens} tokens, filling this server's {window}-token "
+            "window with no room for the facts; send a shorter text, or the facts themselves"
+        )
+        raise bad_request(message, "text", "context_length_exceeded")
+    return tokens
 
 
 def parse_facts(content: str, finish: str) -> Extracted:
