@@ -262,6 +262,11 @@ class SlideSettings(Section):
         default=0.05, gt=0.0, le=10.0, description="the pocket optimiser's step size (Adam)"
     )
 
+    @property
+    def pocket_neurons(self) -> int:
+        """Neurons in the pocket (0 without slide)."""
+        return self.slide_capacity * self.slide_neurons if self.slide else 0
+
 
 class EngineKnobs(EngineSettings, DraftSettings, StoreSettings, TensorParallel, VisionModel, SlideSettings):
     """Every engine setting a user sets: the part of AppArgs that EngineConfig carries whole."""

@@ -151,6 +151,10 @@ class SeqStep:
     # (added to every row's rotary position), and the images whose placeholder rows the step covers.
     rope_delta: int = 0
     images: list[StepImage] = field(default_factory=list)
+    # Living weights (docs/slide.md): the pocket version the sequence is computed with, and the key its rows
+    # are captured under for training (None: not captured).
+    pocket_version: int = 0
+    capture: str | None = None
 
     @property
     def draws(self) -> list[SeqDraw]:

@@ -53,6 +53,7 @@ class ModelRank:
             self.parallel,
             mtp=self.config.wants_mtp,
             vision=self.config.vision,
+            pocket_neurons=self.config.pocket_neurons,
         )
 
     def info(self) -> RunnerInfo:
@@ -66,6 +67,10 @@ class ModelRank:
     def execute(self, plan: StepPlan) -> StepOutput:
         assert self.runner is not None
         return self.runner.execute(plan)
+
+    def pocket_call(self, op: str, *args: object) -> object:
+        assert self.runner is not None
+        return self.runner.pocket_call(op, *args)
 
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
         assert self.runner is not None

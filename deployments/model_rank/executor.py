@@ -37,6 +37,8 @@ class Executor(Protocol):
 
     def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None: ...
 
+    def pocket_call(self, op: str, *args: object) -> object: ...  # every rank; rank 0's answer (pocket_ops.py)
+
     def shutdown(self) -> None: ...
 
 
@@ -44,7 +46,13 @@ class InProcessExecutor:
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_engine_threads(config.engine_threads, config.reserved_cpus)
         self.runner = ModelRunner(
-            config.model, config.dtype, config.device, ParallelContext(), mtp=config.wants_mtp, vision=config.vision
+            config.model,
+            config.dtype,
+            config.device,
+            ParallelContext(),
+            mtp=config.wants_mtp,
+            vision=config.vision,
+            pocket_neurons=config.pocket_neurons,
         )
 
     def info(self) -> RunnerInfo:
@@ -73,6 +81,9 @@ class InProcessExecutor:
 
     def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
         self.runner.write_state_slots(slots, rows)
+
+    def pocket_call(self, op: str, *args: object) -> object:
+        return self.runner.pocket_call(op, *args)
 
     def shutdown(self) -> None:
         pass
@@ -130,6 +141,9 @@ class RayRanksExecutor:
         starts = np.cumsum([0, *widths])
         parts = [rows[:, starts[i] : starts[i + 1]] for i in range(len(self.ranks))]
         self._ray.get([rank.write_state_slots.remote(slots, part) for rank, part in zip(self.ranks, parts)])
+
+    def pocket_call(self, op: str, *args: object) -> object:
+        return self._all("pocket_call", op, *args)[0]
 
     def shutdown(self) -> None:
         for rank in self.ranks:

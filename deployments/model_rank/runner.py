@@ -16,6 +16,7 @@ from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.image_embeds import ImageEmbeddings
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
+from deployments.model_rank.pocket_ops import PocketOps, row_spans
 from deployments.model_rank.sampler import sample_rows
 from deployments.model_rank.step_rows import StepRows, prompt_logprob_rows, step_rows
 
@@ -41,6 +42,8 @@ class RunnerInfo:
     vision: bool = False
     image_token_id: int | None = None
     spatial_merge_size: int = 0
+    hidden_size: int = 0
+    num_layers: int = 0
 
 
 def resolve_device(device: str) -> torch.device:
@@ -60,8 +63,10 @@ class ModelRunner:
         parallel: ParallelContext,
         mtp: bool = False,
         vision: bool = False,
+        pocket_neurons: int = 0,
     ) -> None:
-        """`mtp`: draft with the checkpoint's MTP layer, if it has one; `vision`: load its vision tower."""
+        """`mtp`: draft with the checkpoint's MTP layer, if it has one; `vision`: load its vision tower;
+        `pocket_neurons`: living weights' pocket beside the last layer's MLP (docs/slide.md), 0: none."""
         self.device = resolve_device(device)
         if self.device.type == "cuda" and parallel.is_parallel:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -75,6 +80,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.state_pools: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.drafter: MtpDrafter | None = None
+        self.slide = None if not pocket_neurons else PocketOps(self.model, pocket_neurons, self.device)
 
     def info(self) -> RunnerInfo:
         cfg = self.model.config
@@ -96,6 +102,8 @@ class ModelRunner:
             vision=cfg.vision,
             image_token_id=cfg.image_token_id,
             spatial_merge_size=cfg.spatial_merge_size,
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_hidden_layers,
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
@@ -166,6 +174,12 @@ class ModelRunner:
             image_embeds=None if images is None else images[1],
         )
 
+    def pocket_call(self, op: str, *args: object) -> object:
+        """A living-weights operation (pocket_ops.py)."""
+        if self.slide is None:
+            raise ValueError("this rank holds no pocket: the server runs without slide")
+        return self.slide.call(op, *args)
+
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
         """Before a step: each (source, destination) slot copy in every recurrent layer (ZERO_STATE: zeroed)."""
         for source, destination in copies:
@@ -183,6 +197,8 @@ class ModelRunner:
         rows = step_rows(plan, self.block_size)
         self.copy_states(rows.state_copies)
         self.images.prepare(plan)
+        if self.slide is not None:
+            self.slide.pocket.spans = row_spans(plan)
         batch = self.forward_batch(rows)
         hidden = self.model.forward(batch)  # [T, H]
         self.images.finish(plan)

@@ -31,11 +31,14 @@ class DecoderLayer(nn.Module):
         self.add_module(mixer_name, self_attn)
         self.post_attention_layernorm = norm(hidden_size, eps)
         self.mlp = mlp
+        # Living weights (docs/slide.md): the last layer's pocket, `pocket(x, out)`, set by the runner.
+        self.pocket: nn.Module | None = None
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         attended = self.mixer(self.input_layernorm(hidden), batch)  # [T, H]
         normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)  # [T, H] each
-        return hidden + self.mlp(normed)  # [T, H]
+        out = hidden + self.mlp(normed)  # [T, H]
+        return out if self.pocket is None else self.pocket(normed, out)
 
     @property
     def mixer(self) -> nn.Module:

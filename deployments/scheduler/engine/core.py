@@ -9,12 +9,13 @@ when there is work, else one piece of idle work (disk writes), and returns what 
 import logging
 from collections.abc import Callable, Iterable
 
-from deployments.config import EngineConfig
+from deployments.config import EngineConfig, StartupError
 from deployments.messages.counters import EngineCounters
 from deployments.messages.engine_process import ENGINE_CALLS, CallAnswer, EngineCall, Inbox, Stepped
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.replies import EngineChunk, FinishReason, ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.messages.slide import SlideCall
 from deployments.messages.status import EngineInfo
 from deployments.messages.store import StoreUnavailable
 from deployments.model_rank.executor import Executor, make_executor
@@ -39,6 +40,7 @@ from deployments.scheduler.engine.snapshots import Snapshots
 from deployments.scheduler.engine.state_slots import StateSlots
 from deployments.scheduler.engine.stepping import StepRunner
 from deployments.scheduler.memory_report import replica_memory
+from deployments.scheduler.slide.keeper import SlideKeeper
 from deployments.tokenizer import TokenizerBundle, load_tokenizer
 
 log = logging.getLogger("tensorfold.engine")
@@ -72,6 +74,7 @@ class Engine:
             + (f"x{self.drafts.max_drafts}" if self.drafts is not None else "")
         )
         self._build_parts()
+        self.living = self._open_slide()
         log.info("engine ready: window=%d %s", self.window, self.policy)
 
     def _allocate_pool(self) -> PoolPlan:
@@ -128,6 +131,18 @@ class Engine:
             states=states,
         )
 
+    def _open_slide(self) -> SlideKeeper | None:
+        """Living weights (docs/slide.md), on the models whose rows the pocket can take alone."""
+        if not self.config.slide:
+            return None
+        runner = self.runner_info
+        if runner.backend != "torch" or runner.state_bytes_per_slot or runner.vision:
+            raise StartupError(
+                f"slide runs on attention-only text models on the torch backend; this is {runner.model_type} "
+                f"on {runner.backend}" + (" with vision" if runner.vision else "")
+            )
+        return SlideKeeper(self.config, self.executor, runner.hidden_size, runner.num_layers, self.add_request)
+
     def _build_parts(self) -> None:
         """The parts a request meets, in order, over the pool, the counters and the disk store."""
         config, vocab_size, disk = self.config, self.runner_info.vocab_size, self.disk
@@ -166,7 +181,11 @@ class Engine:
             return refusal
         if request.request_id in self.in_flight:
             raise ValueError(f"request id {request.request_id!r} is already running")
+        version = 0 if self.living is None else self.living.version_for(request)
+        if isinstance(version, Refusal):
+            return version
         seq = self.admission.sequence(request)
+        seq.stats.pocket_version = version
         self.in_flight[request.request_id] = seq
         self.planner.add(seq)
         return None
@@ -188,7 +207,11 @@ class Engine:
 
     def wants_step(self) -> bool:
         """Whether `run_once` has something to do with an empty inbox (idle disk writes included)."""
-        return self.has_work() or (self.disk is not None and self.disk.has_idle_work())
+        return (
+            self.has_work()
+            or (self.disk is not None and self.disk.has_idle_work())
+            or (self.living is not None and self.living.wants_turn())
+        )
 
     def run_once(self, inbox: Inbox) -> Stepped:
         """One turn of the loop: the inbox's calls, adds and aborts, then one step or one piece of idle work."""
@@ -205,12 +228,21 @@ class Engine:
                 out.chunks.extend(self.writer.take_chunks())
             elif not inbox and self.disk is not None and self.disk.has_idle_work():
                 self.disk.idle_work()  # one piece to disk; a request arriving meanwhile waits for it alone
+            if self.living is not None:
+                self._slide_turn(out)
         except Exception:  # a bug in the loop body: end what is in flight rather than hang it
             log.exception("engine step failed; ending every request in flight")
             self.abort_all()
             out.failed = "internal engine error"
         self.snapshots.take(out, busy=self.has_work())
         return out
+
+    def _slide_turn(self, out: Stepped) -> None:
+        """A slice of living weights' training; its capture requests' chunks stay here."""
+        assert self.living is not None
+        out.chunks = [chunk for chunk in out.chunks if not self.living.is_capture(chunk.request_id)]
+        running = {seq.request_id: seq.stats.pocket_version for seq in self.in_flight.values()}
+        self.living.turn(running, idle=not self.planner.has_work())
 
     def _admit(self, request: EngineRequest, out: Stepped) -> None:
         """A refusal goes back as a value, before any chunk; any other fault ends only this request."""
@@ -260,6 +292,12 @@ class Engine:
         """The imprint routes' answer for a rendered conversation (docs/store.md)."""
         assert self.disk is not None, "the imprint routes answer 404 unless learn_conversations is on"
         return self.disk.imprint(query)
+
+    def slide(self, call: SlideCall) -> object:
+        """A living-weights call from Ingress (docs/slide.md)."""
+        if self.living is None:
+            raise ValueError("this server runs without slide")
+        return self.living.call(call)
 
     def forget_disk(self) -> int | StoreUnavailable:
         """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first),

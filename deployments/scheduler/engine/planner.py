@@ -265,6 +265,8 @@ class Planner:
             num_computed=start,
             block_ids=[],
             prompt_rows=seq.prompt_rows_wanted(start, count),
+            pocket_version=seq.stats.pocket_version,
+            capture=seq.request.capture,
         )
         if reaches_end:
             step.draw, kept, step.draft_draws = seq.verify_draws(drafts or [])
