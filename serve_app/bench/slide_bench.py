@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         + (f"  (stopped at {learned.stopped})" if learned.stopped else "")
     )
     print(f"{'decode':24} {'tok/s':>9}   ({args.concurrency} concurrent, {args.decode_tokens} tokens each, greedy)")
-    print(f"{'pocket with ' + str(held) + ' facts':24} {full:9.1f}")
+    print(f"{f'pocket: {held} of {args.facts} facts':24} {full:9.1f}")
     print(f"{'no pocket (slide off)':24} {none:9.1f}")
-    print(f"full pocket / none: {full / none:.3f}x")
+    print(f"pocket / none: {full / none:.3f}x")
     return 0
