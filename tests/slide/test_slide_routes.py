@@ -169,6 +169,8 @@ def test_a_change_while_another_runs_gets_503_with_retry_after(client: TestClien
 def test_a_bad_or_unknown_fact_id(client: TestClient) -> None:
     bad = client.delete("/v1/slide/fact/first")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "id"
+    both = client.post("/v1/slide/learn", json={"text": "x", "facts": FACTS})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "text"
     unknown = client.delete("/v1/slide/fact/999")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "fact_not_found"
 
@@ -207,6 +209,23 @@ def test_a_restart_serves_the_learned_fact(served_model: str, slide_dir: Path, c
         assert content(ask(again, question["question"], 32)) == question["answer"]
 
 
+def test_a_fact_left_deleting_is_settled_by_its_delete_sent_again(
+    client: TestClient, backend: LocalBackend, before: dict
+) -> None:
+    """A stop between zeroing and the graph leaves a fact `deleting`: the delete sent again finishes it."""
+    import asyncio
+
+    events = client.post("/v1/slide/learn", json={"facts": [FACTS[0]], "stream": False}).json()["events"]
+    learned = events[-1]
+    assert learned["type"] == "learned", events
+    asyncio.run(backend.slide(SlideCall("set_state", (learned["id"], "deleting", None))))
+    events = sse(client.delete(f"/v1/slide/fact/{learned['id']}").text)
+    assert [e["type"] for e in events] == ["fact", "checking", "zeroed", "checked", "forgot"]
+    assert events[0]["state"] == "deleting" and events[-1]["deleted"] is True and events[-1]["state"] == "deleted"
+    question = FACTS[0]["questions"][0]["question"]
+    assert ask(client, question)["choices"] == before[question]["choices"]
+
+
 def test_a_text_is_extracted_by_the_model_and_fails_clearly(client: TestClient) -> None:
     """tiny-glm writes no sensible facts: the flow still answers events, ending with a reasoned `failed`."""
     reply = client.post("/v1/slide/learn", json={"text": "The river Odra flows north.", "stream": False})
@@ -227,7 +246,7 @@ def test_a_text_is_extracted_by_the_model_and_fails_clearly(client: TestClient) 
 
 def test_clearing_the_graph_keeps_the_weights(client: TestClient) -> None:
     reply = client.delete("/v1/slide/graph")
-    assert reply.status_code == 200 and reply.json()["removed"] >= 2
+    assert reply.status_code == 200 and reply.json()["removed"] >= 3
     assert graph(client)["facts"] == []
     question = FACTS[1]["questions"][0]
     assert content(ask(client, question["question"], 32)) == question["answer"]
