@@ -17,6 +17,7 @@ from deployments.ingress.http.openapi_bodies import document_bodies
 from deployments.ingress.openai import routes as openai
 from deployments.ingress.ops import routes as ops
 from deployments.ingress.responses import routes as responses
+from deployments.ingress.slide import routes as slide
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     **openai.REQUEST_BODIES,
@@ -24,6 +25,7 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     **ops.REQUEST_BODIES,
     **decisions.REQUEST_BODIES,
     **anthropic.REQUEST_BODIES,
+    **slide.REQUEST_BODIES,
 }
 
 
@@ -41,6 +43,7 @@ def build_api(
     app.include_router(ops.tokenize_router(ctx))
     app.include_router(decisions.decisions_router(ctx))
     app.include_router(ops.imprint_router(ctx))
+    app.include_router(slide.slide_router(ctx))
     app.include_router(ops.metrics_router(ctx))
     app.include_router(ops.memory_router(ctx))
     app.include_router(ops.dashboard_router(ctx))

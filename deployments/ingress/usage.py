@@ -102,6 +102,7 @@ class ReplySummary:
             acceptance_rate=round(stats.acceptance_rate, 4),
             tokens_per_round=round(stats.tokens_per_round, 3),
         )
+        block["pocket_version"] = stats.pocket_version  # living weights: the version it was computed with
         if self.reasoning_effort is not None:
             block["reasoning_effort"] = self.reasoning_effort
         if stats.loop_period is not None:  # the loop guard closed the think block

@@ -107,6 +107,18 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     drafts.add_argument("--repeats", type=int, default=3)
     drafts.set_defaults(func=_runner("drafts_bench"))
 
+    slide = kinds.add_parser(
+        "slide", help="living weights: seconds to learn a fact, facts held, decode tok/s full pocket vs none"
+    )
+    slide.add_argument("--model", default="builtin:tiny-glm", help="an attention-only torch checkpoint")
+    slide.add_argument("--facts", type=int, default=16, help="facts to learn at most (the pocket's capacity)")
+    slide.add_argument("--context", type=int, default=512, help="the engine's window")
+    slide.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    slide.add_argument("--prompt-tokens", type=int, default=32)
+    slide.add_argument("--decode-tokens", type=int, default=64)
+    slide.add_argument("--concurrency", type=int, default=8)
+    slide.set_defaults(func=_runner("slide_bench"))
+
     serve = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
     serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
     serve.add_argument("--model", default="builtin:tiny-glm")

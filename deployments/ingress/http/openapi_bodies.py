@@ -31,7 +31,8 @@ def _with_bodies(
 ) -> dict[str, Any]:
     components = spec.setdefault("components", {}).setdefault("schemas", {})
     for path, model in bodies.items():
-        operation = spec.get("paths", {}).get(path, {}).get("post")
+        operations = spec.get("paths", {}).get(path, {})
+        operation = operations.get("post") or operations.get("delete")  # a DELETE's body is optional
         if operation is None:
             continue
         schema = model.model_json_schema(mode="validation", ref_template="#/components/schemas/{model}")
@@ -39,7 +40,7 @@ def _with_bodies(
         _served_models(schema, model_ids)
         components[model.__name__] = schema
         content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
-        operation["requestBody"] = {"required": True, "content": content}
+        operation["requestBody"] = {"required": "post" in operations, "content": content}
     if keys:
         spec["components"]["securitySchemes"] = _SCHEMES
         spec["security"] = [{"bearer": []}, {"apiKey": []}]
