@@ -256,10 +256,10 @@ class SlideSettings(Section):
     slide_dir: Annotated[str, Flag(metavar="PATH")] = Field(
         default="~/.cache/tensorfold/slide", description="the folder of the pocket's shards and the fact graph"
     )
-    # Measured with `tensorfold bench slide` (docs/benchmarks.md): 4 fit every fact of the bench's set.
-    slide_neurons: int = Field(default=4, ge=1, le=64, description="pocket neurons each fact owns")
+    # Measured with `tensorfold bench slide` (docs/benchmarks.md): a neuron per answer row of a short answer.
+    slide_neurons: int = Field(default=8, ge=1, le=64, description="pocket neurons each fact owns")
     slide_capacity: int = Field(default=256, ge=1, le=65536, description="facts the pocket holds at most")
-    slide_steps: int = Field(default=300, ge=1, le=100000, description="optimisation steps one fact may take")
+    slide_steps: int = Field(default=1000, ge=1, le=100000, description="optimisation steps one fact may take")
     slide_margin: Annotated[float, NO_FLAG] = Field(
         default=1.0, gt=0.0, description="how far a pocket neuron's pre-activation stays from zero, on and off its fact"
     )

@@ -96,11 +96,15 @@ class TrainJob:
     neurons: list[int]
     examples: list[SlideExample]
     # Token sequences on which these neurons must not fire at any position: the locality set's prompts with
-    # their replies, and the other facts' questions with their answers.
+    # the replies they get now, and the other facts' questions with the replies the base model gives them
+    # (so that a deleted fact's question answers as before it was learned).
     quiet: list[list[int]]
     max_steps: int
     margin: float  # pre-activations at least this far on the right side of zero
     learning_rate: float
+    # The other learned facts' questions and answers: still answered afterwards (these neurons may fire there
+    # only where the answer stays right).
+    kept: list[SlideExample] = field(default_factory=list)
 
 
 @dataclass

@@ -2,12 +2,13 @@
 
 The pocket sits after the last layer's MLP, so no other row's computation reads it: a row's logits are
 lm_head(norm(h + pocket(x))) with `x` (the MLP's input) and `h` (the layer's output) captured once. Only the
-fact's neurons are parameters. The loss is the answer rows' cross-entropy plus hinges keeping each neuron's
-pre-activation above the margin on the answer rows and below minus the margin on every quiet row.
+fact's neurons are parameters. Each starts as a narrow cap around its answer rows (the MLP's input is
+RMS-normed, so rows have nearly one length and `key . x > threshold` holds only near the key); then the
+values learn the answers (cross-entropy), with hinges keeping each neuron on at its rows and off elsewhere.
 
-The fit is judged the way the server computes: pre-activations and the pocket's output through the same
-float32 invariant matmul, the final norm and lm_head of the model itself. Fitted means every answer row's
-greedy token is right and every quiet row is silent, so the checks that follow (real greedy replies) agree.
+A fit is judged the way the server computes (pocket.py's float32 invariant matmul, the model's own final norm
+and lm_head): every answer row's greedy token right, with the other facts' neurons and without them (they may
+be deleted); every kept row (other facts' answers) still right; every quiet row silent.
 """
 
 from dataclasses import dataclass
@@ -20,27 +21,21 @@ from deployments.messages.slide import PocketPatch, TrainJob
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models.base import CausalLM
 from deployments.model_rank.pocket import Pocket, PocketWeights, with_pocket
+from deployments.model_rank.pocket_rows import AnswerRows, job_rows
 from kernels import cpu_gemm
 
 GRADIENT_TOKENS = 1024  # vocabulary rows the cross-entropy gradient is taken over: each row's likeliest, and its target
 QUIET_WEIGHT = 4.0  # a quiet row firing costs this much more than an answer row not firing
 CAP = 0.02  # a neuron's threshold at most this fraction of its rows' length below them
-KEY_RATE = 0.1  # keys move this much slower than values: a cap that drifts fires on unseen text
-
-
-def example_key(fact_id: int, index: int) -> str:
-    return f"slide-{fact_id}-example-{index}"
-
-
-def quiet_key(fact_id: int, index: int) -> str:
-    return f"slide-{fact_id}-quiet-{index}"
+SEPARATE_STEPS = 400  # steps to find a key that separates a neuron's rows from the rest, where the mean does not
+KEY_RATE = 0.1  # such keys then move this much slower than values: a cap that drifts fires on unseen text
 
 
 @dataclass
 class StepReport:
     step: int
     loss: float
-    right: int  # answer rows whose greedy token is the answer's
+    right: int  # answer rows whose greedy token is the answer's (the worse case)
 
 
 class PocketTraining:
@@ -48,66 +43,55 @@ class PocketTraining:
 
     def __init__(self, job: TrainJob, pocket: Pocket, model: CausalLM, base: int, version: int) -> None:
         self.job, self.pocket, self.model, self.base, self.version = job, pocket, model, base, version
-        self.x_pos, self.h_pos, self.targets, self.x_quiet = self._rows(job, pocket)
+        rows = job_rows(job, pocket)
+        self.own, self.kept, self.quiet = rows.own, rows.kept, rows.quiet
         self.index = torch.tensor(job.neurons, dtype=torch.long, device=pocket.device)
         base_weights = pocket.weights(base)
-        # The other neurons' part of the answer rows, held fixed while this fact's neurons move.
-        others = F.relu(self.x_pos @ base_weights.gate.T + base_weights.bias) @ base_weights.down_t.T
-        self.h_fixed = self.h_pos + others  # [R, H]
-        self.steps_done = 0
-        self.fitted = False
+        others = self.own.others(base_weights)
+        # Other facts' neurons firing on these rows may be deleted later: the fit must hold without them too.
+        self.cases = [self.own.h + others] + ([self.own.h] if bool(others.any()) else [])  # each [R, H]
+        self.kept_fixed = self.kept.h + self.kept.others(base_weights)
+        self.steps_done, self.fitted = 0, False
         self.right, self.silent = 0, False  # the latest judgement
-        self.gate, self.bias, self.down = self._initial(job)
+        self.gate, self.bias, self.separated = self._caps(job)
+        self.down = torch.zeros(len(job.neurons), pocket.hidden_size, device=pocket.device, requires_grad=True)
         keys = {"params": [self.gate, self.bias], "lr": job.learning_rate * KEY_RATE}
         self.optimizer = torch.optim.Adam([keys, {"params": [self.down]}], lr=job.learning_rate)
 
     @property
     def answer_rows(self) -> int:
-        return int(self.targets.numel())
+        return len(self.own)
 
-    def _rows(self, job: TrainJob, pocket: Pocket) -> tuple[torch.Tensor, ...]:
-        x_pos, h_pos, targets, quiet = [], [], [], []
-        for index, example in enumerate(job.examples):
-            x, h = pocket.captures.pop(example_key(job.fact_id, index)).stacked()
-            first = len(example.prompt_ids) - 1  # the row whose logits draw the answer's first token
-            x_pos.append(x[first : first + len(example.answer_ids)])
-            h_pos.append(h[first : first + len(example.answer_ids)])
-            targets.extend(example.answer_ids)
-            quiet.append(x[:first])  # the question's own prompt rows stay quiet too
-        for index in range(len(job.quiet)):
-            quiet.append(pocket.captures.pop(quiet_key(job.fact_id, index)).stacked()[0])
-        as_long = torch.tensor(targets, dtype=torch.long, device=pocket.device)
-        return torch.cat(x_pos), torch.cat(h_pos), as_long, torch.cat(quiet)
-
-    def _initial(self, job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each neuron a narrow cap around its rows: the MLP's input is RMS-normed, so rows have nearly one
-        length and `key . x > threshold` holds only for rows pointing close to the key. The threshold sits
-        just under its rows (CAP of their length, or half the gap to the nearest other row); the scale puts
-        its rows at +margin and that edge at -margin. Values start at zero: the model starts unchanged."""
-        n, rows = len(job.neurons), self.x_pos.shape[0]
+    # ---- the start: one cap per neuron ------------------------------------------------------------------
+    def _caps(self, job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Neuron j answers the rows r with r % n == j (and row j % R): each row has a neuron."""
+        n, rows = len(job.neurons), len(self.own)
         r, j = torch.arange(rows)[:, None], torch.arange(n)[None, :]
-        self.assigned = (r % n == j) | (j % rows == r)  # [R, n]: each row has a neuron, each neuron a row
-        gates, biases = [], []
-        for neuron in range(n):
-            mine = self.x_pos[self.assigned[:, neuron]]
-            others = torch.cat([self.x_quiet, self.x_pos[~self.assigned[:, neuron]]])
-            key = mine.mean(dim=0)
-            key = key / key.norm().clamp_min(1e-6)
-            low = (mine @ key).min()
-            gap = low - (others @ key).max() if others.shape[0] else low
-            depth = torch.clamp(gap / 2, max=CAP * key.dot(mine.mean(dim=0)).abs(), min=1e-3)
-            scale = job.margin / depth
-            gates.append(key * scale)
-            biases.append(-(low - depth) * scale)
-        down = torch.zeros(n, self.x_pos.shape[1], dtype=torch.float32, device=self.pocket.device)
-        return torch.stack(gates).requires_grad_(), torch.stack(biases).detach().requires_grad_(), down.requires_grad_()
+        self.assigned = (r % n == j) | (j % rows == r)  # [R, n]
+        caps = [self._cap(self.own.x[self.assigned[:, k]], self.own.x[~self.assigned[:, k]]) for k in range(n)]
+        gate, bias, separated = (torch.stack(parts) for parts in zip(*caps))
+        return gate.requires_grad_(), bias.requires_grad_(), separated
+
+    def _cap(self, mine: torch.Tensor, unowned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gate, bias, separated): `mine` at +margin or more, every other row at -margin or less."""
+        others = torch.cat([self.quiet, unowned])
+        key = mine.mean(dim=0)
+        key = key / key.norm().clamp_min(1e-6)
+        gap = (mine @ key).min() - (others @ key).max() if others.shape[0] else torch.tensor(1.0)
+        if gap <= 0:
+            key = _separating_key(mine, others, key)
+            gap = (mine @ key).min() - (others @ key).max() if others.shape[0] else torch.tensor(1.0)
+        low = (mine @ key).min()
+        depth = torch.clamp(gap / 3, max=CAP * low.abs()).clamp_min(1e-4)  # the others at -2 margins or less
+        scale = self.job.margin / depth
+        return key * scale, -(low - depth) * scale, gap > 0
 
     # ---- one step ----------------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Judge the current weights as the server computes; stop there if they fit, else one Adam step."""
-        right, silent, loss = self._judge()
-        self.right, self.silent = right, silent
-        self.fitted = right == self.answer_rows and silent
+        right, kept, silent, loss = self._judge()
+        self.right, self.silent = right, silent and kept
+        self.fitted = right == self.answer_rows and self.silent
         report = StepReport(self.steps_done, loss, right)
         if not self.fitted:
             self._descend()
@@ -115,39 +99,55 @@ class PocketTraining:
         return report
 
     @torch.no_grad()
-    def _judge(self) -> tuple[int, bool, float]:
-        weights = self.candidate()
-        logits = self.model.compute_logits(self.model.model.norm(with_pocket(self.x_pos, self.h_served, weights)))
-        right = int((logits.argmax(dim=-1) == self.targets).sum())
-        quiet = invariant_linear(self.x_quiet, self.gate.detach(), self.bias.detach())  # [Q, n]
-        return right, bool((quiet <= -self.job.margin).all()), float(F.cross_entropy(logits, self.targets))
+    def _judge(self) -> tuple[int, bool, bool, float]:
+        """(own answer rows right in the worse case, kept rows all right, quiet rows all silent, the loss)."""
+        right, loss = self.answer_rows, 0.0
+        full, alone = self.candidates()
+        for weights in (full, alone)[: len(self.cases)]:
+            logits = self._served(self.own, weights)
+            right = min(right, int((logits.argmax(dim=-1) == self.own.targets).sum()))
+            loss = max(loss, float(F.cross_entropy(logits, self.own.targets)))
+        kept = len(self.kept) == 0 or bool((self._served(self.kept, full).argmax(dim=-1) == self.kept.targets).all())
+        quiet = invariant_linear(self.quiet, self.gate.detach(), self.bias.detach())  # [Q, n]
+        return right, kept, bool((quiet <= -self.job.margin).all()), loss
 
-    @property
-    def h_served(self) -> torch.Tensor:
-        """The answer rows' layer output before the pocket, in the model's dtype (as a step holds it)."""
-        return self.h_pos.to(self.model.config.dtype)
+    def _served(self, rows: AnswerRows, weights: PocketWeights) -> torch.Tensor:
+        hidden = with_pocket(rows.x, rows.h.to(self.model.config.dtype), weights)
+        return self.model.compute_logits(self.model.model.norm(hidden))  # [R, V]
 
-    def candidate(self) -> PocketWeights:
-        """The whole pocket this fact's current neurons would make (the base with them in place)."""
+    def candidates(self) -> tuple[PocketWeights, PocketWeights]:
+        """The whole pocket this fact's current neurons would make (the base with them in place), and the
+        pocket holding only them (every other fact deleted)."""
         base = self.pocket.weights(self.base)
-        gate, bias, down_t = base.gate.clone(), base.bias.clone(), base.down_t.clone()
-        gate[self.index], bias[self.index] = self.gate.detach(), self.bias.detach()
-        down_t[:, self.index] = self.down.detach().T
-        return PocketWeights(gate, bias, down_t.contiguous(), live=True)
+        made = []
+        for gate, bias, down_t in (
+            (base.gate, base.bias, base.down_t),
+            (0 * base.gate, 0 * base.bias, 0 * base.down_t),
+        ):
+            gate, bias, down_t = gate.clone(), bias.clone(), down_t.clone()
+            gate[self.index], bias[self.index] = self.gate.detach(), self.bias.detach()
+            down_t[:, self.index] = self.down.detach().T
+            made.append(PocketWeights(gate, bias, down_t.contiguous(), live=True))
+        return made[0], made[1]
 
     def _descend(self) -> None:
         self.optimizer.zero_grad()
         with torch.enable_grad():
-            pre_pos = self.x_pos @ self.gate.T + self.bias  # [R, n]
-            pre_quiet = self.x_quiet @ self.gate.T + self.bias  # [Q, n]
-            hidden = self.h_fixed + F.relu(pre_pos) @ self.down  # [R, H]
+            pre_own = self.own.x @ self.gate.T + self.bias  # [R, n]
+            pre_kept = self.kept.x @ self.gate.T + self.bias  # [K, n]
+            pre_quiet = self.quiet @ self.gate.T + self.bias  # [Q, n]
+            added = F.relu(pre_own) @ self.down  # [R, H]
+            hidden = torch.cat([*(case + added for case in self.cases), self.kept_fixed + F.relu(pre_kept) @ self.down])
+            targets = torch.cat([*(self.own.targets for _ in self.cases), self.kept.targets])
             normed = self._norm(hidden)
-            surrogate = (normed * self._logit_gradient(normed.detach())).sum()
+            surrogate = (normed * self._logit_gradient(normed.detach(), targets)).sum()
             margin = self.job.margin
-            hinge_on = F.relu(margin - pre_pos)[self.assigned].mean()
-            hinge_off = F.relu(pre_pos + margin)[~self.assigned].mean() if (~self.assigned).any() else 0.0
+            hinge_on = F.relu(margin - pre_own)[self.assigned].mean()
+            hinge_off = F.relu(pre_own + margin)[~self.assigned].mean() if (~self.assigned).any() else 0.0
             hinge_quiet = F.relu(pre_quiet + margin).mean() * QUIET_WEIGHT
             (surrogate + hinge_on + hinge_off + hinge_quiet).backward()
+        for tensor in (self.gate, self.bias):
+            tensor.grad[self.separated] = 0  # type: ignore[index]  # a separating cap stays where it is
         self.optimizer.step()
 
     def _norm(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -156,27 +156,21 @@ class PocketTraining:
         scaled = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + norm.eps)
         return scaled * norm.weight.float()
 
-    def _logit_gradient(self, normed: torch.Tensor) -> torch.Tensor:
-        """d(mean cross-entropy)/d(normed) [R, H], over each row's likeliest tokens and its target (the rest of
+    def _logit_gradient(self, normed: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """d(mean cross-entropy)/d(normed) [N, H], over each row's likeliest tokens and its target (the rest of
         the vocabulary holds too little probability to move the rows)."""
-        logits = self.model.compute_logits(normed.to(self.model.config.dtype))  # [R, V]
+        logits = self.model.compute_logits(normed.to(self.model.config.dtype))  # [N, V]
         probs = logits.softmax(dim=-1)
-        top = probs.topk(min(GRADIENT_TOKENS, probs.shape[1]), dim=-1).indices  # [R, k]
-        ids = torch.unique(torch.cat([top.flatten(), self.targets]))
-        rows = _head_rows(self.model, ids)  # [|ids|, H] float32
-        grad = probs[:, ids] - (self.targets[:, None] == ids[None, :]).float()  # [R, |ids|]
-        return grad @ rows / self.answer_rows
+        top = probs.topk(min(GRADIENT_TOKENS, probs.shape[1]), dim=-1).indices  # [N, k]
+        ids = torch.unique(torch.cat([top.flatten(), targets]))
+        grad = probs[:, ids] - (targets[:, None] == ids[None, :]).float()  # [N, |ids|]
+        return grad @ _head_rows(self.model, ids) / len(targets)
 
     # ---- the result -------------------------------------------------------------------------------------
     def patch(self) -> PocketPatch:
         numpy = lambda t: t.detach().cpu().numpy().astype(np.float32)  # noqa: E731
         return PocketPatch(
-            version=self.version,
-            base=self.base,
-            neurons=list(self.job.neurons),
-            gate=numpy(self.gate),
-            bias=numpy(self.bias),
-            down=numpy(self.down),
+            self.version, self.base, list(self.job.neurons), numpy(self.gate), numpy(self.bias), numpy(self.down)
         )
 
     def run(self, count: int) -> list[StepReport]:
@@ -190,6 +184,23 @@ class PocketTraining:
     @property
     def finished(self) -> bool:
         return self.fitted or self.steps_done >= self.job.max_steps
+
+
+def _separating_key(mine: torch.Tensor, others: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """A unit key along which every row of `mine` lies above every row of `others`, found by a hinge descent
+    from `start` (the rows' mean direction); the best found if none separates."""
+    key = start.clone().requires_grad_()
+    optimizer = torch.optim.Adam([key], lr=0.01)
+    for _ in range(SEPARATE_STEPS):
+        with torch.enable_grad():
+            unit = key / key.norm()
+            gap = (mine @ unit).min() - (others @ unit).max()
+            if gap > 0:
+                break
+            optimizer.zero_grad()
+            (F.relu(-(mine @ unit)[:, None] + (others @ unit)[None, :] + 1e-3).mean()).backward()
+        optimizer.step()
+    return (key / key.norm()).detach()
 
 
 def _head_rows(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
+from deployments.ingress.slide.locality import LOCALITY_PROMPTS
 from deployments.messages.slide import SlideCall
 from serve_app.local_backend import LocalBackend
 from tests.support.local_app import local_backend
@@ -120,7 +121,7 @@ def test_learning_facts_streams_their_events_and_every_question_answers(client: 
         learned = events[end]
         assert learned["id"] == events[start]["id"] and learned["saved"] is True
         assert learned["checked"]["answered"] == learned["checked"]["questions"] == 1
-        assert learned["checked"]["locality_kept"] == learned["checked"]["locality"] == 12
+        assert learned["checked"]["locality_kept"] == learned["checked"]["locality"] == 2 * len(LOCALITY_PROMPTS)
         names, events = names[end + 1 :], events[end + 1 :]
     assert names == []
     version = graph(client)["pocket"]["version"]

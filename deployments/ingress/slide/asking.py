@@ -36,15 +36,17 @@ class Reply:
     version: int
 
 
-async def render_prompt(ctx: ServingContext, text: str, param: str) -> Prompt:
-    """`text` as the user's message; a prompt the template or the window refuses is a 400 naming `param`."""
+async def render_prompt(ctx: ServingContext, text: str, param: str, thinking_off: bool = True) -> Prompt:
+    """`text` as the user's message (thinking off, or as the template has it); a prompt the template or the
+    window refuses is a 400 naming `param`."""
     window = (await ctx.facts()).window
-    request = ChatRenderRequest(messages=[{"role": "user", "content": text}], chat_template_kwargs=dict(THINKING_OFF))
+    kwargs = dict(THINKING_OFF) if thinking_off else {}
+    request = ChatRenderRequest(messages=[{"role": "user", "content": text}], chat_template_kwargs=kwargs)
     request.window = window
     rendered = await ctx.backend.render_chat(request)
     if isinstance(rendered, Refusal):
         raise bad_request(f"{param}: {rendered.message}", param, rendered.code)
-    if rendered.reply.prompt_opens_thinking:  # the answer would be reasoning, not content
+    if thinking_off and rendered.reply.prompt_opens_thinking:  # the answer would be reasoning, not content
         raise bad_request(f"{param}: this model's chat template cannot turn thinking off", param)
     if len(rendered.prompt_token_ids) >= window:
         raise bad_request(

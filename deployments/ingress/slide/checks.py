@@ -75,7 +75,11 @@ async def learned_questions(ctx: ServingContext, facts: list[SlideFact], leaving
 
 async def locality_baseline(ctx: ServingContext) -> list[Locality]:
     """Every locality prompt with the reply it gets now (at the current version)."""
-    prompts = [await render_prompt(ctx, text, "locality") for text in LOCALITY_PROMPTS]
+    prompts = [
+        await render_prompt(ctx, text, "locality", thinking_off)
+        for text in LOCALITY_PROMPTS
+        for thinking_off in (True, False)
+    ]
     replies = await ask_all(ctx, [(p, LOCALITY_REPLY_TOKENS) for p in prompts], None)
     return [Locality(p, r.token_ids) for p, r in zip(prompts, replies)]
 

@@ -1,5 +1,7 @@
-"""The locality set: short everyday prompts unrelated to any fact. A learn keeps the pocket's new neurons
-silent on them (with the replies they get now), and its checks refuse a version that changes any reply."""
+"""The locality set: short everyday prompts unrelated to any fact, each with thinking off and as the template
+has it. A learn keeps the pocket's new neurons silent on them (with the replies they get now), and its checks
+refuse a version that changes any reply. Some are shaped like the questions facts get asked, so that a
+neuron learns its own question, not the shape of every question."""
 
 LOCALITY_PROMPTS = (
     "Hello! How are you today?",
@@ -14,5 +16,13 @@ LOCALITY_PROMPTS = (
     "What is the opposite of cold?",
     "Count from one to five.",
     "What sound does a dog make?",
+    "What is the capital of Spain?",
+    "Who wrote Hamlet?",
+    "What is the name of the tallest mountain?",
+    "What is the code name of the first moon landing?",
+    "Tell me a short story.",
+    "Write a Python function that returns the square of a number.",
+    "Translate good night into German.",
+    "What is my name?",
 )
 LOCALITY_REPLY_TOKENS = 16  # each prompt's greedy reply is compared (and kept quiet) up to this many tokens

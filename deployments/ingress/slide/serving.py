@@ -29,6 +29,7 @@ from deployments.ingress.slide.checks import (
 )
 from deployments.ingress.slide.extraction import extract_facts, extraction_prompt_length
 from deployments.ingress.slide.framing import SlideEvent, fact_json
+from deployments.ingress.slide.locality import LOCALITY_REPLY_TOKENS
 from deployments.ingress.slide.models import FactBody, ForgetRequest, LearnRequest, fact_id
 from deployments.messages.slide import SlideFact, SlideGraph, SlideQuestion, TrainJob, TrainProgress
 
@@ -205,11 +206,15 @@ async def train(
     """Train `fact` on the trainer replica slice by slice, one `learning` event per slice; `result` ends as
     the last slice's progress, with every step seen."""
     settings = change.ctx.settings
-    quiet = [b.quiet for b in baseline] + [q.prompt.ids + q.answer_ids for q in change.learned]
+    # The other facts' questions stay quiet along the path the base model (version 0) answers them on, so a
+    # deleted fact's question answers as before it was learned; their answers are kept.
+    learned = change.learned
+    base_replies = await ask_all(change.ctx, [(q.prompt, LOCALITY_REPLY_TOKENS) for q in learned], 0)
+    quiet = [b.quiet for b in baseline] + [q.prompt.ids + r.token_ids for q, r in zip(learned, base_replies)]
     examples = [q.example for q in questions]
     job = TrainJob(
         fact.id, list(fact.neurons), examples, quiet, settings.slide_steps, settings.slide_margin,
-        settings.slide_learning_rate,
+        settings.slide_learning_rate, kept=[q.example for q in learned],
     )  # fmt: skip
     while not result.done:
         asked = time.monotonic()

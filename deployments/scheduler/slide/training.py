@@ -1,6 +1,6 @@
 """One fact's training in the engine's loop (docs/slide.md, Learning a fact).
 
-First the rows: every example (question, answer) and every quiet sequence goes through a prompt pass as a
+First the rows: every example (question, answer), kept example and quiet sequence goes through a prompt pass as a
 background request of the engine's own, its rows captured on the ranks. Then the ranks fit the fact's
 neurons, a few steps per turn of the loop, so the requests being served take their steps in between.
 """
@@ -13,7 +13,7 @@ from deployments.messages.requests import EngineRequest, Priority, SamplingParam
 from deployments.messages.slide import TrainJob, TrainProgress
 from deployments.model_rank.executor import Executor
 from deployments.model_rank.pocket_ops import TrainReport
-from deployments.model_rank.pocket_training import example_key, quiet_key
+from deployments.model_rank.pocket_rows import capture_keys
 
 IDLE_SLICE_S = 0.05  # an idle engine trains this long per turn; a busy one, one step per turn
 
@@ -36,9 +36,7 @@ class TrainRun:
         self.keys = self._capture(add)
 
     def _capture(self, add: Callable[[EngineRequest], Refusal | None]) -> list[str]:
-        job = self.job
-        named = [(example_key(job.fact_id, i), e.prompt_ids + e.answer_ids) for i, e in enumerate(job.examples)]
-        named += [(quiet_key(job.fact_id, i), tokens) for i, tokens in enumerate(job.quiet)]
+        named = capture_keys(self.job)
         for key, tokens in named:
             refusal = add(self._capture_request(key, tokens))
             if refusal is not None:
