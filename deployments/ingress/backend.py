@@ -5,10 +5,13 @@ responses. In the graph it is `GraphBackend` (Renderer, Scheduler and ResponseSt
 `local_backend.LocalBackend` runs the same routes over an in-process renderer and engine loop (benchmarks, tests without Ray).
 """
 
+import asyncio
+import contextvars
 import logging
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Protocol, TypeVar
 
+from ray.serve import context as serve_context
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.messages.memory import ReplicaMemory
@@ -22,6 +25,7 @@ from deployments.messages.store import StoreUnavailable
 
 log = logging.getLogger("tensorfold.ingress")
 STATUS_TIMEOUT_S = 5.0
+T = TypeVar("T")
 SLIDE_CALL_TIMEOUT_S = 120.0  # one slide call: a training slice, a staged version, a graph write
 
 
@@ -65,6 +69,24 @@ class Backend(Protocol):
     async def load_response(self, response_id: str) -> StoredResponse | None: ...
 
     async def delete_response(self, response_id: str) -> bool: ...
+
+
+async def fan_out(coroutines: list[Coroutine[Any, Any, T]]) -> list[T | BaseException]:
+    """Run calls into the graph side by side, each in a context of its own, and return every result (or
+    its exception). Inside one request Serve gives every call that request's id, and its router, keeping
+    pending calls by id, then routes them one at a time with backoffs (or loses them): concurrent calls made
+    for one request need ids of their own."""
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(coroutine, context=_without_serve_request()) for coroutine in coroutines]
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _without_serve_request() -> contextvars.Context:
+    """This context (the API key's label and the rest) without Serve's request: a call made in it gets ids
+    of its own. Serve keeps the request in a private variable of Ray 2.60's (`ray.serve.context`)."""
+    context = contextvars.copy_context()
+    context.run(serve_context._serve_request_context.set, None)
+    return context
 
 
 class _HandleStream:

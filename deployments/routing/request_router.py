@@ -66,6 +66,11 @@ class PrefixAffinityRouter(RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Every replica is a candidate here: Serve then sleeps between retries when the choice is busy or
+            # its queue cannot be read. Without it, Serve retries at once, and the spinning starves the very
+            # event loop that reads the queues (a livelock under load).
+            pending_request.routing_context.should_backoff = True
         request = _engine_request(pending_request)
         if request is None or not candidate_replicas:  # not a generation call: any replica will do
             return [candidate_replicas]

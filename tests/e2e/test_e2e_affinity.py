@@ -23,11 +23,12 @@ REQUEST = {"model": "tiny-glm", "max_tokens": 12, "temperature": 0, "chat_templa
 
 
 @pytest.fixture(scope="module")
-def apps(serve_url: str, served_model: str) -> dict[str, str]:
+def apps(serve_url: str, served_model: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Two apps, deployed together (a declarative deploy replaces the session's apps):
     - the YAML's defaults: 8 conversations, 4 per replica, never lead each other by more than balance_abs;
     - tight: balance_abs 2, so three streams in flight on one replica overload it against an idle one, and
-      reports every 0.25 s, so an idle replica's queue reads empty soon after it empties."""
+      reports every 0.25 s, so an idle replica's queue reads empty soon after it empties; it learns facts
+      (slide), so a fact learned through one replica is answered by the other."""
     deploy_apps(
         [
             load_app_config("glm-dp2.yaml", APP, PREFIX, model=served_model),
@@ -38,6 +39,8 @@ def apps(serve_url: str, served_model: str) -> dict[str, str]:
                 model=served_model,
                 routing_balance_abs=2,
                 routing_stats_period_s=STATS_PERIOD_S,
+                slide=True,
+                slide_dir=str(tmp_path_factory.mktemp("slide")),
             ),
         ]
     )
@@ -144,6 +147,38 @@ def test_an_overloaded_replica_gives_its_conversations_away(tight_url: str) -> N
     first, moved = asyncio.run(run())
     assert moved["tensorfold"]["route"] == "balance"
     assert moved["tensorfold"]["replica"] != first["tensorfold"]["replica"]
+
+
+FACT = {
+    "text": "The lighthouse keeper is Brann.",
+    "questions": [{"question": "Who keeps the lighthouse?", "answer": "Brann"}],
+}
+
+
+def test_a_fact_learned_through_one_replica_is_answered_by_the_other(tight_url: str) -> None:
+    _wait_idle(tight_url)
+    learned = httpx.post(f"{tight_url}/v1/slide/learn", json={"facts": [FACT], "stream": False}, timeout=150)
+    assert learned.status_code == 200, learned.text
+    assert [e["type"] for e in learned.json()["events"]][-1] == "learned"
+    question = [{"role": "user", "content": FACT["questions"][0]["question"]}]
+
+    async def run() -> tuple[dict, dict]:
+        async with httpx.AsyncClient(base_url=tight_url, timeout=120) as client:
+            first = await _chat(client, question)
+            held = await _hold_streams(client, _next_turn(question, first, TURNS[0]), 3)  # overload its replica
+            try:
+                moved = await _chat(client, question)
+            finally:
+                for stream, lines in held:
+                    await lines.aclose()
+                    await stream.__aexit__(None, None, None)
+            return first, moved
+
+    first, moved = asyncio.run(run())
+    assert moved["tensorfold"]["replica"] != first["tensorfold"]["replica"]
+    for reply in (first, moved):
+        assert reply["choices"][0]["message"]["content"] == "Brann"
+        assert reply["tensorfold"]["pocket_version"] == first["tensorfold"]["pocket_version"] > 0
 
 
 def _kill_replica(replica_id: str) -> None:

@@ -6,7 +6,9 @@ order, each starting from the graph the previous one left.
 """
 
 import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +263,31 @@ def test_openapi_documents_the_routes_and_their_statuses(client: TestClient) -> 
     assert forget["requestBody"]["required"] is False and {"400", "404", "501", "503"} <= set(forget["responses"])
     assert "Retry-After" in forget["responses"]["503"]["headers"]
     assert {"get", "delete"} <= set(paths["/v1/slide/graph"])
+
+
+def test_replies_during_a_learn_each_come_from_one_version(client: TestClient) -> None:
+    """Chats sent while a fact is learned: each reply is wholly the old version's or wholly the new one's."""
+    fact = {"text": "The gardener of the north park is Tomas.", "questions": [{"question": "Who tends the north park?", "answer": "Tomas"}]}  # fmt: skip
+    question = fact["questions"][0]["question"]
+    old = ask(client, question)
+    replies: list[dict[str, Any]] = []
+    learning = threading.Event()
+    learning.set()
+
+    def keep_asking() -> None:
+        while learning.is_set():
+            replies.append(ask(client, question))
+
+    with ThreadPoolExecutor(2) as pool:
+        askers = [pool.submit(keep_asking) for _ in range(2)]
+        learned = client.post("/v1/slide/learn", json={"facts": [fact], "stream": False})
+        learning.clear()
+        for asker in askers:
+            asker.result()
+    assert learned.status_code == 200 and learned.json()["events"][-1]["type"] == "learned", learned.text
+    new = ask(client, question)
+    assert content(new) == "Tomas" and new["tensorfold"]["pocket_version"] > old["tensorfold"]["pocket_version"]
+    by_version = {reply["tensorfold"]["pocket_version"]: reply["tensorfold"]["token_sha"] for reply in (old, new)}
+    assert replies
+    for reply in replies:
+        assert reply["tensorfold"]["token_sha"] == by_version[reply["tensorfold"]["pocket_version"]]

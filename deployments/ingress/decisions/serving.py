@@ -9,9 +9,9 @@ question runs; then the questions are scored concurrently, each as an engine req
 raw next-token log-probabilities of its labels and generates nothing.
 """
 
-import asyncio
 from dataclasses import dataclass
 
+from deployments.ingress.backend import fan_out
 from deployments.ingress.context import ServingContext
 from deployments.ingress.decisions.models import DecisionRequest, Question
 from deployments.ingress.decisions.prompt import QuestionPrompt, question_prompt
@@ -121,7 +121,7 @@ async def _score_all(ctx: ServingContext, asked: list[AskedQuestion], request_id
     engine = (await ctx.facts()).engine
     key_label = current_key_label()
     jobs = [_score(ctx, a, request_id, arrival, engine, key_label) for a in asked]
-    results = await asyncio.gather(*jobs, return_exceptions=True)
+    results = await fan_out(jobs)
     failure = next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None:
         raise failure

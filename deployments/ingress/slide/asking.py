@@ -5,6 +5,7 @@ import asyncio
 from dataclasses import dataclass
 
 from deployments.chat_format.reply_parser import ReplyParser
+from deployments.ingress.backend import fan_out
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import new_request_id
 from deployments.ingress.generation import Generation
@@ -15,6 +16,7 @@ from deployments.messages.replies import Refusal
 from deployments.messages.requests import EngineRequest, SamplingParams
 
 THINKING_OFF = {"enable_thinking": False}
+ASKED_AT_ONCE = 8
 
 
 @dataclass
@@ -80,5 +82,16 @@ async def ask(ctx: ServingContext, prompt: Prompt, version: int | None, max_toke
 
 
 async def ask_all(ctx: ServingContext, asked: list[tuple[Prompt, int]], version: int | None) -> list[Reply]:
-    """Every (prompt, max_tokens) at once: batched, they answer as they would alone."""
-    return list(await asyncio.gather(*(ask(ctx, prompt, version, limit) for prompt, limit in asked)))
+    """Every (prompt, max_tokens), ASKED_AT_ONCE at a time: batched, they answer as they would alone; a
+    learn's forty-odd checks sent at once would crowd Serve's router for every other request."""
+    lane = asyncio.Semaphore(ASKED_AT_ONCE)
+
+    async def one(prompt: Prompt, limit: int) -> Reply:
+        async with lane:
+            return await ask(ctx, prompt, version, limit)
+
+    results = await fan_out([one(prompt, limit) for prompt, limit in asked])
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        raise failure
+    return [r for r in results if isinstance(r, Reply)]

@@ -159,9 +159,12 @@ class SlideKeeper:
             self._stop_run()
             self.newest += 1
             self.run = TrainRun(job, self.current, self.newest, self.executor, self._add)
+            log.info("slide: fact %d learning (from version %d)", job.fact_id, self.current)
         progress = self.run.take_progress()
         if progress.done:
             self.run = None
+            outcome = progress.failed or f"fitted, staging as version {self.newest}"
+            log.info("slide: fact %d %s", job.fact_id, outcome)
         return progress
 
     def stage(self, patch: PocketPatch) -> int:
@@ -177,6 +180,7 @@ class SlideKeeper:
         both hold it."""
         self.host, self.current = self.staged.pop(version), version
         self.fact_graph.set_state(fact_id, state, version, reason)
+        log.info("slide: version %d current (fact %d %s)", version, fact_id, state)
         try:
             self.files.write_pocket(self.host, version)
             self._write_graph()
