@@ -58,9 +58,16 @@ VF_INLINE void native_to_f16(uint16_t *p, vn v) {
         return r;                                \
     }
 
+VF_INLINE vn vn_set1(float x) {  // a broadcast (adding x to zeros would cost an add and lose -0.0)
+#if defined(__AVX2__)
+    return (vn)_mm256_set1_ps(x);
+#else
+    return (vn)vdupq_n_f32(x);
+#endif
+}
 VF_INLINE vf16 vf_set1(float x) {
     vf16 r;
-    EACH_PART r.p[i_] = (vn){0} + x;
+    EACH_PART r.p[i_] = vn_set1(x);
     return r;
 }
 VF_INLINE vf16 vf_zero(void) { return vf_set1(0.0f); }
