@@ -60,8 +60,9 @@ static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, 
     for (int64_t k0 = 0; k0 < k_tiles * TILE_K; k0 += SLAB_K) {
         const int len = (int)(k_tiles * TILE_K - k0 < SLAB_K ? k_tiles * TILE_K - k0 : SLAB_K);
         widen_slab(x, ldx, R, k0, len, slab);
-        for (int i = 0; i < len; i += 2) {
-            const uint16_t *w = b + (k0 + i) / TILE_K * T * TILE_ELEMS + ((i % TILE_K) / 2 * T + t0) * 2 * TILE_N;
+        const int64_t pair_step = (int64_t)T * 2 * TILE_N;  // a group's pack holds its pairs of K in order
+        const uint16_t *w = b + k0 / 2 * pair_step + t0 * 2 * TILE_N;
+        for (int i = 0; i < len; i += 2, w += pair_step) {
             UNROLL for (int t = 0; t < P; t++) {
                 const vf16 w_even = bf16_even(w + t * 2 * TILE_N);
                 UNROLL for (int r = 0; r < R; r++) acc[r][t] = vf_fma(vf_set1(slab[r * SLAB_K + i]), w_even, acc[r][t]);
