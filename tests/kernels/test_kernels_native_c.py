@@ -30,6 +30,7 @@ CHECKS = (
     "rotary_exact",
     "silu_mul_bf16_near_libm",
     "argmax_exact",
+    "sum_lanes_is_reduce_add_per_lane",
 )
 # The levels' optimisation and rounding flags (a program, not a shared library).
 PROGRAM_FLAGS = [flag for flag in cpu_native.BASE_COMPILE_FLAGS if flag not in ("-shared", "-fPIC")]
