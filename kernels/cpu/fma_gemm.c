@@ -10,14 +10,16 @@
 //
 // One row (decode at batch 1) reads the weights at memory bandwidth: `row_block` widens its x values one by
 // one. Several rows are compute-bound: `rows_block` widens a slab of their x to fp32 once, then each widened
-// weight vector serves up to ROWS rows, each FMA's x a broadcast straight from that slab.
+// weight vector serves up to BLOCK_ROWS rows, each FMA's x a broadcast straight from that slab.
 #include "simd.h"
 #include "pair_pack.h"  // pack_index, tf_bf16_pack, tf_bf16_unpack_rows
 
-#define ROWS 4         // rows of x per register block: 8 of AVX2's 16 registers (from 5, GCC spills some)
+#define BLOCK_ROWS 4   // rows of x per register block: 8 of AVX2's 16 registers (from 5, GCC spills some)
 #define ACCUMULATORS 4 // 16-lane accumulators per block (rows x tiles of one pass)
 #define CHUNK_ROWS 64  // rows per work item: threads split M in chunks as well as N in groups
-#define SLAB_K 256     // elements of K widened to fp32 at a time (ROWS x SLAB_K floats on the stack)
+#define ROWS CHUNK_ROWS  // rows per block_dispatch call (pair_gemm.h): the whole chunk
+#define PREFETCH_PAIRS 32  // pairs of K ahead that a group's first pass prefetches
+#define SLAB_K 256     // elements of K widened to fp32 at a time (BLOCK_ROWS x SLAB_K floats on the stack)
 #define UNROLL _Pragma("GCC unroll 8")  // R and P unrolled whole, so the accumulators stay in registers
 
 // One row x tiles [t0, t0 + P) of one group of T tiles (cols_left columns remain in W from tile 0).
@@ -49,12 +51,14 @@ static inline void widen_slab(const uint16_t *x, int64_t ldx, int rows, int64_t 
 
 // Rows [0, R) x tiles [t0, t0 + P) of one group of T tiles, SLAB_K elements of K at a time. Per element of
 // K, each tile's weights widen once (the even, then the odd element of each pair) and serve all R rows.
+// `fetch` (the group's first pass, t0 = 0) prefetches every tile's weights ahead: the pass strides past the
+// other tiles' lines, which the hardware prefetcher then leaves to a slow miss each.
 static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, int64_t ldx, const uint16_t *b,
                                                               int64_t k_tiles, uint16_t *out, int64_t ldo,
                                                               int64_t cols_left, int T, int t0, const int R,
-                                                              const int P) {
-    float slab[ROWS * SLAB_K];
-    vf16 acc[ROWS][ACCUMULATORS];
+                                                              const int P, int fetch) {
+    float slab[BLOCK_ROWS * SLAB_K];
+    vf16 acc[BLOCK_ROWS][ACCUMULATORS];
     UNROLL for (int r = 0; r < R; r++)
         UNROLL for (int t = 0; t < P; t++) acc[r][t] = vf_zero();
     for (int64_t k0 = 0; k0 < k_tiles * TILE_K; k0 += SLAB_K) {
@@ -63,6 +67,8 @@ static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, 
         const int64_t pair_step = (int64_t)T * 2 * TILE_N;  // a group's pack holds its pairs of K in order
         const uint16_t *w = b + k0 / 2 * pair_step + t0 * 2 * TILE_N;
         for (int i = 0; i < len; i += 2, w += pair_step) {
+            if (fetch)  // the group's first pass reads its tiles' lines of a pair (64 bytes each) for one tile
+                for (int t = 0; t < T; t++) __builtin_prefetch(w + PREFETCH_PAIRS * pair_step + t * 2 * TILE_N);
             UNROLL for (int t = 0; t < P; t++) {
                 const vf16 w_even = bf16_even(w + t * 2 * TILE_N);
                 UNROLL for (int r = 0; r < R; r++) acc[r][t] = vf_fma(vf_set1(slab[r * SLAB_K + i]), w_even, acc[r][t]);
@@ -82,21 +88,27 @@ static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, 
 #define ROW_CASE(P) \
     case P: row_block(x, b, k_tiles, out, cols_left, tiles, t0, P); break;
 #define ROWS_CASE(R, P) \
-    case (R) * 8 + (P): rows_block(x, ldx, b, k_tiles, out, ldo, cols_left, tiles, t0, R, P); break;
+    case (R) * 8 + (P): rows_block(xr, ldx, b, k_tiles, outr, ldo, cols_left, tiles, t0, R, P, t0 == 0 && r0 == 0); break;
 
-// One group's tiles for up to ROWS rows, in passes of as many tiles as the accumulators allow; R and P made
-// constants so each case keeps its accumulators in registers.
+// One group's tiles for the rows of one chunk. One row streams the group in one pass. More rows take it a
+// pass of tiles at a time, every block of the chunk's rows over that pass before the next: each tile's weights
+// come from memory once and serve the whole chunk from cache. R and P made constants so each case keeps its
+// accumulators in registers.
 static void block_dispatch(const uint16_t *x, int64_t ldx, const uint16_t *b, int64_t k_tiles, uint16_t *out,
                            int64_t ldo, int64_t cols_left, int rows, int tiles) {
-    const int per_pass = rows == 1 ? GROUP_N : ACCUMULATORS / rows > 0 ? ACCUMULATORS / rows : 1;
+    if (rows == 1) {
+        const int t0 = 0;
+        switch (tiles) { ROW_CASE(1) ROW_CASE(2) ROW_CASE(3) ROW_CASE(4) }
+        return;
+    }
+    const int per_pass = rows == 2 ? 2 : 1;  // two rows take two tiles a pass (4 accumulators)
     for (int t0 = 0; t0 < tiles; t0 += per_pass) {
         const int pass = tiles - t0 < per_pass ? tiles - t0 : per_pass;
-        if (rows == 1) {
-            switch (pass) { ROW_CASE(1) ROW_CASE(2) ROW_CASE(3) ROW_CASE(4) }
-            continue;
-        }
-        switch (rows * 8 + pass) {
-            ROWS_CASE(2, 1) ROWS_CASE(2, 2) ROWS_CASE(3, 1) ROWS_CASE(4, 1)
+        for (int r0 = 0; r0 < rows; r0 += BLOCK_ROWS) {
+            const int block = rows - r0 < BLOCK_ROWS ? rows - r0 : BLOCK_ROWS;
+            const uint16_t *xr = x + r0 * ldx;
+            uint16_t *outr = out + r0 * ldo;
+            switch (block * 8 + pass) { ROWS_CASE(1, 1) ROWS_CASE(2, 1) ROWS_CASE(2, 2) ROWS_CASE(3, 1) ROWS_CASE(4, 1) }
         }
     }
 }
