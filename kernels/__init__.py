@@ -12,9 +12,9 @@ scan_meta           a step's recurrent sequences and captures as device tensors 
 cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/*.h):
                     bf16 matmuls on weights packed at load, float32 paged attention in row tiles,
                     RMSNorm / RoPE / SiLU*up / greedy argmax; fixed per-row order, built on first use
-                    at the level the CPU has: amx (AMX tiles), avx512 (AVX-512 BF16, no AMX) or avx2
-                    (AVX2 + FMA, bf16 widened to fp32), one SIMD header (cpu/simd.h) for all; ARM NEON
-                    compiles from the same sources (tested under qemu, not loaded from Python yet)
+                    at the level the CPU has: amx (AMX tiles), avx512 (AVX-512 BF16, no AMX), avx2
+                    (AVX2 + FMA, bf16 widened to fp32) or, on aarch64, neon (avx2's sources on NEON),
+                    one SIMD header (cpu/simd.h) for all
 cpu_recurrent       the recurrent scans on CPU (cpu/recurrent.c, portable C: any CPU, no AMX), token after
                     token per sequence, threads over (sequence, head) pairs
 checks, _triton     argument checks; Triton import guard (interpreter on CUDA-less machines)

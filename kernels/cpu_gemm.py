@@ -1,6 +1,6 @@
 """Batch-invariant bfloat16 matmuls, the CPU path's projections: on Intel AMX (kernels/cpu/amx_gemm.c), at
-the avx512 level on AVX-512 BF16 (kernels/cpu/avx512_gemm.c), at the avx2 level with bfloat16 widened to fp32
-and FMA (kernels/cpu/fma_gemm.c).
+the avx512 level on AVX-512 BF16 (kernels/cpu/avx512_gemm.c), at the avx2 and neon levels with bfloat16
+widened to fp32 and FMA (kernels/cpu/fma_gemm.c).
 
 torch's bfloat16 GEMMs on CPU read weights at 8-20 GB/s for the 1-16 rows of a decode step, and oneDNN's
 prepacked kernels change a row's bits with the row count at larger K. Here each output element is one

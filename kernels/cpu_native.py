@@ -5,8 +5,9 @@ GEMMs at large K) or run far below memory bandwidth at decode shapes; these kern
 (cpu_gemm.py, cpu_attention.py say how). They come in levels chosen at load by the CPU's features: `amx`
 (the bf16 GEMM on AMX tiles) and `avx512` (AVX-512 BF16 without AMX: the same attention and layer ops, the
 GEMM on VDPBF16PS) and `avx2` (AVX2 + FMA + F16C: the same sources through simd.h's portable backend, the
-GEMM with bfloat16 widened to fp32 and FMA; ARM NEON compiles from them too, tests/kernels/test_kernels_neon.py);
-`TENSORFOLD_KERNELS=amx|avx512|avx2` forces one, `auto` takes the best the CPU has. The
+GEMM with bfloat16 widened to fp32 and FMA) on x86, and `neon` on aarch64 (ARMv8-A Advanced SIMD: the avx2
+level's sources through the same portable backend, 4-float vectors); `TENSORFOLD_KERNELS=amx|avx512|avx2|neon`
+forces one, `auto` takes the best the CPU has (read from /proc/cpuinfo: x86's `flags`, aarch64's `Features`). The
 sources are compiled with the system C compiler into `TENSORFOLD_KERNEL_CACHE` (default
 `~/.cache/tensorfold/kernels`), keyed by level and hash. Without the CPU features, a compiler, or with
 `TENSORFOLD_KERNELS=torch`, `available()` is False and callers keep torch.
@@ -17,6 +18,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ BASE_COMPILE_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off"
 AVX512_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c")
 AVX2_FLAGS = ("avx2", "fma", "f16c")
 AVX2_COMPILE_FLAGS = ("-mavx2", "-mfma", "-mf16c")
+NEON_FLAGS = ("asimd",)  # aarch64's name for NEON; SVE CPUs have it too (there is no SVE build)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ AMX = Level(
 )
 AVX512 = Level("avx512", AVX512_FLAGS, "avx512_gemm.c", (*BASE_COMPILE_FLAGS, *AVX512_COMPILE_FLAGS))
 AVX2 = Level("avx2", AVX2_FLAGS, "fma_gemm.c", (*BASE_COMPILE_FLAGS, *AVX2_COMPILE_FLAGS))
-LEVELS = (AMX, AVX512, AVX2)  # best first: `auto` takes the first this CPU has
+NEON = Level("neon", NEON_FLAGS, "fma_gemm.c", BASE_COMPILE_FLAGS)  # NEON is part of the aarch64 baseline
+LEVELS = (AMX, AVX512, AVX2, NEON)  # best first: `auto` takes the first this CPU has
 
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
@@ -95,6 +99,7 @@ GEMM_SIGNATURES = {
     "amx": ("tf_amx_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int]),
     "avx512": ("tf_avx512_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
     "avx2": ("tf_fma_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
+    "neon": ("tf_fma_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _int]),
 }
 
 
@@ -105,15 +110,22 @@ def cache_dir() -> Path:
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
+    """This CPU's feature flags (/proc/cpuinfo; empty where it cannot be read and the machine is not aarch64)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        text = ""
+    return parse_cpu_flags(text, platform.machine())
+
+
+def parse_cpu_flags(cpuinfo: str, machine: str) -> frozenset[str]:
+    """The feature flags in /proc/cpuinfo's text: x86's `flags` line or aarch64's `Features` line. An aarch64
+    machine whose text has neither (some containers hide it) still has NEON, which ARMv8-A requires."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset(NEON_FLAGS) if machine.lower() in ("aarch64", "arm64") else frozenset()
 
 
 def build(target: Path, sources: list[Path], flags: list[str]) -> None:

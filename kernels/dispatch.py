@@ -5,7 +5,7 @@ the plain-torch path, which computes exactly what the layers computed before.
 
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
 GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests), or a native CPU level
-(`amx`, `avx512`, `avx2`: kernels/cpu_native.py) forced instead of the best the CPU has, otherwise as `auto`.
+(`amx`, `avx512`, `avx2`, `neon`: kernels/cpu_native.py) forced instead of the best the CPU has, otherwise as `auto`.
 """
 
 import os

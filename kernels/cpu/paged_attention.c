@@ -28,7 +28,10 @@ typedef struct {
     int dtype;
 } attention_args;
 
-#define MAX_TILE 4  // rows computed together (bounded by the V accumulators the registers hold)
+#define MAX_TILE 4  // rows computed together
+// Vectors of each row's output a V pass sums (MAX_TILE x V_CHUNK accumulators, half the register file): a
+// pass covers one chunk of the head, so a tile keeps MAX_TILE rows whatever the head size.
+#define V_CHUNK (VF_REGISTERS / 2 / MAX_TILE)
 
 // One tile: `n` rows (query row ts[r], head hs[r]) of one sequence and one KV head, each over its own keys
 // 0..pos in ascending order. DQ and DVQ are the head sizes in 16-float vectors when known at compile time
@@ -92,30 +95,27 @@ static inline __attribute__((always_inline)) void attend_tile_as(
         }
         inverse[r] = 1.0f / vf_reduce_add(total);
     }
-    vf16 acc[MAX_TILE][MAX_HEAD_DIM / 16];
-    for (int r = 0; r < n; r++)
-        for (int64_t c = 0; c < dvq; c++) acc[r][c] = vf_zero();
-    for (int64_t j = 0; j < fewest; j++) {  // the V sums, every row in ascending key order
-        vf16 v[MAX_HEAD_DIM / 16];
-        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, a->dv - c * 16);
-        for (int r = 0; r < n; r++) {
-            const vf16 p = vf_set1(scores[r * padded + j]);
-            for (int64_t c = 0; c < dvq; c++) acc[r][c] = vf_fma(p, v[c], acc[r][c]);
+    for (int64_t c0 = 0; c0 < dvq; c0 += V_CHUNK) {  // the V sums, V_CHUNK vectors of each row's output at a time
+        // A compiled head size's chunks are whole (4, 8 or 16 vectors by 1 or 4): a constant, kept in registers.
+        const int chunk = DVQ ? (DVQ < V_CHUNK ? DVQ : V_CHUNK) : (int)(dvq - c0 < V_CHUNK ? dvq - c0 : V_CHUNK);
+        vf16 acc[MAX_TILE][V_CHUNK];
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < chunk; c++) acc[r][c] = vf_zero();
+        for (int64_t j = 0; j < most; j++) {  // every row in ascending key order, each over its own keys
+            vf16 v[V_CHUNK];
+            for (int c = 0; c < chunk; c++)
+                v[c] = load16(a->v_cache, rows[j] * a->dv + (c0 + c) * 16, dtype, a->dv - (c0 + c) * 16);
+            for (int r = 0; r < n; r++) {
+                if (j >= fewest && j >= keys[r]) continue;  // a key only the tile's later rows see
+                const vf16 p = vf_set1(scores[r * padded + j]);
+                for (int c = 0; c < chunk; c++) acc[r][c] = vf_fma(p, v[c], acc[r][c]);
+            }
         }
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < chunk; c++)
+                store16(a->out, (ts[r] * a->hq + hs[r]) * a->dv + (c0 + c) * 16, dtype, a->dv - (c0 + c) * 16,
+                        vf_mul(acc[r][c], vf_set1(inverse[r])));
     }
-    for (int64_t j = fewest; j < most; j++) {  // the keys only the tile's later rows see
-        vf16 v[MAX_HEAD_DIM / 16];
-        for (int64_t c = 0; c < dvq; c++) v[c] = load16(a->v_cache, rows[j] * a->dv + c * 16, dtype, a->dv - c * 16);
-        for (int r = 0; r < n; r++) {
-            if (j >= keys[r]) continue;
-            const vf16 p = vf_set1(scores[r * padded + j]);
-            for (int64_t c = 0; c < dvq; c++) acc[r][c] = vf_fma(p, v[c], acc[r][c]);
-        }
-    }
-    for (int r = 0; r < n; r++)
-        for (int64_t c = 0; c < dvq; c++)
-            store16(a->out, (ts[r] * a->hq + hs[r]) * a->dv + c * 16, dtype, a->dv - c * 16,
-                    vf_mul(acc[r][c], vf_set1(inverse[r])));
 }
 
 // The tile kernel compiled per element type and for 64-, 128- and 256-wide heads, so the inner loops carry no
@@ -132,15 +132,8 @@ TILE_OF(DT_F32)
 TILE_OF(DT_BF16)
 TILE_OF(DT_F16)
 
-// How many rows a tile takes: as many V accumulators as leave registers for the V row and the weights (half
-// the register file; the tile size never changes a row's bits).
-static int tile_rows(int64_t dv) {
-    const int64_t dvq = (dv + 15) / 16, budget = VF_REGISTERS / 2;
-    return dvq <= budget / 4 ? 4 : dvq <= budget / 2 ? 2 : 1;
-}
-
 // Every (query row, head) of one step. Per sequence and KV head, its rows (query-row major, then the heads
-// sharing that KV head) are cut into tiles of tile_rows(); tiles are spread over threads, each computed whole
+// sharing that KV head) are cut into tiles of MAX_TILE; tiles are spread over threads, each computed whole
 // by one.
 void tf_paged_attention(const void *q, const void *k_cache, const void *v_cache, void *out, const int64_t *tables,
                         const int64_t *table_starts, const int64_t *row_seq, const int64_t *row_pos, int64_t rows,
@@ -148,7 +141,7 @@ void tf_paged_attention(const void *q, const void *k_cache, const void *v_cache,
                         float scale, int dtype, int threads) {
     const attention_args a = {q, k_cache, v_cache, out, tables, table_starts, row_seq, row_pos,
                               hq, hkv, d, dv, block_size, scale, dtype};
-    const int64_t group = hq / hkv, per_tile = tile_rows(dv);
+    const int64_t group = hq / hkv, per_tile = MAX_TILE;
     // Runs of query rows of one sequence (a step's rows are grouped by sequence), and the first tile of each.
     int64_t *run_start = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));
     int64_t *first_tile = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));

@@ -49,6 +49,13 @@ VF_INLINE void bf16_pairs(const uint16_t *pairs, vf16 *even, vf16 *odd) {
     *odd = vi_as_vf(vi_and(raw, vi_set1((int32_t)0xFFFF0000u)));
 }
 
+// The even (element 2i into lane i) or the odd elements of 16 bfloat16 pairs, as fp32: bf16_pairs one at a
+// time, so a register block holds one weight vector, not two.
+VF_INLINE vf16 bf16_even(const uint16_t *pairs) { return vi_as_vf(vi_shl16(vi_loadu(pairs))); }
+VF_INLINE vf16 bf16_odd(const uint16_t *pairs) {
+    return vi_as_vf(vi_and(vi_loadu(pairs), vi_set1((int32_t)0xFFFF0000u)));
+}
+
 // One bfloat16 as a float (exact).
 VF_INLINE float bf16_to_float(uint16_t bits) {
     const uint32_t wide = (uint32_t)bits << 16;

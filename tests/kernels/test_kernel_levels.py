@@ -1,6 +1,8 @@
 """The native kernels' levels (kernels/cpu_native.py): which one a CPU and `TENSORFOLD_KERNELS` pick, and
 that each has its own build identity (they compute different GEMM bits)."""
 
+from pathlib import Path
+
 import pytest
 
 from kernels import cpu_native, dispatch
@@ -35,6 +37,9 @@ AMX_CPU = ("amx_bf16", "amx_tile", *cpu_native.AVX512_FLAGS, *cpu_native.AVX2_FL
         (cpu_native.AVX2_FLAGS, "auto", "avx2"),  # an AVX2 CPU without AVX-512
         (cpu_native.AVX2_FLAGS, "avx512", None),
         (cpu_native.AVX2_FLAGS[1:], "auto", None),  # no avx2
+        (cpu_native.NEON_FLAGS, "auto", "neon"),
+        (cpu_native.NEON_FLAGS, "avx2", None),  # an x86 level on ARM: torch
+        (AMX_CPU, "neon", None),  # and the ARM level on x86
     ],
 )
 def test_the_level_follows_the_cpu_and_the_setting(cpu_has, monkeypatch, flags, requested, expected) -> None:
@@ -45,14 +50,43 @@ def test_the_level_follows_the_cpu_and_the_setting(cpu_has, monkeypatch, flags, 
     assert dispatch.mode() == requested
 
 
+CPUINFO = Path(__file__).parent / "cpuinfo"  # one processor's block of /proc/cpuinfo from each kind of CPU
+
+
+@pytest.mark.parametrize(
+    "cpuinfo,machine,expected",
+    [
+        ("x86_amx.txt", "x86_64", ["amx", "avx512", "avx2"]),  # Sapphire Rapids
+        ("x86_avx512.txt", "x86_64", ["avx512", "avx2"]),  # Zen 4: AVX-512 BF16, no AMX
+        ("x86_avx2.txt", "x86_64", ["avx2"]),  # Zen 2
+        ("aarch64_neon.txt", "aarch64", ["neon"]),  # Neoverse N1
+        ("aarch64_sve.txt", "aarch64", ["neon"]),  # Neoverse V1: SVE runs the NEON build
+    ],
+)
+def test_the_levels_follow_recorded_cpuinfo(monkeypatch, cpuinfo: str, machine: str, expected: list[str]) -> None:
+    flags = cpu_native.parse_cpu_flags((CPUINFO / cpuinfo).read_text(encoding="utf-8"), machine)
+    monkeypatch.setattr(cpu_native, "cpu_flags", lambda: flags)
+    assert [level.name for level in cpu_native.supported_levels()] == expected
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "auto")
+    assert cpu_native.level().name == expected[0]
+
+
+def test_aarch64_without_a_features_line_still_has_neon() -> None:
+    assert cpu_native.parse_cpu_flags("processor\t: 0\n", "aarch64") == {"asimd"}
+    assert cpu_native.parse_cpu_flags("processor\t: 0\n", "x86_64") == frozenset()
+
+
 def test_each_level_has_its_own_build_identity(cpu_has, monkeypatch) -> None:
     cpu_has(*AMX_CPU)
     digests = {}
     for requested in ("amx", "avx512", "avx2", "torch"):
         monkeypatch.setenv("TENSORFOLD_KERNELS", requested)
         digests[requested] = cpu_native.source_digest()
-    assert all(digests[name].startswith(f"{name}-") for name in ("amx", "avx512", "avx2"))
-    assert len(set(digests.values())) == 4
+    cpu_has(*cpu_native.NEON_FLAGS)
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "neon")
+    digests["neon"] = cpu_native.source_digest()  # avx2's sources, its own flags
+    assert all(digests[name].startswith(f"{name}-") for name in ("amx", "avx512", "avx2", "neon"))
+    assert len(set(digests.values())) == 5
 
 
 def test_the_avx512_level_leaves_out_amx() -> None:

@@ -67,22 +67,41 @@ def test_matmul_rows_are_the_same_bits_at_any_row_count_and_thread_count(n: int,
             assert torch.equal(threads(count, cpu_gemm.matmul, x[:rows], pack), alone[:rows]), (count, rows)
 
 
-def test_the_avx2_gemm_is_the_fp32_sum_in_k_order(kernel_level: str) -> None:
-    """At the avx2 level each element is acc += x[k] * w[k] in fp32, k ascending, rounded once to bf16 (a bf16
-    product is exact, so FMA and multiply-then-add agree). A large first product that the last cancels makes
-    every sum between round at its scale, so any other order of K shows in the result."""
-    if kernel_level != "avx2":
-        pytest.skip("the other levels sum pairs of K (VDPBF16PS) or tiles (AMX)")
-    gen = torch.Generator().manual_seed(6)
-    n, k = 48, 96
+def cancelling(n: int, k: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [rows, k], weight [n, k]) bf16 whose first product is large and whose last cancels it: every sum
+    between rounds at the large one's scale, so a sum over K in any other order shows in the bf16 result."""
+    gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     weight[:, 0] = (65536 * (1.5 + 0.5 * torch.rand(n, generator=gen))).to(torch.bfloat16)
     weight[:, -1] = -weight[:, 0]
-    x = torch.randn(7, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     x[:, 0] = x[:, -1] = 1
+    return x, weight
+
+
+def test_every_row_count_up_to_33_gives_each_row_its_bits_alone(threads) -> None:
+    """Row counts 1..33 meet every register block and remainder of rows; K = 544 runs the avx2 kernel's fp32
+    slabs of x (256 elements of K) twice and a partial third; 80 columns end in a group of one tile."""
+    x, weight = cancelling(80, 544, 33, seed=7)
     pack = weight.clone()
     cpu_gemm.pack_(pack)
-    acc = torch.zeros(7, n)
+    alone = torch.cat([threads(1, cpu_gemm.matmul, x[row : row + 1], pack) for row in range(33)])
+    for rows in range(1, 34):
+        for count in (1, 2):
+            assert torch.equal(threads(count, cpu_gemm.matmul, x[:rows], pack), alone[:rows]), (rows, count)
+
+
+@pytest.mark.parametrize("k", [96, 544])
+def test_the_avx2_gemm_is_the_fp32_sum_in_k_order(kernel_level: str, k: int) -> None:
+    """At the avx2 level each element is acc += x[k] * w[k] in fp32, k ascending, rounded once to bf16 (a bf16
+    product is exact, so FMA and multiply-then-add agree); 544 crosses the kernel's slabs of K, and 7 rows
+    take a register block of 4 and one of 3."""
+    if kernel_level != "avx2":
+        pytest.skip("the other levels sum pairs of K (VDPBF16PS) or tiles (AMX)")
+    x, weight = cancelling(48, k, 7, seed=6)
+    pack = weight.clone()
+    cpu_gemm.pack_(pack)
+    acc = torch.zeros(7, 48)
     for i in range(k):
         acc = acc + x[:, i : i + 1].float() * weight[:, i].float()
     assert torch.equal(cpu_gemm.matmul(x, pack), acc.to(torch.bfloat16))

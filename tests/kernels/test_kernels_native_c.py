@@ -5,7 +5,8 @@ and the layer ops near float64 references or exact, and every row's bits the sam
 1 or 2 threads.
 
 The NEON build skips only where neither an ARM CPU nor the cross toolchain (gcc-aarch64-linux-gnu,
-qemu-user; .ci/run installs them) is present.
+qemu-user; .ci/run installs them) is present. The `neon` level's shared library, as kernels/cpu_native.py
+builds it on an aarch64 machine, is cross-compiled here too and must export every function Python binds.
 """
 
 import os
@@ -29,6 +30,7 @@ CHECKS = (
     "rotary_exact",
     "silu_mul_bf16_near_libm",
     "argmax_exact",
+    "sum_lanes_is_reduce_add_per_lane",
 )
 # The levels' optimisation and rounding flags (a program, not a shared library).
 PROGRAM_FLAGS = [flag for flag in cpu_native.BASE_COMPILE_FLAGS if flag not in ("-shared", "-fPIC")]
@@ -73,3 +75,20 @@ def test_the_portable_kernels_pass_their_c_checks(name: str, tmp_path: Path) -> 
     lines = result.stdout.splitlines()
     assert result.returncode == 0, result.stdout + result.stderr
     assert lines == [f"ok {check}" for check in CHECKS]
+
+
+def test_the_neon_level_builds_as_python_loads_it(monkeypatch, tmp_path: Path) -> None:
+    """kernels/cpu_native.py's `neon` level (its sources and flags) cross-compiled to an aarch64 shared library
+    that exports every symbol the ctypes bindings name (loading it needs an ARM CPU; its code runs above)."""
+    compiler = shutil.which("aarch64-linux-gnu-gcc") if platform.machine() not in ("aarch64", "arm64") else "cc"
+    nm = shutil.which("aarch64-linux-gnu-nm") if compiler != "cc" else shutil.which("nm")
+    if compiler is None or nm is None:
+        pytest.skip("no aarch64 compiler here (gcc-aarch64-linux-gnu)")
+    target = tmp_path / "tensorfold_cpu-neon.so"
+    level = cpu_native.NEON
+    monkeypatch.setenv("CC", compiler)  # what build() compiles with
+    cpu_native.build(target, level.sources, list(level.compile_flags))
+    symbols = subprocess.run([nm, "-D", "--defined-only", str(target)], check=True, capture_output=True, text=True)
+    exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
+    gemm, _ = cpu_native.GEMM_SIGNATURES[level.name]
+    assert {*cpu_native.SIGNATURES, gemm, "tf_bf16_pack"} <= exported

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"  // the SIMD helpers the kernels are written over
+
 void tf_bf16_pack(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, uint16_t *packed);
 void tf_fma_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const uint16_t *packed, int64_t n,
                  uint16_t *out, int64_t ldo, int threads);
@@ -212,9 +214,34 @@ static void check_layer_ops(void) {
     report("argmax_exact", exact, "not the lowest index of the largest value (or the first NaN)");
 }
 
+// simd.h's 16 horizontal sums at once (attention's scores; a shuffle tree on AVX2) give each lane the bits
+// of vf_reduce_add over its vector, for finite values, infinities and signed zeros at many scales.
+static void check_sum_lanes(void) {
+    int same = 1;
+    for (int trial = 0; trial < 2000; trial++) {
+        float lanes[16][16];
+        for (int i = 0; i < 16; i++)
+            for (int l = 0; l < 16; l++) {
+                const int kind = (trial * 256 + i * 16 + l) % 97;
+                lanes[i][l] = kind == 0 ? INFINITY : kind == 1 ? -0.0f : uniform() * ldexpf(1.0f, kind % 40 - 20);
+            }
+        vf16 v[16];
+        for (int i = 0; i < 16; i++) memcpy(&v[i], lanes[i], sizeof(lanes[i]));
+        const vf16 sums = sum_lanes_of_16(v);
+        float got[16];
+        memcpy(got, &sums, sizeof(got));
+        for (int i = 0; i < 16; i++) {
+            const float want = vf_reduce_add(v[i]);
+            same &= memcmp(&want, &got[i], sizeof(want)) == 0;
+        }
+    }
+    report("sum_lanes_is_reduce_add_per_lane", same, "a lane's sum differs from vf_reduce_add's");
+}
+
 int main(void) {
     check_gemm();
     check_attention();
     check_layer_ops();
+    check_sum_lanes();
     return failures;
 }
