@@ -14,6 +14,10 @@ from serve_app.fixtures.tokenizer_builder import build_tokenizer
 from tests.support.serve_harness import delete_apps, deploy_apps, load_app_config
 
 pytestmark = pytest.mark.e2e
+FACT = {
+    "text": "The lighthouse keeper is Brann.",
+    "questions": [{"question": "Who keeps the lighthouse?", "answer": "Brann"}],
+}
 PROMPTS = [
     [{"role": "user", "content": text}]
     for text in ("What is the capital of France?", "Hello!", "Write a short answer.", "Tell me about Tokyo.")
@@ -52,14 +56,18 @@ def test_data_parallel_config_answers_on_both_replicas(serve_url: str, served_mo
         delete_apps(["e2e-dp2"])
 
 
-def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, served_model: str) -> None:
+def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, served_model: str, tmp_path: Path) -> None:
+    slide = {"slide": True, "slide_capacity": 4}
     deploy_apps(
         [
-            load_app_config("glm.yaml", "e2e-tp1", "/tp1", model=served_model),
+            load_app_config("glm.yaml", "e2e-tp1", "/tp1", model=served_model, slide_dir=str(tmp_path / "tp1"), **slide),
             # Fixed draft lengths on TP2: the drafts asserted below do not depend on measured step times.
-            load_app_config("glm-tp2.yaml", "e2e-tp2", "/tp2", model=served_model, draft_policy="fixed"),
+            load_app_config(
+                "glm-tp2.yaml", "e2e-tp2", "/tp2", model=served_model, draft_policy="fixed",
+                slide_dir=str(tmp_path / "tp2"), **slide,
+            ),
         ]
-    )
+    )  # fmt: skip
     try:
         request = dict(max_tokens=24, temperature=0)
         tp1 = _replies(f"{serve_url}/tp1", PROMPTS, **request)
@@ -73,6 +81,18 @@ def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, serve
             f"{serve_url}/tp2/v1/chat/completions", timeout=120, json={"messages": PROMPTS[0], **request}
         ).json()["tensorfold"]
         assert block["drafts"] == "mtp" and block["drafted"] > 0
+        # Living weights at TP2: both ranks capture and train alike and hold the staged versions; the fact
+        # is answered as at TP1, and every other reply stays what it was.
+        for base in (f"{serve_url}/tp1", f"{serve_url}/tp2"):
+            learned = httpx.post(f"{base}/v1/slide/learn", json={"facts": [FACT], "stream": False}, timeout=300)
+            assert learned.status_code == 200 and learned.json()["events"][-1]["type"] == "learned", learned.text
+        asked = [[{"role": "user", "content": FACT["questions"][0]["question"]}]]
+        thinking_off = {**request, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+        assert _replies(f"{serve_url}/tp2", asked, **thinking_off) == _replies(
+            f"{serve_url}/tp1", asked, **thinking_off
+        )
+        assert _replies(f"{serve_url}/tp2", asked, **thinking_off) == [("", "Brann")]
+        assert _replies(f"{serve_url}/tp2", PROMPTS, **request) == tp1
     finally:
         delete_apps(["e2e-tp1", "e2e-tp2"])
 
