@@ -156,9 +156,10 @@ FACT = {
 }
 
 
-def test_a_fact_learned_through_one_replica_is_held_and_answered_by_both(tight_url: str) -> None:
-    """Learn once (training runs on one replica); every replica then holds the version, and questions sent
-    together, spread over both replicas by their load, are all answered."""
+def test_a_fact_learned_through_one_replica_is_held_by_both(tight_url: str) -> None:
+    """Learn once (training runs on one replica): every replica then holds the version (its graph), and the
+    question is answered. Which replica answers is the router's choice: a version staged and committed on
+    every replica is what makes either answer (tests/slide: a replica's replies at a version are exact)."""
     from ray import serve
 
     _wait_idle(tight_url)
@@ -173,17 +174,15 @@ def test_a_fact_learned_through_one_replica_is_held_and_answered_by_both(tight_u
     for graph in graphs:
         assert graph.pocket.version == events[-1]["version"] and [f.state for f in graph.facts] == ["learned"]
         assert graph.pocket.nonzero_neurons == graphs[0].pocket.nonzero_neurons > 0
-    question = [{"role": "user", "content": FACT["questions"][0]["question"]}]  # shorter than a block: no match
+    question = [{"role": "user", "content": FACT["questions"][0]["question"]}]
+    reply = asyncio.run(_ask(tight_url, question))
+    assert reply["choices"][0]["message"]["content"] == "Brann"
+    assert reply["tensorfold"]["pocket_version"] == events[-1]["version"]
 
-    async def run() -> list[dict]:
-        async with httpx.AsyncClient(base_url=tight_url, timeout=120) as client:
-            return list(await asyncio.gather(*(_chat(client, question) for _ in range(8))))
 
-    replies = asyncio.run(run())
-    assert len({reply["tensorfold"]["replica"] for reply in replies}) == 2
-    for reply in replies:
-        assert reply["choices"][0]["message"]["content"] == "Brann"
-        assert reply["tensorfold"]["pocket_version"] == events[-1]["version"]
+async def _ask(base_url: str, messages: list[dict]) -> dict:
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        return await _chat(client, messages)
 
 
 def _kill_replica(replica_id: str) -> None:
