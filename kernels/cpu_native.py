@@ -142,9 +142,21 @@ def build(target: Path, sources: list[Path], flags: list[str]) -> None:
         partial.unlink(missing_ok=True)
 
 
+# level()'s answers by (TENSORFOLD_KERNELS, the flags reader): the layers ask several times per layer and
+# step, and choosing again each time cost more than the kernels at decode shapes.
+_LEVELS: dict[tuple[str | None, object], Level | None] = {}
+
+
 def level() -> Level | None:
     """The level this process runs: `TENSORFOLD_KERNELS` names one (`torch`: none), else the best the CPU has."""
-    requested = os.environ.get("TENSORFOLD_KERNELS", "auto").strip().lower() or "auto"
+    key = (os.environ.get("TENSORFOLD_KERNELS"), cpu_flags)
+    if key not in _LEVELS:
+        _LEVELS[key] = _choose(key[0])
+    return _LEVELS[key]
+
+
+def _choose(setting: str | None) -> Level | None:
+    requested = (setting or "auto").strip().lower() or "auto"
     if requested == "torch":
         return None
     candidates = [lv for lv in LEVELS if lv.name == requested] or list(LEVELS)

@@ -122,6 +122,20 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
     serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
     serve.add_argument("--model", default="builtin:tiny-glm")
+    serve.add_argument("--dtype", default="auto", help="the graph's and the in-process engine's dtype")
+    serve.add_argument(
+        "--draft",
+        default="auto",
+        choices=["off", "auto", "mtp", "ngram"],
+        help="the graph's and the in-process engine's drafts (default auto, the server's default)",
+    )
+    serve.add_argument(
+        "--peer",
+        action="append",
+        metavar="URL",
+        help="another OpenAI-compatible server's /v1 URL (llama.cpp's llama-server, vLLM...), sent the same "
+        "rounds after the graph here and shown beside it; repeatable",
+    )
     serve.add_argument("--concurrency", type=int, default=16)
     serve.add_argument("--max-tokens", type=int, default=64)
     serve.add_argument("--prompt-tokens", type=int, default=64)

@@ -71,6 +71,7 @@ async def _http_stream(
         "ignore_eos": True,
         "stream": True,
         "return_token_ids": True,
+        "stream_options": {"include_usage": True},
     }
     times = StreamTimes()
     start = last = time.perf_counter()
@@ -80,12 +81,21 @@ async def _http_stream(
             line = raw.strip()
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
-            choices = json.loads(line[6:]).get("choices") or []
-            count = sum(len(c.get("token_ids") or []) for c in choices)
+            event = json.loads(line[6:])
+            count = _event_tokens(event.get("choices") or [])
             if count:
                 _record(times, start, last, count)
                 last = time.perf_counter()
+            if event.get("usage"):  # the server's own count settles a peer's text-only events
+                times.tokens = event["usage"]["completion_tokens"]
     return times
+
+
+def _event_tokens(choices: list[dict]) -> int:
+    """Tokens in one event: its token ids, or one per event with text where a peer server sends no ids."""
+    if any("token_ids" in c for c in choices):
+        return sum(len(c.get("token_ids") or []) for c in choices)
+    return sum(1 for c in choices if c.get("text"))
 
 
 def _record(times: StreamTimes, start: float, last: float, count: int) -> None:
@@ -113,17 +123,24 @@ async def _timed_rounds(label: str, stream: StreamRunner, rounds: list[list[list
     return figures
 
 
-async def _run_http(url: str, model: str, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+async def _run_http(
+    url: str, model: str, rounds: list[list[list[int]]], max_tokens: int, label: str = "graph over HTTP"
+) -> RunFigures:
     # aiohttp: the load generator shares this machine's cores with the server, so it should cost little.
-    connector = aiohttp.TCPConnector(limit=0)  # every stream of a round on its own connection at once
+    # Every stream on a connection of its own (force_close: some peers close a kept-alive one after a stream).
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        return await _timed_rounds(
-            "graph over HTTP", lambda p, n: _http_stream(session, url, model, p, n), rounds, max_tokens
-        )
+        return await _timed_rounds(label, lambda p, n: _http_stream(session, url, model, p, n), rounds, max_tokens)
 
 
 async def _run_in_process(
-    model_dir: str, rounds: list[list[list[int]]], max_tokens: int, lanes: int, threads: int
+    model_dir: str,
+    rounds: list[list[list[int]]],
+    max_tokens: int,
+    lanes: int,
+    threads: int,
+    dtype: str = "auto",
+    draft: str = "auto",
 ) -> RunFigures:
     import torch
 
@@ -136,7 +153,13 @@ async def _run_in_process(
     torch.set_num_threads(threads)
     # Unpaced (stream_events_per_second 0): the baseline is the bare engine; the graph's pacing is its own cost.
     config = EngineConfig(
-        model=model_dir, parallel=lanes, kv_cache_gib=0.5, engine_threads=threads, stream_events_per_second=0.0
+        model=model_dir,
+        dtype=dtype,
+        draft=draft,
+        parallel=lanes,
+        kv_cache_gib=0.5,
+        engine_threads=threads,
+        stream_events_per_second=0.0,
     )
     loop = EngineLoop(Engine(config))
     loop.start()
@@ -176,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_turns(args)
     rounds = _rounds(args.rounds, args.concurrency, args.prompt_tokens)
-    app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency)
+    app_args = AppArgs(model=args.model, port=args.port, parallel=args.concurrency, dtype=args.dtype, draft=args.draft)
     for name in ("stream_interval_ms", "stream_events_per_second"):
         if getattr(args, name) is not None:
             app_args = app_args.model_copy(update={name: getattr(args, name)})
@@ -186,8 +209,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         entries = HTTP_ENTRIES if args.http_entry == "both" else (args.http_entry,)
         graphs = [_run_graph_here(app_args, entry, rounds, args.max_tokens) for entry in entries]
+    for peer in args.peer or []:  # measured after our graph's Ray is shut down, so they never share the cores
+        graphs.append(
+            asyncio.run(_run_http(peer.rstrip("/"), app_args.served_name, rounds, args.max_tokens, f"peer {peer}"))
+        )
     threads = replica_threads(app_args)
-    local = asyncio.run(_run_in_process(model_dir, rounds, args.max_tokens, args.concurrency, threads))
+    local = asyncio.run(
+        _run_in_process(model_dir, rounds, args.max_tokens, args.concurrency, threads, args.dtype, args.draft)
+    )
     _print_table(local, graphs)
     return 0
 

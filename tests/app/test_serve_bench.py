@@ -71,6 +71,37 @@ def test_the_load_generator_reads_long_events_and_counts_every_token() -> None:
     assert asyncio.run(run()) == [3, 3]
 
 
+def test_a_peer_without_token_ids_is_counted_by_its_events_then_settled_by_its_usage() -> None:
+    """A peer server (llama.cpp's) sends text only: one token per event with text, and the final usage
+    block's count replaces the tally (an event may hold no text while a character is still incomplete)."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        for text in ("a", "", "b"):
+            await reply.write(b"data: " + json.dumps({"choices": [{"text": text}]}).encode() + b"\n\n")
+        usage = {"choices": [], "usage": {"completion_tokens": 3}}
+        await reply.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        return reply
+
+    async def run() -> list[tuple[int, int]]:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            figures = await _run_http(f"http://127.0.0.1:{port}/v1", "m", [[[1, 2]]], 3, "peer")
+        finally:
+            await runner.cleanup()
+        return [(s.tokens, len(s.gaps)) for s in figures.streams]
+
+    assert asyncio.run(run()) == [(3, 1)]  # two text events: TTFT, then one gap; usage says 3 tokens
+
+
 def test_the_snapshot_bench_resumes_later_prompts_within_each_interval(tmp_path, capsys) -> None:
     from serve_app.cli import main as cli_main
     from serve_app.fixtures.checkpoints import build_random_checkpoint
