@@ -41,7 +41,7 @@ AVX2_COMPILE_FLAGS = ("-mavx2", "-mfma", "-mf16c")
 NEON_FLAGS = ("asimd",)  # aarch64's name for NEON; SVE CPUs have it too (there is no SVE build)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: each level is one module constant
 class Level:
     """One build of the native kernels, for one class of CPU (each computes its own GEMM bits)."""
 

@@ -54,11 +54,17 @@ class StepLayout(Protocol):
     slot_mapping: torch.Tensor
 
 
+_MODES: dict[str, str] = {}  # TENSORFOLD_KERNELS as set -> its mode (asked several times per layer and step)
+
+
 def mode() -> str:
-    value = os.environ.get("TENSORFOLD_KERNELS", "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"TENSORFOLD_KERNELS={value!r}: expected one of {', '.join(MODES)}")
-    return value
+    setting = os.environ.get("TENSORFOLD_KERNELS", "auto")
+    if setting not in _MODES:
+        value = setting.strip().lower() or "auto"
+        if value not in MODES:
+            raise ValueError(f"TENSORFOLD_KERNELS={value!r}: expected one of {', '.join(MODES)}")
+        _MODES[setting] = value
+    return _MODES[setting]
 
 
 def backend(*tensors: torch.Tensor) -> str:

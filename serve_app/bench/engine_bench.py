@@ -151,10 +151,18 @@ def run(args: argparse.Namespace) -> int:
         f"checkpoint: {checkpoint}  weights {weight_bytes / 1e6:.1f} MB ({model_dtype})  threads "
         f"{torch.get_num_threads()}  drafts {args.draft}  temperature {args.temperature}  "
         f"read bandwidth {bandwidth / 1e9:.1f} GB/s  "
-        f"roofline {roofline:.1f} tok/s  CPU kernels {cpu_native.level_name()}"
+        f"roofline {roofline:.1f} tok/s  CPU kernels {cpu_native.level_name()}  {torch_cpu_path()}"
     )
     _print_table(args, ours, theirs, roofline)
     return 0
+
+
+def torch_cpu_path() -> str:
+    """What transformers' (and torch's) CPU kernels run: ATen's vector level and whether bfloat16 GEMMs take
+    oneDNN. On a CPU with AVX-512, `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` make torch take the path
+    an AVX2-only CPU takes, so a forced `TENSORFOLD_KERNELS=avx2` run compares like with like."""
+    onednn_bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return f"torch CPU {torch.backends.cpu.get_cpu_capability()} (oneDNN bf16 {'on' if onednn_bf16 else 'off'})"
 
 
 def _print_table(args: argparse.Namespace, ours: dict[str, Figures], theirs: Figures | None, roofline: float) -> None:
