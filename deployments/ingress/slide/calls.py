@@ -89,8 +89,8 @@ class SlideEngine:
             raise RuntimeError("the Scheduler replicas added the fact with different ids or neurons")
         return first
 
-    async def train(self, job: TrainJob, budget_s: float, replica: str) -> TrainProgress:
-        progress = await self._one("train", replica, job, budget_s)
+    async def train(self, job: TrainJob, replica: str) -> TrainProgress:
+        progress = await self._one("train", replica, job)
         assert isinstance(progress, TrainProgress)
         return progress
 

@@ -34,7 +34,7 @@ from deployments.ingress.slide.models import FactBody, ForgetRequest, LearnReque
 from deployments.messages.slide import SlideFact, SlideGraph, SlideQuestion, TrainJob, TrainProgress
 
 log = logging.getLogger("tensorfold.ingress")
-TRAIN_SLICE_S = 0.25  # one train call's budget: a learning event at least this often
+TRAIN_SLICE_S = 0.25  # how often the Ingress asks the trainer for progress: a learning event at least this often
 _BACKGROUND: set[asyncio.Task[None]] = set()  # strong references to clean-ups in flight
 
 
@@ -218,7 +218,7 @@ async def train(
     )  # fmt: skip
     while not result.done:
         asked = time.monotonic()
-        progress = await change.engine.train(job, TRAIN_SLICE_S, trainer)
+        progress = await change.engine.train(job, trainer)
         if not progress.done:  # an engine that answers at once trains meanwhile: ask again after the slice
             await asyncio.sleep(max(0.0, TRAIN_SLICE_S - (time.monotonic() - asked)))
         result.steps += progress.steps

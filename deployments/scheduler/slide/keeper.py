@@ -153,7 +153,7 @@ class SlideKeeper:
             self._write_graph()
         return copy.deepcopy(fact)
 
-    def train(self, job: TrainJob, budget_s: float = 0.0) -> object:
+    def train(self, job: TrainJob) -> object:
         """Start training `job`'s fact (the first call for it), or report its progress since the last call."""
         if self.run is None or self.run.job.fact_id != job.fact_id:
             self._stop_run()
