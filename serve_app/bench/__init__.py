@@ -11,6 +11,10 @@ def _runner(module: str):
     return lambda args: importlib.import_module(f"serve_app.bench.{module}").run(args)
 
 
+def _add_draft(parser: argparse.ArgumentParser, default: str, help_text: str) -> None:
+    parser.add_argument("--draft", default=default, choices=["off", "auto", "mtp", "ngram"], help=help_text)
+
+
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark and print a table")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
@@ -36,12 +40,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         default=0.0,
         help="sample every reply token at this temperature on both sides (default 0: greedy)",
     )
-    engine.add_argument(
-        "--draft",
-        default="off",
-        choices=["off", "auto", "mtp", "ngram"],
-        help="the engine's drafts (default off: plain decode, as transformers' generate runs)",
-    )
+    _add_draft(engine, "off", "the engine's drafts (default off: plain decode, as transformers' generate runs)")
     engine.add_argument(
         "--backend",
         default="torch",
@@ -123,12 +122,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
     serve.add_argument("--model", default="builtin:tiny-glm")
     serve.add_argument("--dtype", default="auto", help="the graph's and the in-process engine's dtype")
-    serve.add_argument(
-        "--draft",
-        default="auto",
-        choices=["off", "auto", "mtp", "ngram"],
-        help="the graph's and the in-process engine's drafts (default auto, the server's default)",
-    )
+    _add_draft(serve, "auto", "the graph's and the in-process engine's drafts (default auto, the server's)")
     serve.add_argument(
         "--peer",
         action="append",

@@ -5,7 +5,23 @@ import asyncio
 import json
 
 from serve_app.args import AppArgs
-from serve_app.bench.serve_bench import StreamTimes, _record, _rounds, _run_http, _run_in_process
+from serve_app.bench.serve_bench import RunFigures, StreamTimes, _record, _rounds, _run_http, _run_in_process
+
+
+async def _figures_from(completions, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+    """The load generator's figures against an aiohttp server answering /v1/completions with `completions`."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        return await _run_http(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", "m", rounds, max_tokens)
+    finally:
+        await runner.cleanup()
 
 
 def test_rounds_never_share_a_first_token() -> None:
@@ -54,21 +70,8 @@ def test_the_load_generator_reads_long_events_and_counts_every_token() -> None:
         await reply.write(b'data: {"choices":[{"token_ids":[6,7]}]}\n\ndata: [DONE]\n\n')
         return reply
 
-    async def run() -> list[int]:
-        app = web.Application()
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
-            figures = await _run_http(f"http://127.0.0.1:{port}/v1", "m", [[[1, 2], [3, 4]]], 3)
-        finally:
-            await runner.cleanup()
-        return [s.tokens for s in figures.streams]
-
-    assert asyncio.run(run()) == [3, 3]
+    figures = asyncio.run(_figures_from(completions, [[[1, 2], [3, 4]]], 3))
+    assert [s.tokens for s in figures.streams] == [3, 3]
 
 
 def test_a_peer_without_token_ids_is_counted_by_its_events_then_settled_by_its_usage() -> None:
@@ -85,21 +88,8 @@ def test_a_peer_without_token_ids_is_counted_by_its_events_then_settled_by_its_u
         await reply.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
         return reply
 
-    async def run() -> list[tuple[int, int]]:
-        app = web.Application()
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
-            figures = await _run_http(f"http://127.0.0.1:{port}/v1", "m", [[[1, 2]]], 3, "peer")
-        finally:
-            await runner.cleanup()
-        return [(s.tokens, len(s.gaps)) for s in figures.streams]
-
-    assert asyncio.run(run()) == [(3, 1)]  # two text events: TTFT, then one gap; usage says 3 tokens
+    figures = asyncio.run(_figures_from(completions, [[[1, 2]]], 3))
+    assert [(s.tokens, len(s.gaps)) for s in figures.streams] == [(3, 1)]  # TTFT, one gap; usage says 3
 
 
 def test_the_snapshot_bench_resumes_later_prompts_within_each_interval(tmp_path, capsys) -> None:
