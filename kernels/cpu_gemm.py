@@ -75,12 +75,13 @@ def matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(m, n, dtype=torch.bfloat16)
     if m == 0:
         return out
-    if cpu_native.level() is cpu_native.AMX:
+    chosen = cpu_native.level()
+    if chosen is cpu_native.AMX:
         panels = torch.empty(-(-m // 16) * 16 * k, dtype=torch.bfloat16)  # x copied into zero-padded 16-row panels
         lib.tf_amx_gemm(
             x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, panels.data_ptr(), cpu_native.threads()
         )
-    elif cpu_native.level() is cpu_native.AVX512:
+    elif chosen is cpu_native.AVX512:
         lib.tf_avx512_gemm(x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, cpu_native.threads())
     else:
         lib.tf_fma_gemm(x.data_ptr(), m, k, k, weight.data_ptr(), n, out.data_ptr(), n, cpu_native.threads())

@@ -22,10 +22,16 @@ def _piece(blocks: int) -> PieceWrite:
     return PieceWrite("s", None, hashes, [TOKENS[i * 4 : (i + 1) * 4] for i in range(blocks)], 64, payload)
 
 
+def _two_nodes(folder: Path) -> tuple[PromptStoreFiles, PromptStoreFiles]:
+    """Two nodes' stores over one shared folder, each with set "s" open."""
+    stores = PromptStoreFiles(folder, BIG), PromptStoreFiles(folder, BIG)
+    for store in stores:
+        store.open_set("s")
+    return stores
+
+
 def test_a_store_finds_the_pieces_another_store_wrote_to_its_folder(tmp_path: Path) -> None:
-    here, there = PromptStoreFiles(tmp_path, BIG), PromptStoreFiles(tmp_path, BIG)
-    here.open_set("s")
-    there.open_set("s")
+    here, there = _two_nodes(tmp_path)
     names = _piece(4).hashes
     there.write(_piece(2))
     assert here.read("s", names) is None  # its index predates the piece
@@ -38,9 +44,7 @@ def test_a_store_finds_the_pieces_another_store_wrote_to_its_folder(tmp_path: Pa
 
 
 def test_a_piece_rewritten_under_its_name_is_read_again(tmp_path: Path) -> None:
-    here, there = PromptStoreFiles(tmp_path, BIG), PromptStoreFiles(tmp_path, BIG)
-    here.open_set("s")
-    there.open_set("s")
+    here, there = _two_nodes(tmp_path)
     names = _piece(4).hashes
     here.write(_piece(2))
     there.write(_piece(4))  # it does not know `here`'s piece: the same first block, the longer run
