@@ -73,12 +73,24 @@ async def _settled(app: MonitorApp, pilot, state: str, until=lambda readings: Tr
     raise AssertionError(f"state {state!r} never shown as awaited; last: {app.readings}")
 
 
+async def _click_until_focused(app: MonitorApp, pilot, selector: str) -> None:
+    """Click the widget until it has the focus: the first reading re-lays the screen out (the overview grows
+    from one line to many), and a click aimed before that layout lands on another widget."""
+    widget = app.query_one(selector)
+    for _ in range(40):
+        await pilot.click(selector)
+        if app.focused is widget:
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"{selector} never took the focus; {app.focused} has it")
+
+
 def test_live_view_shows_the_model_and_streams_a_chat(open_url: str) -> None:
     async def drive() -> tuple[Readings, str, str]:
         app = MonitorApp(ServerClient(ServerAddress(open_url)), interval=0.2)
         async with app.run_test(size=(120, 40)) as pilot:
             await _settled(app, pilot, "serving")
-            await pilot.click("#prompt")
+            await _click_until_focused(app, pilot, "#prompt")
             await pilot.press(*"Hello", "enter")
             for _ in range(400):
                 await pilot.pause(0.05)
