@@ -1,7 +1,8 @@
 """Images in the engine (Qwen3.5 on a tiny random multimodal checkpoint, float32): greedy replies equal
-transformers' multimodal model fed the same patches; replies are the same solo, batched with text, chunked
-through an image, cached, preempted and drafted; block names carry each image's SHA-256, so a repeated image
-is a cache hit and another image behind the same placeholder ids never is."""
+transformers' multimodal model fed the same patches, whatever mRoPE sections config.json holds or lacks;
+replies are the same solo, batched with text, chunked through an image, cached, preempted and drafted;
+block names carry each image's SHA-256, so a repeated image is a cache hit and another image behind the
+same placeholder ids never is."""
 
 import importlib.util
 from dataclasses import replace
@@ -15,6 +16,7 @@ from deployments.messages.prefix import PromptHashes
 from deployments.messages.requests import EngineRequest, GrammarSpec, ImprintQuery
 from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
+from tests.support.config_edits import with_config
 from tests.support.images import ImagePrompts, hf_image_greedy, picture, vision_checkpoint
 from tests.support.requests import greedy, sampled
 
@@ -87,6 +89,23 @@ def test_solo_equals_batched_with_text_and_chunked_through_the_image(checkpoint,
     for chunk in (5, 7):  # chunks start and end inside the image's 30 rows
         chunked = _engine(checkpoint, prefill_chunk_size=chunk, prompt_cache_gib=0).generate([_ask("img", one_image)])
         assert chunked["img"].token_ids == solo and max(chunked["img"].stats.prefill_widths) <= chunk
+
+
+# transformers' Qwen3.5 rotary reads mrope_section with [11, 11, 10] as its default, interleaves the pairs
+# whatever mrope_interleaved says, and takes sections of any sum (pairs past them turn with time).
+MROPE_VARIANTS = {
+    "no sections": lambda rope: [rope.pop(key, None) for key in ("mrope_section", "mrope_interleaved")],
+    "sections short of the pairs": lambda rope: rope.update(mrope_section=[1, 1, 1]),
+    "not interleaved": lambda rope: rope.update(mrope_section=[0, 4, 0], mrope_interleaved=False),
+}
+
+
+@pytest.mark.parametrize("variant", MROPE_VARIANTS)
+def test_image_replies_read_the_mrope_sections_as_transformers(variant, checkpoint, one_image, tmp_path) -> None:
+    edit = MROPE_VARIANTS[variant]
+    path = with_config(checkpoint, tmp_path / "edited", lambda config: edit(config["text_config"]["rope_parameters"]))
+    reply = _engine(path).generate([_ask("image", one_image)])["image"]
+    assert reply.refusal is None and reply.token_ids == hf_image_greedy(path, *one_image, REPLY)
 
 
 def test_a_repeated_image_hits_the_cache_and_a_swapped_one_never_does(checkpoint, prompts, one_image) -> None:

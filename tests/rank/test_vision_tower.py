@@ -3,6 +3,8 @@ embeddings per image, the multimodal positions of a prompt with images (transfor
 the multimodal rotary, which must leave text rows exactly as plain RoPE leaves them."""
 
 import importlib.util
+import json
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +14,10 @@ import torch
 from deployments.messages.step import SeqStep, StepImage
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding, mrope_axes
 from deployments.model_rank.models import load_model
+from deployments.model_rank.models.qwen3_5_vision import VisionConfig
 from deployments.model_rank.step_rows import image_positions
 from deployments.tokenizer import CheckpointError
+from tests.support.config_edits import with_config
 from tests.support.images import ImagePrompts, picture, vision_checkpoint
 from tests.support.reference import hf_model
 
@@ -58,6 +62,35 @@ def test_the_tower_loads_only_with_vision_on(checkpoint, tmp_path) -> None:
         load_model(tmp_path, vision=True)
 
 
+def test_vision_config_keys_left_out_take_transformers_defaults(checkpoint, prompts, tmp_path) -> None:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+
+    theirs = Qwen3_5VisionConfig()
+    assert all(
+        getattr(VisionConfig(), key.name) == getattr(theirs, key.name)
+        for key in fields(VisionConfig)
+        if key.name != "rope_theta"
+    )
+    vision = json.loads((checkpoint / "config.json").read_text())["vision_config"]
+    left_out = [key for key, value in vision.items() if key != "model_type" and getattr(theirs, key, None) == value]
+    assert "num_position_embeddings" in left_out and "spatial_merge_size" in left_out
+    out = with_config(checkpoint, tmp_path / "defaults", lambda c: [c["vision_config"].pop(k) for k in left_out])
+    _, images = _two_images(prompts)
+    full, defaults = load_model(checkpoint, vision=True), load_model(out, vision=True)
+    for image in images:
+        patches = torch.from_numpy(image.pixel_values)
+        assert torch.equal(defaults.encode_image(patches, image.grid_thw), full.encode_image(patches, image.grid_thw))
+
+
+def test_a_placeholder_id_outside_the_vocabulary_is_refused_with_vision_on(checkpoint, tmp_path) -> None:
+    out = with_config(
+        checkpoint, tmp_path / "outside", lambda c: c.update(image_token_id=c["text_config"]["vocab_size"])
+    )
+    assert load_model(out).config.vision is False  # text only: the id is never used
+    with pytest.raises(CheckpointError, match=r"config\.json: image_token_id \(512\) is outside the vocabulary"):
+        load_model(out, vision=True)
+
+
 def test_multimodal_positions_equal_transformers_rope_index(checkpoint, prompts) -> None:
     ids, images = _two_images(prompts)
     reference = hf_model(checkpoint)
@@ -81,10 +114,11 @@ def test_multimodal_positions_equal_transformers_rope_index(checkpoint, prompts)
 
 
 def test_multimodal_rotary_leaves_text_rows_as_plain_rope() -> None:
-    rope = RopeConfig(partial_rotary_factor=0.25, mrope_section=(11, 11, 10), mrope_interleaved=True)
+    rope = RopeConfig(partial_rotary_factor=0.25, mrope_section=(11, 11, 10))
     rotary = RotaryEmbedding(256, rope, 4096)
-    assert mrope_axes((2, 1, 1), True).tolist() == [0, 1, 2, 0]
-    assert mrope_axes((2, 1, 1), False).tolist() == [0, 0, 1, 2]
+    # Interleaved over the rotary pairs whatever the sections sum to, as transformers' Qwen3.5 rotary.
+    assert mrope_axes((2, 1, 1), 4).tolist() == mrope_axes((11, 11, 10), 4).tolist() == [0, 1, 2, 0]
+    assert mrope_axes((0, 4, 0), 4).tolist() == [0, 1, 0, 0]
     generator = torch.Generator().manual_seed(3)
     for dtype in (torch.float32, torch.bfloat16):
         q = torch.randn(9, 4, 256, generator=generator).to(dtype)

@@ -6,6 +6,7 @@ own slot order from a [T, k, H] buffer (never scattered into a shared accumulato
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +28,44 @@ class RoutingConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+
+    @classmethod
+    def grouped_sigmoid(cls, raw: dict[str, Any], experts: int, top_k: int, scaling: float) -> "RoutingConfig":
+        """GLM's routing keys (GLM-4.5 to 4.7, GLM-4.7-Flash, Nemotron-H's MoE blocks), with the family's
+        transformers defaults for the expert count, `top_k` and the scaling factor."""
+        routing = cls(
+            num_experts=int(_first(raw, EXPERT_COUNT_KEYS, experts)),
+            top_k=int(_first(raw, ("num_experts_per_tok",), top_k)),
+            scoring="sigmoid",
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            n_group=int(raw.get("n_group") or 1),
+            topk_group=int(raw.get("topk_group") or 1),
+            routed_scaling_factor=float(raw.get("routed_scaling_factor", scaling)),
+        )
+        routing.check(EXPERT_COUNT_KEYS[0])
+        return routing
+
+    def check(self, experts_key: str) -> None:
+        """Refuse at load a routing no step could run (the router's top-k and group views would fail on the
+        first MoE step), naming config.json's keys; `experts_key` is the family's name for the expert count."""
+        experts = f"{experts_key} ({self.num_experts})"
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be between 1 and {experts}")
+        if self.scoring != "sigmoid":
+            return
+        if self.n_group < 1 or self.num_experts % self.n_group:
+            raise ValueError(f"n_group ({self.n_group}) must divide {experts} into equal groups")
+        if self.n_group > 1 and self.num_experts // self.n_group < 2:
+            raise ValueError(f"n_group ({self.n_group}) leaves groups of one expert: a group scores its best two")
+        if not 0 < self.topk_group <= self.n_group:
+            raise ValueError(f"topk_group ({self.topk_group}) must be between 1 and n_group ({self.n_group})")
+
+
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts")  # GLM's spelling, then another export's
+
+
+def _first(raw: dict[str, Any], keys: tuple[str, ...], default: Any) -> Any:
+    return next((raw[key] for key in keys if raw.get(key) is not None), default)
 
 
 class Router(nn.Module):

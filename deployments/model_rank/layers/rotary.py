@@ -31,10 +31,9 @@ class RopeConfig:
     mscale_all_dim: float | None = None  # yarn (also rescales MLA's softmax scale)
     attention_factor: float | None = None  # yarn
     truncate: bool = True  # yarn
-    # Multimodal RoPE (Qwen3.5): rotary pairs per position axis (temporal, row, column), and whether the
-    # axes take turns pair by pair (interleaved) rather than in three runs; None: one position per token.
-    mrope_section: tuple[int, ...] | None = None
-    mrope_interleaved: bool = False
+    # Multimodal RoPE (Qwen3.5): rotary pair counts per position axis (temporal, row, column), which pick
+    # the interleaved pairs that turn with each axis (`mrope_axes`); None: one position per token.
+    mrope_section: tuple[int, int, int] | None = None
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any], default_partial: float = 1.0, default_theta: float = 10000.0) -> "RopeConfig":
@@ -59,9 +58,23 @@ class RopeConfig:
             mscale_all_dim=params.get("mscale_all_dim"),
             attention_factor=params.get("attention_factor"),
             truncate=bool(params.get("truncate", True)),
-            mrope_section=tuple(int(n) for n in params["mrope_section"]) if params.get("mrope_section") else None,
-            mrope_interleaved=bool(params.get("mrope_interleaved", False)),
+            mrope_section=mrope_section(params.get("mrope_section")),
         )
+
+
+def mrope_section(value: Any) -> tuple[int, int, int] | None:
+    """`rope_parameters.mrope_section`: three pair counts (temporal, row, column), or None where absent."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 3 or not all(_count(n) for n in value):
+        raise ValueError(
+            f"rope_parameters.mrope_section must list three pair counts (temporal, row, column): {value!r}"
+        )
+    return (int(value[0]), int(value[1]), int(value[2]))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -130,13 +143,11 @@ def _yarn(rope: RopeConfig, dim: int, max_positions: int) -> tuple[torch.Tensor,
     return inv_freq, attention
 
 
-def mrope_axes(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
-    """The position axis (0 temporal, 1 row, 2 column) of each rotary pair: interleaved, pair j takes the
-    row if j % 3 == 1 and j < 3 * section[1], the column if j % 3 == 2 and j < 3 * section[2], else the
-    temporal axis (transformers' apply_interleaved_mrope); otherwise three runs of section[i] pairs."""
-    pairs = sum(section)
-    if not interleaved:
-        return torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section))
+def mrope_axes(section: tuple[int, int, int], pairs: int) -> torch.Tensor:
+    """The position axis (0 temporal, 1 row, 2 column) of each of `pairs` rotary pairs, interleaved as
+    transformers' Qwen3.5 rotary lays them out whatever `mrope_interleaved` says: pair j takes the row if
+    j % 3 == 1 and j < 3 * section[1], the column if j % 3 == 2 and j < 3 * section[2], else the temporal
+    axis. Sections need not sum to `pairs`: pairs past them turn with the temporal position, as there."""
     axes = torch.zeros(pairs, dtype=torch.long)
     for axis in (1, 2):
         axes[axis : 3 * section[axis] : 3] = axis
@@ -153,11 +164,7 @@ class RotaryEmbedding(nn.Module):
         self.interleaved = interleaved
         inv_freq, self.attention_scaling = inverse_frequencies(rope, self.rotary_dim, max_positions)
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
-        axes = None
-        if rope.mrope_section is not None:
-            if sum(rope.mrope_section) != self.rotary_dim // 2:
-                raise ValueError(f"mrope_section {list(rope.mrope_section)} does not sum to {self.rotary_dim // 2}")
-            axes = mrope_axes(rope.mrope_section, rope.mrope_interleaved)
+        axes = None if rope.mrope_section is None else mrope_axes(rope.mrope_section, self.rotary_dim // 2)
         self.mrope_axes: torch.Tensor | None
         self.register_buffer("mrope_axes", axes, persistent=False)
 
@@ -166,8 +173,8 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`mrope_positions` [3, T]: a step covering image placeholders (needs `mrope_section`)."""
         if mrope_positions is not None:
-            if self.mrope_axes is None:
-                raise ValueError("multimodal positions need a rope config with mrope_section")
+            if self.mrope_axes is None:  # only Qwen3.5 reads images, and its config always has sections
+                raise RuntimeError("a step with image positions reached a rotary without mrope sections")
             args = (self.mrope_axes, q, k, self.inv_freq, self.attention_scaling)
             return dispatch.apply_mrope(positions, mrope_positions, *args)
         return dispatch.apply_rotary(positions, q, k, self.inv_freq, self.attention_scaling, self.interleaved)

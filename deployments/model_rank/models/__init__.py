@@ -87,7 +87,13 @@ def _with_vision(cfg: Any, vision: bool, config_path: Path) -> Any:
     """The config with its vision tower kept (vision on) or dropped (off: its weights stay unread)."""
     has_tower = getattr(cfg, "vision", None) is not None
     if vision and not has_tower:
-        raise CheckpointError(f"{config_path}: vision is on, but this checkpoint has no vision tower it can serve")
+        raise CheckpointError(
+            f"{config_path}: vision is on, but this checkpoint has no vision tower it can serve "
+            "(a qwen3_5 or qwen3_5_moe config with vision_config and image_token_id)"
+        )
+    if vision and not 0 <= cfg.image_token_id < cfg.vocab_size:  # else every image request is refused
+        outside = f"image_token_id ({cfg.image_token_id}) is outside the vocabulary (vocab_size {cfg.vocab_size})"
+        raise CheckpointError(f"{config_path}: {outside}")
     return dataclasses.replace(cfg, vision=None) if has_tower and not vision else cfg
 
 

@@ -6,11 +6,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, LayerStateSpec
-from deployments.model_rank.layers.decoder import DecoderStack
+from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, LayerStateSpec, ParallelContext
+from deployments.model_rank.layers.attention import SelfAttention
+from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.embedding import LMHead
 from deployments.model_rank.layers.recurrent import RecurrentMixer
-from deployments.model_rank.layers.rotary import RopeConfig
+from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding
 from deployments.model_rank.weights import WeightTarget, expert_target
 
 
@@ -31,6 +32,9 @@ class ModelInfo:
     vision: bool = False
     image_token_id: int | None = None
     spatial_merge_size: int = 0
+
+
+SILU_NAMES = ("silu", "swish")  # transformers' ACT2FN names for one activation
 
 
 def require(raw: dict[str, Any], key: str, *aliases: str) -> Any:
@@ -75,16 +79,23 @@ class DecoderConfig:
         eps: float,
         default_head_dim: int | None = None,
         default_partial: float = 1.0,
+        gated_silu: bool = True,
     ) -> dict[str, Any]:
-        """The shared fields as keyword arguments, with the architecture's transformers defaults."""
+        """The shared fields as keyword arguments, with the architecture's transformers defaults.
+        `gated_silu`: the MLPs are SiLU-gated whatever `hidden_act` says, so any other activation is refused."""
+        if gated_silu and raw.get("hidden_act", "silu") not in SILU_NAMES:
+            raise ValueError(f"hidden_act {raw['hidden_act']!r} is not supported (silu only)")
         hidden, heads = int(require(raw, "hidden_size")), int(require(raw, "num_attention_heads"))
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        if kv_heads < 1 or heads % kv_heads:  # else every attention step fails on its query groups
+            raise ValueError(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})")
         head_dim = raw.get("head_dim") or default_head_dim or hidden // heads
         return dict(
             vocab_size=int(require(raw, "vocab_size")),
             hidden_size=hidden,
             num_hidden_layers=int(require(raw, "num_hidden_layers")),
             num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            num_key_value_heads=kv_heads,
             head_dim=int(head_dim),
             max_position_embeddings=int(raw.get("max_position_embeddings") or max_positions),
             rms_norm_eps=float(raw.get("rms_norm_eps", eps)),
@@ -95,18 +106,39 @@ class DecoderConfig:
             dtype=raw.get("dtype") or raw.get("torch_dtype"),
         )
 
+    def attention(
+        self, rotary: RotaryEmbedding, parallel: ParallelContext, o_bias: bool, qk_norm: bool
+    ) -> SelfAttention:
+        """GQA self-attention over these heads, q/k/v biased by `attention_bias`; `qk_norm`: per-head RMSNorm
+        of q and k at `rms_norm_eps` (Qwen3, GLM's `use_qk_norm`)."""
+        heads = (self.num_attention_heads, self.num_key_value_heads, self.head_dim)
+        eps = self.rms_norm_eps if qk_norm else None
+        return SelfAttention(self.hidden_size, *heads, rotary, parallel, self.attention_bias, o_bias, eps)
+
+    def layer(self, mixer: nn.Module, mlp: nn.Module) -> DecoderLayer:
+        """A pre-norm decoder layer with RMSNorms."""
+        return DecoderLayer(mixer, mlp, self.hidden_size, self.rms_norm_eps)
+
 
 class CausalLM(nn.Module):
     """A decoder-only language model over a paged KV cache (the runner's whole view of the model).
 
     Subclasses build `self.model` (a DecoderStack named like the checkpoint's `model.*`) and call
-    `finish_init`. `forward` returns final-norm hidden states [T, H]; `compute_logits` projects rows.
+    `finish_init`, or both at once with `stack`. `forward` returns final-norm hidden states [T, H];
+    `compute_logits` projects rows.
     """
 
     config: ModelInfo
     model: DecoderStack
     lm_head: LMHead
     packed_weights: int = 0  # projection tensors packed for the CPU matmul kernel (set by load_model)
+
+    def stack(
+        self, cfg: DecoderConfig, layers: list[DecoderLayer], model_type: str, dtype: torch.dtype, has_mtp: bool = False
+    ) -> None:
+        """`self.model` over `layers` with a final RMSNorm, then `finish_init`."""
+        self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)
+        self.finish_init(cfg, model_type, dtype, has_mtp)
 
     def finish_init(self, cfg: DecoderConfig, model_type: str, dtype: torch.dtype, has_mtp: bool = False) -> None:
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None

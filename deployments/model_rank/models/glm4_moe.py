@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
-from deployments.model_rank.layers.attention import SelfAttention
-from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
+from deployments.model_rank.layers.decoder import DecoderLayer
 from deployments.model_rank.layers.embedding import LMHead, VocabEmbedding
 from deployments.model_rank.layers.linear import ReplicatedLinear
 from deployments.model_rank.layers.mlp import GatedMLP
@@ -23,16 +22,35 @@ MTP_OWN_PARTS = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens."
 
 
 @dataclass
-class Glm4MoeConfig(DecoderConfig):
+class GlmExpertsConfig(DecoderConfig):
+    """The MLP keys GLM-4.5 to 4.7 and GLM-4.7-Flash (models/glm4_moe_lite.py) read alike: dense layers'
+    `intermediate_size`; MoE layers' routed experts (grouped sigmoid routing) beside `n_shared_experts`."""
+
     intermediate_size: int
     moe_intermediate_size: int
-    n_routed_experts: int
-    num_experts_per_tok: int
     n_shared_experts: int
-    routed_scaling_factor: float
-    n_group: int
-    topk_group: int
-    norm_topk_prob: bool
+    routing: RoutingConfig
+
+    @staticmethod
+    def expert_keys(raw: dict[str, Any], experts: int, top_k: int, scaling: float) -> dict[str, Any]:
+        """The fields above from config.json; `experts`, `top_k`, `scaling`: the family's transformers defaults."""
+        return dict(
+            intermediate_size=int(require(raw, "intermediate_size")),
+            moe_intermediate_size=int(require(raw, "moe_intermediate_size")),
+            n_shared_experts=int(raw.get("n_shared_experts", 1)),
+            routing=RoutingConfig.grouped_sigmoid(raw, experts, top_k, scaling),
+        )
+
+    def mlp(self, sparse: bool, parallel: ParallelContext) -> nn.Module:
+        """A layer's MLP: the routed experts beside the shared ones, or the dense MLP."""
+        if not sparse:
+            return GatedMLP(self.hidden_size, self.intermediate_size, parallel)
+        shared = self.moe_intermediate_size * self.n_shared_experts
+        return SparseMoE(self.hidden_size, self.moe_intermediate_size, self.routing, parallel, shared)
+
+
+@dataclass
+class Glm4MoeConfig(GlmExpertsConfig):
     first_k_dense_replace: int
     use_qk_norm: bool
     num_nextn_predict_layers: int
@@ -41,51 +59,16 @@ class Glm4MoeConfig(DecoderConfig):
     def from_hf(cls, raw: dict[str, Any]) -> "Glm4MoeConfig":
         return cls(
             **DecoderConfig.common(raw, max_positions=131072, eps=1e-5, default_partial=0.5),
-            intermediate_size=int(require(raw, "intermediate_size")),
-            moe_intermediate_size=int(require(raw, "moe_intermediate_size")),
-            n_routed_experts=int(require(raw, "n_routed_experts", "num_local_experts")),
-            num_experts_per_tok=int(require(raw, "num_experts_per_tok")),
-            n_shared_experts=int(raw.get("n_shared_experts", 1)),
-            routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
-            n_group=int(raw.get("n_group") or 1),
-            topk_group=int(raw.get("topk_group") or 1),
-            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            **GlmExpertsConfig.expert_keys(raw, experts=128, top_k=8, scaling=1.0),
             first_k_dense_replace=int(raw.get("first_k_dense_replace", 1)),
             use_qk_norm=bool(raw.get("use_qk_norm", False)),
             num_nextn_predict_layers=int(raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 1)) or 0),
         )
 
-    def routing(self) -> RoutingConfig:
-        return RoutingConfig(
-            num_experts=self.n_routed_experts,
-            top_k=self.num_experts_per_tok,
-            scoring="sigmoid",
-            norm_topk_prob=self.norm_topk_prob,
-            n_group=self.n_group,
-            topk_group=self.topk_group,
-            routed_scaling_factor=self.routed_scaling_factor,
-        )
-
 
 def glm_layer(cfg: Glm4MoeConfig, index: int, rotary: RotaryEmbedding, parallel: ParallelContext) -> DecoderLayer:
-    attn = SelfAttention(
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        rotary,
-        parallel,
-        qkv_bias=cfg.attention_bias,
-        o_bias=False,
-        qk_norm_eps=cfg.rms_norm_eps if cfg.use_qk_norm else None,
-    )
-    mlp: nn.Module
-    if index >= cfg.first_k_dense_replace:
-        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.routing(), parallel, shared)
-    else:
-        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel)
-    return DecoderLayer(attn, mlp, cfg.hidden_size, cfg.rms_norm_eps)
+    attention = cfg.attention(rotary, parallel, o_bias=False, qk_norm=cfg.use_qk_norm)
+    return cfg.layer(attention, cfg.mlp(index >= cfg.first_k_dense_replace, parallel))
 
 
 class SharedHead(nn.Module):
@@ -144,10 +127,9 @@ class Glm4MoeForCausalLM(CausalLM):
         self.num_nextn_predict_layers = cfg.num_nextn_predict_layers
         rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
         layers = [glm_layer(cfg, i, rotary, parallel) for i in range(cfg.num_hidden_layers)]
-        self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)
         mtp_names = {n[len(self.mtp_prefix) :] for n in tensor_names if n.startswith(self.mtp_prefix)}
         has_mtp = cfg.num_nextn_predict_layers > 0 and bool(mtp_names)
-        self.finish_init(cfg, "glm4_moe", dtype, has_mtp=has_mtp)
+        self.stack(cfg, layers, "glm4_moe", dtype, has_mtp=has_mtp)
         self.mtp: Glm4MoeMTP | None = None
         if has_mtp:
             # The MTP layer shares the main embedding / head unless the checkpoint stores its own copies.

@@ -6,8 +6,6 @@ from typing import Any
 import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.layers.attention import SelfAttention
-from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.rotary import RotaryEmbedding
 from deployments.model_rank.models.base import CausalLM, DecoderConfig, require
@@ -20,8 +18,6 @@ class LlamaConfig(DecoderConfig):
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "LlamaConfig":
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {raw['hidden_act']!r} is not supported (silu only)")
         return cls(
             **DecoderConfig.common(raw, max_positions=2048, eps=1e-6),
             intermediate_size=int(require(raw, "intermediate_size")),
@@ -36,22 +32,10 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
         layers = [
-            DecoderLayer(
-                SelfAttention(
-                    cfg.hidden_size,
-                    cfg.num_attention_heads,
-                    cfg.num_key_value_heads,
-                    cfg.head_dim,
-                    rotary,
-                    parallel,
-                    qkv_bias=cfg.attention_bias,
-                    o_bias=cfg.attention_bias,
-                ),
+            cfg.layer(
+                cfg.attention(rotary, parallel, o_bias=cfg.attention_bias, qk_norm=False),
                 GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel, bias=cfg.mlp_bias),
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
             )
             for _ in range(cfg.num_hidden_layers)
         ]
-        self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)
-        self.finish_init(cfg, "llama", dtype)
+        self.stack(cfg, layers, "llama", dtype)

@@ -94,19 +94,6 @@ def mamba_shape(raw: dict[str, Any], hidden_size: int, eps: float) -> Mamba2Shap
     return shape
 
 
-def moe_routing(raw: dict[str, Any]) -> RoutingConfig:
-    """The MoE blocks' routing: sigmoid scores with a correction bias, grouped top-k (layers/moe.py Router)."""
-    return RoutingConfig(
-        num_experts=int(_first(raw, "n_routed_experts", "num_local_experts", default=8)),
-        top_k=int(_first(raw, "num_experts_per_tok", default=2)),
-        scoring="sigmoid",
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-        n_group=int(raw.get("n_group") or 1),
-        topk_group=int(raw.get("topk_group") or 1),
-        routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
-    )
-
-
 @dataclass
 class NemotronHConfig(DecoderConfig):
     block_types: list[str]  # per layer: "mamba", "attention", "mlp" or "moe"
@@ -129,7 +116,7 @@ class NemotronHConfig(DecoderConfig):
         # num_hidden_layers is the schedule's length (transformers' saves drop the key); every norm reads
         # layer_norm_epsilon (an rms_norm_eps key is not Nemotron-H's).
         fixed = dict(raw, num_hidden_layers=len(blocks), rms_norm_eps=eps)
-        common = DecoderConfig.common(fixed, max_positions=4096, eps=eps, default_head_dim=128)
+        common = DecoderConfig.common(fixed, max_positions=4096, eps=eps, default_head_dim=128, gated_silu=False)
         return cls(
             **common,
             block_types=blocks,
@@ -143,7 +130,7 @@ class NemotronHConfig(DecoderConfig):
             moe_intermediate_size=int(_first(raw, "moe_intermediate_size", default=7688)),
             moe_shared_expert_intermediate_size=int(_first(raw, "moe_shared_expert_intermediate_size", default=7688)),
             moe_latent_size=int(raw["moe_latent_size"]) if raw.get("moe_latent_size") else None,
-            routing=moe_routing(raw),
+            routing=RoutingConfig.grouped_sigmoid(raw, experts=8, top_k=2, scaling=1.0),
         )
 
 

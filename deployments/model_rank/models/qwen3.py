@@ -7,7 +7,6 @@ import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.attention import SelfAttention
-from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.rotary import RotaryEmbedding
 from deployments.model_rank.models.base import CausalLM, DecoderConfig, require
@@ -32,17 +31,7 @@ class Qwen3Config(DecoderConfig):
 
 
 def qwen3_attention(cfg: DecoderConfig, rotary: RotaryEmbedding, parallel: ParallelContext) -> SelfAttention:
-    return SelfAttention(
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        rotary,
-        parallel,
-        qkv_bias=cfg.attention_bias,
-        o_bias=cfg.attention_bias,
-        qk_norm_eps=cfg.rms_norm_eps,
-    )
+    return cfg.attention(rotary, parallel, o_bias=cfg.attention_bias, qk_norm=True)
 
 
 class Qwen3ForCausalLM(CausalLM):
@@ -52,13 +41,9 @@ class Qwen3ForCausalLM(CausalLM):
         super().__init__()
         rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
         layers = [
-            DecoderLayer(
-                qwen3_attention(cfg, rotary, parallel),
-                GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel),
-                cfg.hidden_size,
-                cfg.rms_norm_eps,
+            cfg.layer(
+                qwen3_attention(cfg, rotary, parallel), GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel)
             )
             for _ in range(cfg.num_hidden_layers)
         ]
-        self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)
-        self.finish_init(cfg, "qwen3", dtype)
+        self.stack(cfg, layers, "qwen3", dtype)

@@ -7,12 +7,12 @@ the Gated DeltaNet's split input projections and the weight names, and differ on
 layer routed, top-k always renormalised, with the gated shared expert).
 
 For text, every token's three mRoPE positions are equal, which is plain RoPE at the token's position
-(shifted past any image before it); a step over image placeholders rotates by the rows' three positions
-with `rope_parameters.mrope_section` / `mrope_interleaved` (layers/rotary.py, step_rows.py).
+(shifted past any image before it); a step over image placeholders rotates by the rows' three positions,
+the pairs interleaved by `rope_parameters.mrope_section` (layers/rotary.py, step_rows.py).
 """
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Self
 
 import torch
 
@@ -26,6 +26,7 @@ from deployments.model_rank.weights import WeightTarget
 
 LANGUAGE_MODEL, VISION_TOWER = "model.language_model.", "model.visual."
 OUTER_KEYS = ("dtype", "torch_dtype", "eos_token_id")  # taken from the top level where text_config lacks them
+MROPE_SECTION = (11, 11, 10)  # transformers' Qwen3.5 rotary where rope_parameters has no mrope_section
 
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -68,9 +69,14 @@ class Qwen3_5Config(HybridConfig):
             decoder_sparse_step=1,
             mlp_only_layers=[],
         )
-        config = cls.hybrid(text, dense, str(raw.get("model_type", "qwen3_5_text")))
-        config.vision, config.image_token_id = vision_keys(raw)
-        return config
+        return cls.hybrid(text, dense, str(raw.get("model_type", "qwen3_5_text"))).multimodal(raw)
+
+    def multimodal(self, raw: dict[str, Any]) -> Self:
+        """The image side: the rotary's sections (config.json's, else transformers' default; any sum, see
+        layers/rotary.py's mrope_axes), so an image never meets a rotary without them; the vision tower."""
+        self.rope = replace(self.rope, mrope_section=self.rope.mrope_section or MROPE_SECTION)
+        self.vision, self.image_token_id = vision_keys(raw)
+        return self
 
 
 class Qwen3_5MoeConfig(Qwen3_5Config):
@@ -79,9 +85,7 @@ class Qwen3_5MoeConfig(Qwen3_5Config):
         text = text_config(raw)
         every_layer_routed = dict(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         experts = Qwen3MoeConfig.moe_keys(text) | every_layer_routed
-        config = cls.hybrid(text, experts, str(raw.get("model_type", "qwen3_5_moe_text")))
-        config.vision, config.image_token_id = vision_keys(raw)
-        return config
+        return cls.hybrid(text, experts, str(raw.get("model_type", "qwen3_5_moe_text"))).multimodal(raw)
 
 
 class Qwen3_5ForCausalLM(HybridQwenForCausalLM):

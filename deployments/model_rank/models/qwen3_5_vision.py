@@ -9,7 +9,7 @@ encoded on each rank alike and no collective is needed. One image per call: its 
 on its pixels, whatever else a step holds (docs/engine.md, Vision).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -21,41 +21,34 @@ from deployments.model_rank.layers.parallel import default_loader
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """config.json's `vision_config` keys the tower reads."""
+    """config.json's `vision_config` keys the tower reads (defaults: transformers' Qwen3_5VisionConfig)."""
 
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    in_channels: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    out_hidden_size: int  # the language model's hidden size
-    num_position_embeddings: int  # a square table of learned positions
-    rope_theta: float
-    hidden_act: str
+    depth: int = 27
+    hidden_size: int = 1152
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    out_hidden_size: int = 3584  # the language model's hidden size
+    num_position_embeddings: int = 2304  # a square table of learned positions
+    rope_theta: float = 10000.0
+    hidden_act: str = "gelu_pytorch_tanh"
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "VisionConfig":
         rope = raw.get("rope_parameters") or {}
-        act = str(raw.get("hidden_act", "gelu_pytorch_tanh"))
+        if rope.get("rope_type", "default") not in ("default", "axial"):
+            raise ValueError(f"vision_config.rope_parameters.rope_type {rope['rope_type']!r} is not supported (axial)")
+        act = str(raw.get("hidden_act", cls.hidden_act))
         if act not in ACTIVATIONS:
             raise ValueError(f"vision_config.hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})")
-        return cls(
-            depth=int(raw["depth"]),
-            hidden_size=int(raw["hidden_size"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            num_heads=int(raw["num_heads"]),
-            in_channels=int(raw.get("in_channels", 3)),
-            patch_size=int(raw["patch_size"]),
-            temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
-            spatial_merge_size=int(raw.get("spatial_merge_size", 2)),
-            out_hidden_size=int(raw["out_hidden_size"]),
-            num_position_embeddings=int(raw["num_position_embeddings"]),
-            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
-            hidden_act=act,
-        )
+        sizes = {
+            key.name: int(raw[key.name]) for key in fields(cls) if key.type is int and raw.get(key.name) is not None
+        }
+        theta = float(rope.get("rope_theta", raw.get("rope_theta", cls.rope_theta)))
+        return cls(**sizes, rope_theta=theta, hidden_act=act)
 
     @property
     def head_dim(self) -> int:

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.moe import RoutingConfig, SparseMoE
 from deployments.model_rank.layers.rotary import RotaryEmbedding
@@ -24,6 +23,10 @@ class Qwen3MoeConfig(DecoderConfig):
     norm_topk_prob: bool
     decoder_sparse_step: int
     mlp_only_layers: list[int]
+
+    def __post_init__(self) -> None:
+        if self.num_experts:  # refused at load, not on the first MoE step (0: a dense model, no router)
+            self.routing().check("num_experts")
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "Qwen3MoeConfig":
@@ -50,6 +53,15 @@ class Qwen3MoeConfig(DecoderConfig):
     def routing(self) -> RoutingConfig:
         return RoutingConfig(self.num_experts, self.num_experts_per_tok, "softmax", self.norm_topk_prob)
 
+    def mlp(self, layer: int, parallel: ParallelContext) -> nn.Module:
+        """The layer's routed experts, or its dense MLP off the sparse step."""
+        if self.is_sparse(layer):
+            return self.experts(parallel)
+        return GatedMLP(self.hidden_size, self.intermediate_size, parallel)
+
+    def experts(self, parallel: ParallelContext) -> nn.Module:
+        return SparseMoE(self.hidden_size, self.moe_intermediate_size, self.routing(), parallel)
+
 
 class Qwen3MoeForCausalLM(CausalLM):
     def __init__(
@@ -57,14 +69,8 @@ class Qwen3MoeForCausalLM(CausalLM):
     ) -> None:
         super().__init__()
         rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
-        routing = cfg.routing()
-        layers = []
-        for i in range(cfg.num_hidden_layers):
-            mlp: nn.Module
-            if cfg.is_sparse(i):
-                mlp = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, routing, parallel)
-            else:
-                mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel)
-            layers.append(DecoderLayer(qwen3_attention(cfg, rotary, parallel), mlp, cfg.hidden_size, cfg.rms_norm_eps))
-        self.model = DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, cfg.rms_norm_eps)
-        self.finish_init(cfg, "qwen3_moe", dtype)
+        layers = [
+            cfg.layer(qwen3_attention(cfg, rotary, parallel), cfg.mlp(index, parallel))
+            for index in range(cfg.num_hidden_layers)
+        ]
+        self.stack(cfg, layers, "qwen3_moe", dtype)

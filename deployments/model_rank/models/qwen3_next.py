@@ -17,7 +17,6 @@ from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.attention import GatedSelfAttention
 from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.gated_delta import GatedDeltaNet, GatedDeltaNetShape, GroupedProjectionDeltaNet
-from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.moe import SharedExpertGateMoE
 from deployments.model_rank.layers.norm import ZeroCentredRMSNorm
 from deployments.model_rank.layers.rotary import RotaryEmbedding
@@ -54,8 +53,6 @@ class HybridConfig(Qwen3MoeConfig):
     @classmethod
     def hybrid(cls, raw: dict[str, Any], experts: dict[str, Any], model_type: str) -> Self:
         """Build from the language model's keys `raw` and the expert fields (see Qwen3MoeConfig.moe_keys)."""
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {raw['hidden_act']!r} is not supported (silu only)")
         common = DecoderConfig.common(raw, max_positions=32768, eps=1e-6, default_head_dim=256, default_partial=0.25)
         return cls(
             **common,
@@ -68,6 +65,10 @@ class HybridConfig(Qwen3MoeConfig):
 
     def is_recurrent(self, layer: int) -> bool:
         return self.layer_types[layer] == RECURRENT
+
+    def experts(self, parallel: ParallelContext) -> nn.Module:
+        sizes = (self.moe_intermediate_size, self.routing(), parallel, self.shared_expert_intermediate_size)
+        return SharedExpertGateMoE(self.hidden_size, *sizes)
 
 
 class Qwen3NextConfig(HybridConfig):
@@ -99,14 +100,10 @@ class HybridQwenForCausalLM(CausalLM):
             heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             bias = cfg.attention_bias
             mixer = GatedSelfAttention(cfg.hidden_size, *heads, rotary, parallel, bias, bias, cfg.rms_norm_eps)
-        mlp: nn.Module
-        if cfg.is_sparse(index):
-            sizes = (cfg.moe_intermediate_size, cfg.routing(), parallel, cfg.shared_expert_intermediate_size)
-            mlp = SharedExpertGateMoE(cfg.hidden_size, *sizes)
-        else:
-            mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, parallel)
         name = "linear_attn" if cfg.is_recurrent(index) else "self_attn"
-        return DecoderLayer(mixer, mlp, cfg.hidden_size, cfg.rms_norm_eps, ZeroCentredRMSNorm, name)
+        return DecoderLayer(
+            mixer, cfg.mlp(index, parallel), cfg.hidden_size, cfg.rms_norm_eps, ZeroCentredRMSNorm, name
+        )
 
     def checkpoint_target(self, name: str) -> WeightTarget | None:
         if name.startswith("mtp."):
