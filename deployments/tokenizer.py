@@ -1,7 +1,6 @@
 """Loading a checkpoint's tokenizer and the ids generation needs (end tokens, BOS)."""
 
 import json
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -9,11 +8,6 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 GIL_FREE_CHARS = 4096  # texts this long are tokenised with the GIL released (other threads keep running)
-
-
-def min_tokens(text: str, max_token_bytes: int) -> int:
-    """The fewest tokens `text` can encode to, from its size alone (no tokenising)."""
-    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / max_token_bytes)
 
 
 class CheckpointError(ValueError):
@@ -45,9 +39,10 @@ class TokenizerBundle:
     @cached_property
     def max_token_bytes(self) -> int:
         """An upper bound on the UTF-8 bytes of input text one token covers, so a text of B bytes holds at
-        least ceil(B / max_token_bytes) tokens: the longest token, as stored or decoded alone (a stored
-        `Ġ`/`▁` marker or `<0x..>` byte counts at least what it stands for), times 4 when a normaliser
-        runs first (Unicode composition shortens text by at most 3 to 1, Hangul jamo to a syllable)."""
+        least ceil(B / max_token_bytes) tokens (deployments/messages/window.py): the longest token, as
+        stored or decoded alone (a stored `Ġ`/`▁` marker or `<0x..>` byte counts at least what it stands
+        for), times 4 when a normaliser runs first (Unicode composition shortens text by at most 3 to 1,
+        Hangul jamo to a syllable)."""
         ids = range(self.vocab_size)
         decoded = self.tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
         stored = (self.tokenizer.id_to_token(i) or "" for i in ids)

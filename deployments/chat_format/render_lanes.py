@@ -2,9 +2,10 @@
 
 Rendering and tokenising a prompt of megabytes takes seconds of CPU. Done on the event loop (or with the
 GIL held, as `Tokenizer.encode` does) it stalls every other request; done in one shared pool, small
-requests queue behind large ones. So work on large inputs (`LARGE_CHARS` or more) runs in a pool of
-`LARGE_WORKERS` threads and everything else in its own pool: large requests wait for each other, never
-small ones, and long texts are tokenised with the GIL released (deployments/tokenizer.py).
+requests queue behind large ones. So work on large inputs (`LARGE_CHARS` or more, the size at which the
+window is also checked before tokenising: deployments/messages/window.py) runs in a pool of `LARGE_WORKERS`
+threads and everything else in its own pool: large requests wait for each other, never small ones, and long
+texts are tokenised with the GIL released (deployments/tokenizer.py).
 """
 
 import asyncio
@@ -12,26 +13,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from deployments.messages.window import LARGE_CHARS, text_chars
+
 T = TypeVar("T")
-LARGE_CHARS = 64 << 10  # characters of text in a request: about 10 ms of tokenising on one core
 LARGE_WORKERS = 2  # large requests tokenised at once, per replica
 SMALL_WORKERS = 8
-
-
-def text_chars(value: Any) -> int:
-    """The characters of every string in a JSON-like value (keys included), walked without recursion."""
-    total = 0
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return total
 
 
 class RenderLanes:

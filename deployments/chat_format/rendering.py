@@ -20,7 +20,8 @@ from deployments.chat_format.template import ChatTemplate, TemplateRenderError
 from deployments.chat_format.think import THINK
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat, TokenizerCard
 from deployments.messages.replies import Refusal
-from deployments.tokenizer import TokenizerBundle, load_tokenizer, min_tokens
+from deployments.messages.window import text_past_window
+from deployments.tokenizer import TokenizerBundle, load_tokenizer
 
 
 class PromptPastWindow(Exception):
@@ -29,21 +30,6 @@ class PromptPastWindow(Exception):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.message)
         self.refusal = refusal
-
-
-def past_window(text: str, max_token_bytes: int, window: int | None, param: str) -> Refusal | None:
-    """The context refusal for a text whose byte count alone proves it fills `window` (no tokenising):
-    `max_token_bytes` is the tokenizer's (TokenizerBundle.max_token_bytes, TokenizerCard's)."""
-    if window is None:
-        return None
-    at_least = min_tokens(text, max_token_bytes)
-    if at_least < window:
-        return None
-    message = (
-        f"This server's maximum context length is {window} tokens. However, your prompt has at least "
-        f"{at_least} tokens, which leaves no room for a reply. Please shorten the prompt."
-    )
-    return Refusal(message, param, "context_length_exceeded")
 
 
 @dataclass
@@ -100,7 +86,7 @@ class PromptRenderer:
         """Prompt ids exactly as the chat route runs them; raises TemplateRenderError/MessageError (HTTP 400),
         or PromptPastWindow before tokenising a prompt too large for `request.window`."""
         text, kwargs = self.render_text(request)
-        too_long = past_window(text, self._max_token_bytes, request.window, "messages")
+        too_long = text_past_window(text, self._max_token_bytes, request.window, "messages")
         if too_long is not None:
             raise PromptPastWindow(too_long)
         ids = self.bundle.encode(text, add_special_tokens=False)  # the template wrote the special tokens

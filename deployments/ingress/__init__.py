@@ -22,9 +22,9 @@ streams). Families import the shared modules below them, never each other.
 
 Shared modules, what several families use (each imports only those listed after it):
   chat_run.py           the one chat handler: render a ChatCompletionRequest, build and start its request
-  structured_fields.py  response_format, structured_outputs, guided_* and forced tool calls to a grammar
-  logprob_fields.py     the logprob fields and the combinations they refuse
-  engine_request.py     a validated body and its prompt ids to the one EngineRequest
+  structured_fields.py  the grammar a chat reply runs under once rendered: a forced tool call's, gated
+                        after the think block
+  engine_request.py     a validated body, its prompt ids and what the reply asks to the one EngineRequest
   generation.py         one request's generation: start (refusals first), stream, finish, the finish log
   context.py            what every route of a replica shares: backend, settings, the engine's facts
   reply_reader.py       a chat reply's text as reasoning, content and tool calls, whole or streamed
@@ -37,6 +37,10 @@ Shared modules, what several families use (each imports only those listed after 
                         log, the request bodies in /openapi.json
   usage.py              a finished reply's figures: usage, the runtime block, the token digest
   sampling_fields.py    validators for the numeric and flag fields
+  grammar_fields.py     structured-output fields, typed: checked and compiled to one grammar at parse time
+  logprob_fields.py     the logprob fields, typed, and the combinations they refuse, at parse time
+  field_paths.py        where a refusal points: a validator's path below its field, joined to the field's
+                        place in the body (`tools[2].function.parameters`)
 
 pyproject.toml's Ingress layers contract keeps these imports running one way.
 """

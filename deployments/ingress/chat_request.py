@@ -8,10 +8,12 @@ and the imprint routes take.
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, WithJsonSchema, model_validator
 
 from deployments.chat_format.effort import check_effort
+from deployments.ingress.field_paths import FieldError
 from deployments.ingress.http.errors import parse_body
+from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations, top_count
 from deployments.ingress.request_fields import GenerationFields
 from deployments.ingress.sampling_fields import bool_field, int_field
 
@@ -56,40 +58,41 @@ MESSAGES_SCHEMA = {
 
 
 def _check_messages(value: Any) -> list[dict[str, Any]]:
-    """Messages: objects with a known role and text content (a string, null, or text parts)."""
+    """Messages: objects with a known role and text content (a string, null, or text and image parts)."""
     if not isinstance(value, list) or not value:
-        raise ValueError("messages must be a nonempty list")
+        raise FieldError("", "must be a nonempty list")
     for index, message in enumerate(value):
         if not isinstance(message, dict):
-            raise ValueError(f"messages[{index}] must be an object")
+            raise FieldError(f"[{index}]", "must be an object")
         role = message.get("role")
         if role not in MESSAGE_ROLES:
-            raise ValueError(f"messages[{index}].role must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
+            raise FieldError(f"[{index}].role", f"must be one of {', '.join(MESSAGE_ROLES)}, got {role!r}")
         content = message.get("content")
         if content is None or isinstance(content, str):
             continue
         if not isinstance(content, list):
-            raise ValueError(f"messages[{index}].content must be a string, null or a list of parts")
+            raise FieldError(f"[{index}].content", "must be a string, null or a list of parts")
         for part_index, part in enumerate(content):
-            _check_part(part, f"messages[{index}].content[{part_index}]")
+            _check_part(part, f"[{index}].content[{part_index}]")
     return value
 
 
-def _check_part(part: Any, where: str) -> None:
+def _check_part(part: Any, below: str) -> None:
     """A text part, or an image_url part whose url is a string (the Renderer reads and checks the image)."""
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text" and isinstance(part.get("text"), str):
         return
     if kind == "image_url":
         image = part.get("image_url")
-        if not isinstance(image, dict) or not isinstance(image.get("url"), str):
-            raise ValueError(f"{where}.image_url must be an object with a url string")
+        if not isinstance(image, dict):
+            raise FieldError(f"{below}.image_url", "must be an object with a url string")
+        if not isinstance(image.get("url"), str):
+            raise FieldError(f"{below}.image_url.url", "must be a string (a data: URL, or https://)")
         return
     if kind == "text":
-        raise ValueError(f"{where}.text must be a string")
-    raise ValueError(
-        f"{where}: only text and image_url parts are supported (audio, file and video input are not), got type {kind!r}"
-    )
+        raise FieldError(f"{below}.text", "must be a string")
+    why = f"only text and image_url parts are supported (audio, file and video input are not), got type {kind!r}"
+    raise FieldError(f"{below}.type" if isinstance(part, dict) else below, why)
 
 
 def image_part(url: str, field: str) -> dict[str, Any]:
@@ -126,10 +129,20 @@ def _tool_choice(value: Any) -> str | dict[str, Any] | None:
 
 Messages = Annotated[list[dict[str, Any]], BeforeValidator(_check_messages), WithJsonSchema(MESSAGES_SCHEMA)]
 OptionalMessages = Annotated[Messages | None, WithJsonSchema(MESSAGES_SCHEMA)]
-TemplateKwargs = Annotated[dict[str, Any], BeforeValidator(_check_template_kwargs)]
+# Null keeps the server's defaults, as for every optional field (docs/api.md).
+TemplateKwargs = Annotated[
+    dict[str, Any],
+    BeforeValidator(_check_template_kwargs),
+    WithJsonSchema({"anyOf": [{"type": "object"}, {"type": "null"}], "default": None}),
+]
 GenerationPrompt = Annotated[bool | None, BeforeValidator(bool_field("add_generation_prompt"))]
 Effort = Annotated[str | None, BeforeValidator(_effort)]
 ToolChoice = Annotated[str | dict[str, Any] | None, BeforeValidator(_tool_choice)]
+
+
+def forces_tool_call(choice: Any) -> bool:
+    """`tool_choice: "required"` or a named function (a grammar over the template's call markup)."""
+    return choice == "required" or isinstance(choice, dict)
 
 
 def offered_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[str, Any]] | None:
@@ -160,11 +173,39 @@ class ChatCompletionRequest(GenerationFields, ChatFields):
     thinking_budget: Annotated[int | None, BeforeValidator(int_field("thinking_budget", low=0))] = None
     tool_choice: ToolChoice = None
     parallel_tool_calls: Annotated[bool | None, BeforeValidator(bool_field("parallel_tool_calls"))] = None
-    top_logprobs: Any = None  # alternatives per row with logprobs: true (logprob_fields.chat_logprobs)
+    logprobs: Annotated[bool | None, BeforeValidator(bool_field("logprobs"))] = None  # alternatives: top_logprobs
+    top_logprobs: top_count("top_logprobs") = None
+
+    _logprob_top: int | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _reply_extras(self) -> "ChatCompletionRequest":
+        """A forced call and the logprob fields, checked against the rest of the body (before any work)."""
+        if self.forces_call and self.grammar is not None:
+            raise FieldError(
+                "tool_choice", 'a grammar cannot be combined with tool_choice "required" or a named function'
+            )
+        if self.forces_call and not self.offered_tools:
+            raise FieldError("tool_choice", "the named function is not among the tools")
+        self._logprob_top = chat_logprobs(self.logprobs, self.top_logprobs)
+        if self._logprob_top is not None:
+            forced = self.grammar is not None or self.forces_call
+            refuse_combinations(forced, self.tools, self.stop, self.thinking_budget)
+        return self
 
     @property
     def offered_tools(self) -> list[dict[str, Any]] | None:
         return offered_tools(self.tools, self.tool_choice)
+
+    @property
+    def forces_call(self) -> bool:
+        """The reply must call a tool: tool_choice forces one and tools are given (none given: no call)."""
+        return forces_tool_call(self.tool_choice) and bool(self.tools)
+
+    @property
+    def logprob_top(self) -> int | None:
+        """Alternatives per logprob row (None: no rows)."""
+        return self._logprob_top
 
 
 def chat_request(**fields: Any) -> ChatCompletionRequest:

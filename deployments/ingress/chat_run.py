@@ -9,27 +9,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from deployments.chat_format.render_lanes import text_chars
-from deployments.chat_format.rendering import past_window
 from deployments.chat_format.reply_parser import ReplyParser
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
-from deployments.ingress.engine_request import engine_request, thinking_controls
+from deployments.ingress.engine_request import ReplyAsks, engine_request, thinking_controls
 from deployments.ingress.generation import Generation
-from deployments.ingress.http.errors import bad_request, refusal_error
-from deployments.ingress.http.limits import messages_over_window
+from deployments.ingress.http.errors import refusal_error
 from deployments.ingress.http.sse import counting_departures
-from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations
 from deployments.ingress.reply_reader import ReplyReader
-from deployments.ingress.structured_fields import (
-    forced_tool_grammar,
-    forces_tool_call,
-    gate_after_thinking,
-    requested_grammar,
-)
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat
+from deployments.ingress.structured_fields import reply_grammar
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt
 from deployments.messages.replies import Refusal
-from deployments.messages.requests import GrammarSpec
+from deployments.messages.window import text_chars, text_past_window
 
 
 @dataclass
@@ -69,9 +60,9 @@ class ChatPrompt(Protocol):
 async def render_chat_body(ctx: ServingContext, fields: ChatPrompt) -> RenderedPrompt:
     """The prompt a chat body renders to (also what count_tokens and /tokenize answer); a refusal is a 400,
     a prompt past the window among them: one whose size proves it is refused before it is tokenised."""
-    too_many = await messages_over_window(fields.messages, ctx.facts)  # before rendering them
-    if too_many:
-        raise bad_request(too_many, "messages", "context_length_exceeded")
+    too_many = await ctx.messages_past_window(fields.messages)  # before rendering them
+    if too_many is not None:
+        raise refusal_error(too_many)
     render = ChatRenderRequest(
         messages=fields.messages or [],
         tools=fields.offered_tools,  # tool_choice "none" hides them from the template and the parser
@@ -97,26 +88,10 @@ async def tokenize_prompt(ctx: ServingContext, text: str, add_special_tokens: bo
     """A raw prompt's ids (completions, /tokenize); one whose size proves it fills the window is a 400
     naming `prompt` before it is tokenised."""
     card = await ctx.backend.card()
-    too_long = past_window(text, card.max_token_bytes, await ctx.window_for(len(text)), "prompt")
+    too_long = text_past_window(text, card.max_token_bytes, await ctx.window_for(len(text)), "prompt")
     if too_long is not None:
         raise refusal_error(too_long)
     return await ctx.backend.tokenize(text, add_special_tokens)
-
-
-def chat_extras(fields: ChatCompletionRequest, reply: ReplyFormat) -> tuple[GrammarSpec | None, int | None]:
-    """The grammar (asked for, or forcing a tool call) and the logprob alternatives, each refusal first."""
-    grammar = requested_grammar(fields)
-    if forces_tool_call(fields.tool_choice) and fields.tools:
-        if grammar is not None:
-            why = 'a grammar cannot be combined with tool_choice "required" or a named function'
-            raise bad_request(why, "tool_choice")
-        grammar = forced_tool_grammar(fields, reply)
-    top = chat_logprobs(fields.logprobs, fields.top_logprobs)
-    if top is not None:
-        refuse_combinations(grammar, fields.tools, fields.stop, fields.thinking_budget)
-    if grammar is not None:
-        grammar = gate_after_thinking(grammar, reply)
-    return grammar, top
 
 
 async def start_chat(
@@ -127,11 +102,16 @@ async def start_chat(
     rendered = await render_chat_body(ctx, fields)
     card = await ctx.backend.card()
     settings = ctx.settings
-    thinking = thinking_controls(rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard)
-    ids = rendered.prompt_token_ids
-    request = engine_request(fields, request_id, ids, "messages", card, arrival, thinking, rendered.images)
-    request.grammar, request.logprobs = chat_extras(fields, rendered.reply)
-    request.streamed = streamed
+    asks = ReplyAsks(
+        grammar=reply_grammar(fields, rendered.reply),
+        logprobs=fields.logprob_top,
+        thinking=thinking_controls(
+            rendered.reply, fields.thinking_budget, settings.thinking_budget, settings.loop_guard
+        ),
+        images=rendered.images,
+        streamed=streamed,
+    )
+    request = engine_request(fields, request_id, rendered.prompt_token_ids, "messages", card, arrival, asks)
     facts = await ctx.facts()  # valid and rendered: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, rendered.reply, facts.engine)
     parallel = fields.parallel_tool_calls is not False

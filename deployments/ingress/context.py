@@ -2,13 +2,14 @@
 
 from dataclasses import dataclass
 
-from deployments.chat_format.render_lanes import LARGE_CHARS
 from deployments.config import IngressSettings
 from deployments.ingress.backend import Backend
 from deployments.ingress.http.drain import Drain
 from deployments.ingress.http.errors import APIError
 from deployments.ingress.readiness import Readiness
+from deployments.messages.replies import Refusal
 from deployments.messages.status import ReplicaStatus
+from deployments.messages.window import counts_messages_first, measures_text_first, messages_past_window
 
 
 @dataclass
@@ -45,9 +46,17 @@ class ServingContext:
         """The window to refuse an input of `chars` characters against before it is tokenised: for a large
         input, waited for as `facts` waits; for a small one only if known (it tokenises quickly anyway, and
         a malformed one is refused at once while the model loads)."""
-        if self._facts is None and chars < LARGE_CHARS:
+        if self._facts is None and not measures_text_first(chars):
             return None
         return (await self.facts()).window
+
+    async def messages_past_window(self, messages: list[object] | None) -> Refusal | None:
+        """A conversation with more messages than the window has tokens, refused before it is rendered (only a
+        long one asks for the window: rendering 10^5 messages takes seconds of CPU, a short one none)."""
+        count = len(messages or [])
+        if not counts_messages_first(count):
+            return None
+        return messages_past_window(count, (await self.facts()).window, "messages")
 
     def _facts_of(self, first: ReplicaStatus) -> EngineFacts:
         label = f"tensorfold {self.settings.version} {first.model_type} {first.dtype} {first.device}"

@@ -1,13 +1,15 @@
-"""From a validated route body and its prompt ids to the one internal EngineRequest."""
+"""From a validated route body and its prompt ids to the one internal EngineRequest, built whole in one call
+(it is immutable: the router's additions come as a copy, deployments/routing/request_router.py)."""
 
 import uuid
+from dataclasses import dataclass, field
 
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.http.request_labels import current_key_label
 from deployments.ingress.request_fields import GenerationFields
 from deployments.messages.images import ImageInput
 from deployments.messages.render import ReplyFormat, TokenizerCard
-from deployments.messages.requests import EngineRequest, SamplingParams, ThinkingControls
+from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams, ThinkingControls
 
 
 def new_request_id(prefix: str) -> str:
@@ -54,6 +56,18 @@ def thinking_controls(
     return controls if controls.budget > 0 or controls.loop_guard else None
 
 
+@dataclass(frozen=True)
+class ReplyAsks:
+    """What a request asks of its reply beyond its body's sampling and limits, known once its prompt is."""
+
+    grammar: GrammarSpec | None = None  # the grammar the reply runs under (gated after thinking for chat)
+    logprobs: int | None = None  # alternatives per reply row; None: no rows
+    prompt_logprobs: int | None = None  # best tokens per prompt row; None: no prompt rows
+    thinking: ThinkingControls | None = None  # the engine's watch over the think block
+    images: list[ImageInput] = field(default_factory=list)  # the rendered prompt's, placeholders expanded
+    streamed: bool = False  # the reply goes out as a stream (Ingress counts a client that leaves it)
+
+
 def engine_request(
     fields: GenerationFields,
     request_id: str,
@@ -61,10 +75,9 @@ def engine_request(
     prompt_param: str,
     card: TokenizerCard,
     arrival_time: float,
-    thinking: ThinkingControls | None = None,
-    images: list[ImageInput] | None = None,
+    asks: ReplyAsks = ReplyAsks(),
 ) -> EngineRequest:
-    """`images`: the rendered prompt's, their placeholders already expanded in `prompt_ids`."""
+    """The one EngineRequest, whole: the body's fields, the prompt's ids and what the reply `asks`."""
     if not prompt_ids:
         raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
     check_token_ids(fields.stop_token_ids, card, "stop_token_ids")
@@ -76,8 +89,12 @@ def engine_request(
         prompt_param=prompt_param,
         priority=fields.priority,
         arrival_time=arrival_time,
-        thinking=thinking,
+        thinking=asks.thinking,
         key_label=current_key_label(),
+        grammar=asks.grammar,
+        logprobs=asks.logprobs,
+        prompt_logprobs=asks.prompt_logprobs,
         draft=fields.draft is not False,
-        images=list(images or []),
+        images=list(asks.images),
+        streamed=asks.streamed,
     )

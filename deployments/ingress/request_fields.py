@@ -6,15 +6,32 @@ fields this server cannot honour (suffix, penalties, logit_bias, best_of) are re
 silently dropped, because ignoring them would change what the client gets. Those refusals read the body as
 sent, before it is parsed (`refuse_unsupported`), so they answer ahead of any malformed field.
 
-Fields typed `Any` are kept as the client sent them and checked where the request is built, in the order
-refusals have always come (a template refusal before a malformed grammar): structured output in
-deployments/ingress/structured_fields.py, logprobs in deployments/ingress/logprob_fields.py.
+Structured output (deployments/ingress/grammar_fields.py) is typed and checked here too: its fields' shapes,
+one field at most, a grammar that compiles. Each family adds its logprob fields (logprob_fields.py).
 """
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
+from deployments.ingress.grammar_fields import (
+    GRAMMAR_FIELDS,
+    GuidedChoice,
+    GuidedJson,
+    GuidedText,
+    ResponseFormat,
+    StructuredOutputs,
+    requested_grammar,
+)
 from deployments.ingress.http.errors import bad_request
 from deployments.ingress.sampling_fields import (
     SEED_MAX,
@@ -25,7 +42,7 @@ from deployments.ingress.sampling_fields import (
     stop_field,
     token_ids_field,
 )
-from deployments.messages.requests import Priority
+from deployments.messages.requests import GrammarSpec, Priority
 
 _UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
     # logprobs and top_logprobs: deployments.ingress.logprob_fields; structured output: structured_fields;
@@ -44,6 +61,11 @@ def _priority(value: Any) -> Priority:
     if isinstance(value, int) and not isinstance(value, bool):
         return Priority.BACKGROUND if value > 0 else Priority.FOREGROUND
     raise ValueError("priority must be 'background', 'foreground' or an integer")
+
+
+# What _priority reads, as /openapi.json documents it.
+_PRIORITY_SCHEMA = {"anyOf": [{"enum": [p.value for p in Priority]}, {"type": "integer"}, {"type": "null"}]}
+PriorityField = Annotated[Priority, BeforeValidator(_priority), WithJsonSchema(_PRIORITY_SCHEMA)]
 
 
 def _requested(name: str, value: Any) -> bool:
@@ -99,21 +121,19 @@ class GenerationFields(BaseModel):
         default_factory=list
     )
     ignore_eos: Annotated[bool | None, BeforeValidator(bool_field("ignore_eos"))] = None
-    priority: Annotated[Priority, BeforeValidator(_priority)] = Priority.FOREGROUND
+    priority: PriorityField = Priority.FOREGROUND
     n: Annotated[int | None, BeforeValidator(int_field("n"))] = None
     stream: Annotated[bool | None, BeforeValidator(bool_field("stream"))] = None
     stream_options: StreamOptions | None = None
     return_token_ids: Annotated[bool | None, BeforeValidator(bool_field("return_token_ids"))] = None
     draft: Annotated[bool | None, BeforeValidator(bool_field("draft"))] = None  # false: the serial reference
-    # Structured output: at most one of these (deployments.ingress.structured_fields.requested_grammar).
-    response_format: Any = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
-    structured_outputs: Any = None  # vLLM's: exactly one of json, json_object, regex, choice, grammar
-    guided_json: Any = None  # vLLM's older names: a schema, a regex, a choice list, an EBNF grammar
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    # Chat: a boolean (alternatives in top_logprobs); completions: the legacy integer (logprob_fields.py).
-    logprobs: Any = None
+    # Structured output: at most one of these (deployments.ingress.grammar_fields.requested_grammar).
+    response_format: ResponseFormat = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
+    structured_outputs: StructuredOutputs = None  # vLLM's: exactly one of json, json_object, regex, choice, grammar
+    guided_json: GuidedJson = None  # vLLM's older names: a schema, a regex, a choice list, an EBNF grammar
+    guided_regex: GuidedText = None
+    guided_choice: GuidedChoice = None
+    guided_grammar: GuidedText = None
     # Accepted at their neutral value only; anything else was refused before parsing (refuse_unsupported).
     suffix: Any = None
     frequency_penalty: Any = None
@@ -121,12 +141,24 @@ class GenerationFields(BaseModel):
     logit_bias: Any = None
     best_of: Any = None
 
+    _grammar: GrammarSpec | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> "GenerationFields":
+        self._grammar = requested_grammar({name: getattr(self, name) for name in GRAMMAR_FIELDS})
+        return self
+
     @field_validator("n")
     @classmethod
     def _single_choice(cls, value: int | None) -> int | None:
         if value is not None and value != 1:
             raise ValueError("n must be 1: this server returns one choice per request")
         return value
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        """The grammar the structured-output fields ask for, compiled when the body was parsed."""
+        return self._grammar
 
     @property
     def reply_limit(self) -> int | None:

@@ -141,20 +141,4 @@ class Refusal:
     param: str | None = None  # the request field it is about ("messages", "prompt", "response_format", ...)
     code: str | None = None  # e.g. "context_length_exceeded"; None for a plain invalid request
     status: int = 400  # the HTTP status
-    type: str = "invalid_request_error"  # OpenAI's error type
-
-    @classmethod
-    def context_length(cls, window: int, prompt_tokens: int, requested: int | None, param: str) -> "Refusal":
-        """A request that cannot fit the window (`requested`: the reply limit asked for, None when omitted)."""
-        if requested is None:
-            detail = f"your prompt has {prompt_tokens} tokens, which leaves no room for a reply"
-        else:
-            detail = (
-                f"you requested {prompt_tokens + requested} tokens "
-                f"({prompt_tokens} in the prompt, {requested} for the reply)"
-            )
-        message = (
-            f"This server's maximum context length is {window} tokens. However, {detail}. "
-            f"Please shorten the prompt or reduce the reply limit."
-        )
-        return cls(message, param, "context_length_exceeded")
+    type: str = "invalid_request_error"  # OpenAI's error type (the window's refusals: deployments/messages/window.py)

@@ -1,11 +1,13 @@
 """What every API family, benchmark and test asks the engine for: one `EngineRequest` (set by Ingress).
 
-Nothing here is HTTP-specific: Ingress translates each API into it. Fields say who sets them.
+Nothing here is HTTP-specific: Ingress translates each API into it. Fields say who sets them. Requests are
+immutable, built whole in one call; the router's additions (`prompt_hashes`, `route_reason`) come as a copy
+(`routed`), so what Ingress built is what it reads back.
 """
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deployments.messages.images import ImageInput
 from deployments.messages.prefix import PromptHashes
@@ -18,7 +20,7 @@ class Priority(str, enum.Enum):
     BACKGROUND = "background"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
     """How each reply token is drawn; set by Ingress from the request (server defaults where omitted)."""
 
@@ -36,7 +38,7 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class GrammarSpec:
     """A constraint on the reply's answer, compiled by the Scheduler with xgrammar (set by Ingress)."""
 
@@ -48,7 +50,7 @@ class GrammarSpec:
     param: str = "response_format"  # the request field a compile error names
 
 
-@dataclass
+@dataclass(frozen=True)
 class ThinkingControls:
     """How the engine watches a reply's think block (set by Ingress from the rendered prompt's ReplyFormat)."""
 
@@ -60,7 +62,7 @@ class ThinkingControls:
     loop_guard: bool = False  # close the block when it loops (deployments.scheduler.engine.thinking)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineRequest:
     """One generation request, the same for every API family (set by Ingress)."""
 
@@ -82,8 +84,9 @@ class EngineRequest:
     # None: no prompt rows; k: a row with k best tokens for each prompt token after the first (vLLM's
     # prompt_logprobs). Such a request never resumes from the prefix cache: its whole prompt is computed.
     prompt_logprobs: int | None = None
-    # Set by the prefix-affinity router in Ingress as it picks the replica: the prompt's block names (the
-    # engine's prefix match reuses them) and why it went where it did (affinity, balance, no_match).
+    # Set by the prefix-affinity router in Ingress as it picks the replica (the copy `routed` makes): the
+    # prompt's block names (the engine's prefix match reuses them) and why it went where it did (affinity,
+    # balance, no_match).
     prompt_hashes: PromptHashes | None = None
     route_reason: str = ""
     # False: the serial reference (one token per round, no drafts); True: the engine's drafter, if it has one.
@@ -102,13 +105,17 @@ class EngineRequest:
     # engine for its own capture requests); like prompt_logprobs, the whole prompt is computed.
     capture: str | None = None
 
+    def routed(self, hashes: PromptHashes, reason: str) -> "EngineRequest":
+        """This request as the router sends it: its block names and why it went where it did."""
+        return replace(self, prompt_hashes=hashes, route_reason=reason)
+
     @property
     def computes_whole_prompt(self) -> bool:
         """No prefix cache or disk state: every prompt position is computed (its rows are wanted)."""
         return self.prompt_logprobs is not None or self.capture is not None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImprintQuery:
     """A rendered conversation the imprint routes ask about (set by Ingress; routed as its request would be)."""
 
@@ -117,3 +124,7 @@ class ImprintQuery:
     prompt_hashes: PromptHashes | None = None  # set by the router, as on EngineRequest
     route_reason: str = ""
     images: list[ImageInput] = field(default_factory=list)  # the conversation's images, as on EngineRequest
+
+    def routed(self, hashes: PromptHashes, reason: str) -> "ImprintQuery":
+        """This query as the router sends it, as `EngineRequest.routed`."""
+        return replace(self, prompt_hashes=hashes, route_reason=reason)

@@ -4,7 +4,8 @@ It runs inside each caller's process (the Ingress replicas), so it costs no Ray 
 replica reports the keys of the blocks it holds through Serve's routing stats (`record_routing_stats`,
 every `routing_stats_period_s`); between two reports the router also remembers which prompts it sent
 where, so a conversation's next turn finds its replica before the next report. The request's block names
-are computed here once (`EngineRequest.prompt_hashes`) and the engine's prefix match reuses them.
+are computed here once and sent in the request's routed copy (`EngineRequest.routed`: the request itself is
+immutable), and the engine's prefix match reuses them.
 """
 
 import logging
@@ -76,9 +77,12 @@ class PrefixAffinityRouter(RequestRouter):
             return [candidate_replicas]
         now = time.monotonic()
         views = [self._view(replica, now) for replica in candidate_replicas]
-        keys = self._prompt_hashes(request).keys()
+        hashes = self._prompt_hashes(request)
+        keys = hashes.keys()
         decision = choose_replica(views, keys, self._knobs)
-        request.route_reason = decision.reason
+        assert pending_request is not None  # `_engine_request` found the request in its arguments
+        routed = request.routed(hashes, decision.reason)
+        pending_request.args = [routed, *pending_request.args[1:]]  # what the chosen replica receives
         chosen = next(r for r in candidate_replicas if r.replica_id.unique_id == decision.replica_id)
         self._record(pending_request, decision.replica_id, keys, now)
         return [[chosen]]
@@ -123,9 +127,9 @@ class PrefixAffinityRouter(RequestRouter):
         )
 
     def _prompt_hashes(self, request: EngineRequest | ImprintQuery) -> PromptHashes:
-        """The request's block names (computed once: a retry of the same request reuses them)."""
+        """The request's block names (computed once: a retry gets the routed copy, which carries them)."""
         if request.prompt_hashes is None or request.prompt_hashes.block_size != self._block_size:
-            request.prompt_hashes = PromptHashes.of(request.prompt_token_ids, self._block_size, request.images)
+            return PromptHashes.of(request.prompt_token_ids, self._block_size, request.images)
         return request.prompt_hashes
 
     def _record(self, pending: PendingRequest | None, replica_id: str, keys: list[bytes], now: float) -> None:

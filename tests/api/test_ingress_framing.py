@@ -20,9 +20,10 @@ from deployments.ingress.ops.health import health_body
 from deployments.ingress.usage import reasoning_tokens, token_sha
 from deployments.messages.counters import EngineCounters
 from deployments.messages.render import ReplyFormat
-from deployments.messages.replies import EngineChunk, FinishReason, Refusal, RequestStats
+from deployments.messages.replies import EngineChunk, FinishReason, RequestStats
 from deployments.messages.requests import EngineRequest
 from deployments.messages.status import ReplicaStatus, UpstreamItem
+from deployments.messages.window import reply_past_window
 
 
 class _Playback:
@@ -133,7 +134,7 @@ def test_refusals_and_early_failures_raise_before_any_stream() -> None:
         await generation.start()
 
     with pytest.raises(APIError) as info:
-        asyncio.run(start([Refusal.context_length(window=8, prompt_tokens=3, requested=10, param="messages")]))
+        asyncio.run(start([reply_past_window(window=8, prompt_tokens=3, reply_limit=10, param="messages")]))
     assert info.value.status == 400 and info.value.code == "context_length_exceeded"
     assert info.value.param == "messages" and info.value.message.startswith("This server's maximum context")
     with pytest.raises(APIError) as info:

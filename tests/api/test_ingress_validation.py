@@ -82,7 +82,6 @@ def _error(response) -> dict:
         ("chat_template_kwargs", "enable_thinking"),
         ("stream", "yes"),
         ("logprobs", "yes"),
-        ("response_format", {"type": "yaml"}),
         ("frequency_penalty", 0.5),
     ],
 )
@@ -140,14 +139,24 @@ def test_a_body_not_sent_as_json_is_415_on_every_route(client: TestClient, conte
         assert read.status_code == 400 and _error(read)["param"] == "messages", (sent, read.text)  # parsed
 
 
-def test_bad_messages_are_400_on_messages(client: TestClient) -> None:
-    for messages in (
-        [],
-        [{"role": "wizard", "content": "x"}],
-        "hello",
+def test_bad_messages_are_400_naming_the_message_or_its_part(client: TestClient) -> None:
+    for messages, param in (
+        ([], "messages"),
+        ("hello", "messages"),
+        ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+        ([USER[0], 5], "messages[1]"),
+        ([{"role": "user", "content": 5}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content[0].text"),
+        ([{"role": "user", "content": [{"type": "audio"}]}], "messages[0].content[0].type"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "messages[0].content[0].image_url"),
+        (
+            [USER[0], {"role": "user", "content": [{"type": "image_url", "image_url": {"url": 7}}]}],
+            "messages[1].content[0].image_url.url",
+        ),
     ):
         response = client.post("/v1/chat/completions", json={"messages": messages})
-        assert response.status_code == 400 and _error(response)["param"] == "messages", response.text
+        assert response.status_code == 400 and _error(response)["param"] == param, response.text
+        assert _error(response)["message"].startswith(f"{param}: ")
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]
     response = client.post("/v1/chat/completions", json={"messages": image})  # a text-only server: the part
     assert response.status_code == 400 and _error(response)["param"] == "messages[0].content[0].image_url"

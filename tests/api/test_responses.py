@@ -301,22 +301,28 @@ TOO_MANY = {f"k{i}": "v" for i in range(17)}
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "web_search_preview"}]}, "tools"),
-        ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools"),
-        ({"tools": [{"type": "custom", "name": "x"}]}, "tools"),
+        ({"tools": [{"type": "web_search_preview"}]}, "tools[0]"),
+        ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[0]"),
+        ({"tools": [{"type": "custom", "name": "x"}]}, "tools[0]"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"truncation": "auto"}, "truncation"),
         ({"top_logprobs": 0}, "top_logprobs"),
         ({"logprobs": True}, "logprobs"),
-        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]}, "input"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
+            "input[0].content[0]",
+        ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
             "input[0].content[0].image_url",
         ),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
-        ({"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "abc"}]}, "input"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        (
+            {"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "abc"}]},
+            "input[0].encrypted_content",
+        ),
         ({"previous_response_id": "resp_unknown"}, "previous_response_id"),
         ({"metadata": TOO_MANY}, "metadata"),
         ({"metadata": {"k": 1}}, "metadata"),
@@ -326,8 +332,10 @@ TOO_MANY = {f"k{i}": "v" for i in range(17)}
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": RESPONSE_TOOLS}, "tool_choice"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning"),
-        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text"),
-        ({"text": {"format": {"type": "yaml"}}}, "text"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text.format.schema"),
+        ({"text": "json"}, "text"),
         ({"temperature": -1}, "temperature"),
         ({"input": []}, "input"),
         ({"input": "word " * 2000}, "input"),  # over the window: chat's `messages` refusal, renamed
@@ -364,7 +372,7 @@ def test_accepted_and_ignored_fields(client: TestClient) -> None:
 def test_the_sdk_sees_a_400_with_its_param(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.responses.create(model="tiny", input="Hello", tools=[{"type": "web_search_preview"}])
-    assert caught.value.param == "tools"
+    assert caught.value.param == "tools[0]"
 
 
 class _DyingStream:

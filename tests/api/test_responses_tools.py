@@ -97,16 +97,25 @@ def test_streamed_namespaced_calls(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("tools", "param", "words"),
     [
-        ([{"type": "namespace", "tools": FLAT}], "tools", "tools[0].name: a namespace tool needs a name"),
-        ([{"type": "namespace", "name": "n", "tools": []}], "tools", "tools[0].tools: a namespace tool needs"),
-        ([{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}], "tools", "got 'web_search'"),
+        ([{"type": "namespace", "tools": FLAT}], "tools[0].name", "tools[0].name: a namespace tool needs a name"),
+        ([{"type": "namespace", "name": "n", "tools": []}], "tools[0].tools", "tools[0].tools: a namespace tool needs"),
+        (
+            [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}],
+            "tools[0].tools[0]",
+            "got 'web_search'",
+        ),
         (
             [{"type": "namespace", "name": "n", "tools": [{"type": "function", "name": "a b"}]}],
             "tools[0].tools[0].name",
             "tools[0].tools[0].name: 'a b' does not match",
         ),
         (FLAT + GROUPED, "tools[2].tools[0].name", "is already the name of tools[0]; tool names must be unique"),
-        ([{"type": "custom", "name": "apply_patch"}], "tools", "tools of type 'custom' are not supported"),
+        (
+            GROUPED + [{"type": "namespace", "name": "weather", "tools": FLAT}],
+            "tools[1].name",
+            "tools[1].name: 'weather' is already the name of tools[0]; namespace names must be unique",
+        ),
+        ([{"type": "custom", "name": "apply_patch"}], "tools[0]", "tools of type 'custom' are not supported"),
     ],
 )
 def test_bad_namespaces_are_refused_naming_the_path(
@@ -135,7 +144,7 @@ def test_codex_defaults_are_refused_by_default_naming_the_built_in(client: TestC
     reply = client.post("/v1/responses", json=_codex("first_turn.json"))
     assert reply.status_code == 400
     error = reply.json()["error"]
-    assert error["param"] == "tools" and error["message"].startswith("tools[8]: built-in tools ('web_search')")
+    assert error["param"] == "tools[8]" and error["message"].startswith("tools[8]: built-in tools ('web_search')")
     assert "--drop-builtin-tools" in error["message"]
 
 

@@ -13,10 +13,14 @@ from fastapi.testclient import TestClient
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from deployments.chat_format.rendering import PromptRenderer
 from tests.support.bodies import USER
 from tests.support.local_app import local_client
 
 NO_THINK = {"enable_thinking": False}
+# 71 levels, past the body's own nesting limit (64), which holds inside a schema sent as text too (xgrammar
+# takes seconds over one hundreds deep)
+DEEP_SCHEMA = '{"type": "array", "items": ' * 70 + "{}" + "}" * 70
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
@@ -38,8 +42,18 @@ def _events(text: str) -> list[dict]:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"response_format": {"type": "yaml"}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"response_format": "json"}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.json_schema.schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": "{"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"structured_outputs": {"choice": ["a", 3]}}, "structured_outputs.choice"),
+        ({"guided_json": DEEP_SCHEMA}, "guided_json"),  # as text it escapes the body's nesting limit
+        ({"guided_json": "[" * 100_000 + "]" * 100_000}, "guided_json"),
+        ({"guided_json": '{"maxLength": ' + "9" * 4301 + "}"}, "guided_json"),
+        ({"structured_outputs": {"json_object": 1}}, "structured_outputs.json_object"),
         ({"guided_regex": "(("}, "guided_regex"),
         ({"guided_json": "{not json"}, "guided_json"),
         ({"guided_choice": []}, "guided_choice"),
@@ -58,6 +72,60 @@ def test_refusals_come_before_any_token(client: TestClient, fields: dict, param:
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+TEMPLATE_REFUSES = [{"role": "function", "content": "x"}]  # tiny-glm's template has no such role: a 400 once rendered
+NEVER_COMPILES = {"type": "nope"}  # a JSON schema xgrammar refuses
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": TEMPLATE_REFUSES, "guided_regex": "(("}, "guided_regex"),
+        ("/v1/chat/completions", {"messages": TEMPLATE_REFUSES, "guided_json": NEVER_COMPILES}, "guided_json"),
+        ("/v1/chat/completions", {"messages": TEMPLATE_REFUSES, "logprobs": True, "stop": "x"}, "stop"),
+        ("/v1/chat/completions", {"messages": TEMPLATE_REFUSES, "logprobs": 1}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": TEMPLATE_REFUSES,
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "x"}},
+            },
+            "tool_choice",
+        ),
+        ("/v1/completions", {"prompt": "x" * 100, "structured_outputs": {"regex": "(("}}, "structured_outputs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 1, "guided_regex": "a+"}, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        (
+            "/v1/responses",
+            {"input": TEMPLATE_REFUSES, "text": {"format": {"type": "json_schema", "schema": NEVER_COMPILES}}},
+            "text.format.schema",
+        ),
+    ],
+)
+def test_grammar_and_logprob_refusals_come_before_the_prompt_is_rendered_or_tokenised(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, path: str, body: dict, param: str
+) -> None:
+    worked: list[str] = []
+    for name in ("render_or_refuse", "tokenize"):
+        original = getattr(PromptRenderer, name)
+        monkeypatch.setattr(
+            PromptRenderer, name, lambda self, *a, _o=original, _n=name: worked.append(_n) or _o(self, *a)
+        )
+    reply = client.post(path, json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param and worked == []
+
+
+def test_messages_refuse_an_output_schema_before_rendering(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PromptRenderer, "render_or_refuse", lambda *a: pytest.fail("rendered"))
+    output = {"format": {"type": "json_schema", "schema": NEVER_COMPILES}}
+    reply = client.post("/v1/messages", json={"messages": USER, "max_tokens": 8, "output_config": output})
+    assert reply.status_code == 400 and reply.json()["type"] == "error"
+    assert reply.json()["error"]["message"].startswith("output_config.format.schema: the grammar does not compile")
 
 
 def test_an_uncompilable_grammar_names_xgrammars_reason(client: TestClient) -> None:

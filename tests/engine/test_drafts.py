@@ -135,9 +135,9 @@ def test_ngram_on_a_random_qwen3_equals_serial(tmp_path_factory: pytest.TempPath
     engine = _engine(str(out), dtype, "auto")
     assert engine.draft_method == "ngram"  # no MTP layer: auto looks up n-grams
     prompts = [[20 + (i * 7 + j % (3 + i)) % 200 for j in range(40 + 4 * i)] for i in range(6)]  # repetitive
-    requests = _requests(prompts, "q", max_tokens=32)
-    for r in requests:
-        r.sampling.ignore_eos = True
+    requests = [
+        replace(r, sampling=replace(r.sampling, ignore_eos=True)) for r in _requests(prompts, "q", max_tokens=32)
+    ]
     drafted, _ = _assert_equal(*_both(engine, requests))
     assert drafted > 0
 

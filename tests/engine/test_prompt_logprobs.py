@@ -8,6 +8,7 @@ Over the real /v1/completions route (tiny-glm, in-process) the rows come framed 
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import openai
@@ -152,8 +153,7 @@ def test_recomputation_after_preemption_adds_no_rows(whole: Engine) -> None:
 
 def test_rows_come_with_the_first_chunk_after_the_prompt_pass(whole: Engine) -> None:
     """A stream can show the prompt's rows before the reply: they leave with the first reply token."""
-    request = _request("first", PROMPT)
-    request.max_tokens = 4
+    request = replace(_request("first", PROMPT), max_tokens=4)
     chunks = _chunks(whole, [request])["first"]
     assert len(chunks) > 1 and chunks[0].token_ids and len(chunks[0].prompt_logprobs or []) == len(PROMPT) - 1
     assert all(c.prompt_logprobs is None for c in chunks[1:])
@@ -161,8 +161,7 @@ def test_rows_come_with_the_first_chunk_after_the_prompt_pass(whole: Engine) -> 
 
 
 def test_a_zero_reply_limit_is_the_prompt_pass_alone(whole: Engine) -> None:
-    request = _request("zero", PROMPT)
-    request.max_tokens = 0
+    request = replace(_request("zero", PROMPT), max_tokens=0)
     (only,) = _chunks(whole, [request])["zero"]
     assert only.finish_reason == FinishReason.LENGTH and only.token_ids == [] and only.text == ""
     assert only.stats is not None and only.stats.completion_tokens == 0 and only.stats.first_token_time is None

@@ -4,6 +4,8 @@ Scores must be the float64 log-softmax of the model's own next-token logits at t
 alone or batched beside running replies, with no reply token; the replies next to it must not change.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -95,9 +97,7 @@ def test_scoring_refusals(engine: Engine) -> None:
     vocab = engine.runner_info.vocab_size
     assert "outside the vocabulary" in _refusal_message(engine, _scoring("bad-id", _prompt(5), [1, vocab]))
     assert "empty" in _refusal_message(engine, _scoring("no-ids", _prompt(5), []))
-    with_logprobs = _scoring("logprobs", _prompt(5))
-    with_logprobs.logprobs = 2
+    with_logprobs = replace(_scoring("logprobs", _prompt(5)), logprobs=2)
     assert "grammar or ask for logprobs" in _refusal_message(engine, with_logprobs)
-    with_grammar = _scoring("grammar", _prompt(5))
-    with_grammar.grammar = GrammarSpec(kind="regex", source="a+")
+    with_grammar = replace(_scoring("grammar", _prompt(5)), grammar=GrammarSpec(kind="regex", source="a+"))
     assert "grammar or ask for logprobs" in _refusal_message(engine, with_grammar)

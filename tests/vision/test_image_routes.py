@@ -152,7 +152,7 @@ def test_other_modalities_refused(clients: tuple[TestClient, TestClient], kind: 
         "/v1/chat/completions", json={"model": "tiny", "messages": _messages(part), "max_tokens": 1}
     )
     assert reply.status_code == 400 and f"got type {kind!r}" in reply.json()["error"]["message"]
-    assert reply.json()["error"]["param"] == "messages"
+    assert reply.json()["error"]["param"] == "messages[0].content[1].type"  # the part, not the whole list
 
 
 def _b64(data: bytes) -> str:
@@ -274,7 +274,7 @@ def test_responses_images_counted_like_chat(clients: tuple[TestClient, TestClien
             "cloud metadata address",
             0,
         ),
-        ({"type": "input_file", "file_id": "file-1"}, "input", "input_file parts", 0),
+        ({"type": "input_file", "file_id": "file-1"}, "input[0].content[1]", "input_file parts", 0),
     ],
 )
 def test_responses_refusals(

@@ -5,12 +5,15 @@ translated (deployments.ingress.anthropic.translate), where each refusal can nam
 Unknown top-level fields are ignored, as Anthropic's clients send several harmless ones.
 """
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from deployments.chat_format.effort import check_effort
+from deployments.ingress.grammar_fields import compiled
 from deployments.ingress.sampling_fields import SEED_MAX, SEED_MIN, bool_field, float_field, int_field
+from deployments.messages.requests import GrammarSpec
 
 
 def _stop_sequences(value: Any) -> list[str]:
@@ -54,6 +57,13 @@ class OutputFormat(BaseModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
+    @field_validator("schema_")
+    @classmethod
+    def _compiles(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        """The answer's grammar, parsed now: a schema xgrammar cannot take is refused before any work."""
+        compiled(GrammarSpec("json_schema", json.dumps(schema), param="response_format"))
+        return schema
+
 
 class OutputConfig(BaseModel):
     """`output_config`: the effort the template hears and an optional JSON schema for the answer."""
@@ -70,7 +80,7 @@ class MessagesBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[dict[str, Any]]
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
     system: Annotated[str | list[dict[str, Any]] | None, BeforeValidator(_system)] = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

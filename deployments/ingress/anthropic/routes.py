@@ -13,6 +13,7 @@ from deployments.ingress.anthropic.serving import anthropic_error, count_prompt,
 from deployments.ingress.context import ServingContext
 from deployments.ingress.http.errors import parse_body
 from deployments.ingress.http.route import Arrival, json_query, json_route
+from deployments.ingress.http.sse import streamed_reply
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
@@ -27,7 +28,7 @@ def _message_id(body: dict[str, Any] | None) -> str:
 def messages_router(ctx: ServingContext) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/messages")
+    @router.post("/v1/messages", responses=streamed_reply("a message, or its typed events"))
     @json_route(partial(parse_body, MessagesRequest), _message_id, anthropic_error)
     async def messages(fields: MessagesRequest, arrival: Arrival) -> Response:
         return await run_messages(ctx, fields, arrival)

@@ -16,7 +16,7 @@ from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.http.errors import APIError, anthropic_response, refusal_error
 from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
-from deployments.messages.replies import Refusal
+from deployments.messages.window import reply_past_window
 
 # Chat fields an error may name, as the Messages field the client sent.
 _FIELDS = {
@@ -53,6 +53,7 @@ async def count_prompt(ctx: ServingContext, fields: CountTokensRequest) -> Respo
     rendered = await render_chat_body(ctx, prompt_request(fields))
     count = len(rendered.prompt_token_ids)
     window = (await ctx.facts()).window
-    if fields.max_tokens is not None and count + fields.max_tokens > window:  # as /v1/messages would refuse
-        raise refusal_error(Refusal.context_length(window, count, fields.max_tokens, "messages"))
+    too_long = reply_past_window(window, count, fields.max_tokens, "messages")  # as /v1/messages would refuse it
+    if too_long is not None:
+        raise refusal_error(too_long)
     return JSONResponse({"input_tokens": count})

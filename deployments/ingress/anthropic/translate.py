@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from deployments.ingress.anthropic.models import MessagesBody, MessagesRequest
 from deployments.ingress.chat_request import ChatCompletionRequest, chat_request, image_part, joined_content
-from deployments.ingress.http.errors import bad_request
+from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.tool_checks import MESSAGES, check_tools
 
 _SERVER_BLOCKS = (
@@ -32,22 +32,28 @@ _SERVER_BLOCKS = (
 _FILE_BLOCKS = ("document", "search_result", "file")
 
 
+def _refuse(where: str, why: str) -> APIError:
+    """A 400 naming the path the client sent (`messages[1].content[0].source`), in its message too: Anthropic's
+    envelope has no param."""
+    return bad_request(f"{where}: {why}", where)
+
+
 def _refuse_block(kind: Any, where: str) -> NoReturn:
     if kind == "image":
-        raise bad_request(f"{where}: image blocks are read in user turns and tool results only", "messages")
+        raise _refuse(where, "image blocks are read in user turns and tool results only")
     if kind in _FILE_BLOCKS:
-        raise bad_request(f"{where}: {kind} blocks (documents and file ids) are not supported", "messages")
+        raise _refuse(where, f"{kind} blocks (documents and file ids) are not supported")
     if kind == "redacted_thinking":
-        raise bad_request(f"{where}: redacted thinking cannot be replayed on this server", "messages")
+        raise _refuse(where, "redacted thinking cannot be replayed on this server")
     if kind in _SERVER_BLOCKS:
-        raise bad_request(f"{where}: server-side tool blocks ({kind}) are not supported", "messages")
-    raise bad_request(f"{where}: unsupported content block type {kind!r}", "messages")
+        raise _refuse(where, f"server-side tool blocks ({kind}) are not supported")
+    raise _refuse(where, f"unsupported content block type {kind!r}")
 
 
 def _text_of(block: dict[str, Any], where: str) -> str:
     text = block.get("text")
     if not isinstance(text, str):
-        raise bad_request(f"{where}.text must be a string", "messages")
+        raise _refuse(f"{where}.text", "must be a string")
     return text
 
 
@@ -56,10 +62,10 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        raise bad_request(f"{where}.content must be a string or a list of content blocks", "messages")
+        raise _refuse(f"{where}.content", "must be a string or a list of content blocks")
     for index, block in enumerate(content):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise bad_request(f"{where}.content[{index}] must be an object with a type", "messages")
+            raise _refuse(f"{where}.content[{index}]", "must be an object with a type")
     return content
 
 
@@ -81,13 +87,13 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
     if kind == "base64":
         media_type, data = source.get("media_type"), source.get("data")
         if not isinstance(media_type, str) or not isinstance(data, str):
-            raise bad_request(f"{at}: a base64 source needs media_type and data strings", at)
+            raise _refuse(at, "a base64 source needs media_type and data strings")
         return image_part(f"data:{media_type};base64,{data}", at)
     if kind == "url":
         if not isinstance(source.get("url"), str):
-            raise bad_request(f"{at}.url must be a string", at)
+            raise _refuse(f"{at}.url", "must be a string")
         return image_part(source["url"], at)
-    raise bad_request(f"{at}: image sources of type {kind!r} are not supported (send base64 or url)", at)
+    raise _refuse(f"{at}.type", f"image sources of type {kind!r} are not supported (send base64 or url)")
 
 
 def _part(block: dict[str, Any], at: str) -> dict[str, Any]:
@@ -106,7 +112,7 @@ def _parts(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
-        raise bad_request(f"{where}.tool_use_id must be a nonempty string", "messages")
+        raise _refuse(f"{where}.tool_use_id", "must be a nonempty string")
     content = block.get("content", "")
     result = "" if content is None else joined_content(_parts(_blocks(content, where), where))
     return {"role": "tool", "tool_call_id": call_id, "content": result}
@@ -134,9 +140,9 @@ def _user_messages(blocks: list[dict[str, Any]], where: str) -> list[dict[str, A
 def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
     name, call_id, args = block.get("name"), block.get("id"), block.get("input", {})
     if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
-        raise bad_request(f"{where}: tool_use blocks need a nonempty id and name", "messages")
+        raise _refuse(where, "tool_use blocks need a nonempty id and name")
     if not isinstance(args, dict):
-        raise bad_request(f"{where}.input must be an object", "messages")
+        raise _refuse(f"{where}.input", "must be an object")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
@@ -151,7 +157,7 @@ def _assistant_message(blocks: list[dict[str, Any]], where: str) -> dict[str, An
         elif block["type"] == "thinking":
             thought = block.get("thinking")
             if not isinstance(thought, str):
-                raise bad_request(f"{at}.thinking must be a string", "messages")
+                raise _refuse(f"{at}.thinking", "must be a string")
             reasoning.append(thought)
         elif block["type"] == "tool_use":
             calls.append(_tool_call(block, at))
@@ -178,9 +184,7 @@ def chat_messages(body: MessagesBody) -> list[dict[str, Any]]:
         where = f"messages[{index}]"
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ("user", "assistant", "system"):
-            raise bad_request(
-                f"{where}.role must be user or assistant (or system, kept in place), got {role!r}", "messages"
-            )
+            raise _refuse(f"{where}.role", f"must be user or assistant (or system, kept in place), got {role!r}")
         blocks = _blocks(message.get("content"), where)
         if role == "user":
             out.extend(_user_messages(blocks, where))
@@ -198,8 +202,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for index, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or kind not in (None, "custom"):
-            raise bad_request(
-                f"tools[{index}]: only custom tools are supported (server-side tools such as {kind!r} are not)", "tools"
+            raise _refuse(
+                f"tools[{index}]", f"only custom tools are supported (server-side tools such as {kind!r} are not)"
             )
     check_tools(tools, MESSAGES)
     out = []
@@ -226,9 +230,9 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
         return "none", None
     if kind == "tool":
         if not isinstance(choice.get("name"), str) or not choice["name"]:
-            raise bad_request("tool_choice.name is required with type tool", "tool_choice")
+            raise _refuse("tool_choice.name", "is required with type tool")
         return {"type": "function", "function": {"name": choice["name"]}}, parallel
-    raise bad_request('tool_choice.type must be "auto", "any", "tool" or "none"', "tool_choice")
+    raise _refuse("tool_choice.type", 'must be "auto", "any", "tool" or "none"')
 
 
 def keeps_all_thinking(management: dict[str, Any] | None) -> bool:
@@ -237,15 +241,12 @@ def keeps_all_thinking(management: dict[str, Any] | None) -> bool:
         return False
     edits = management.get("edits")
     if not isinstance(edits, list):
-        raise bad_request("context_management.edits must be a list", "context_management")
+        raise _refuse("context_management.edits", "must be a list")
     for index, edit in enumerate(edits):
         keep = edit.get("keep") if isinstance(edit, dict) else None
         keep_all = keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all")
         if not (isinstance(edit, dict) and str(edit.get("type", "")).startswith("clear_thinking") and keep_all):
-            raise bad_request(
-                f"context_management.edits[{index}]: only the keep-all thinking directive is supported",
-                "context_management",
-            )
+            raise _refuse(f"context_management.edits[{index}]", "only the keep-all thinking directive is supported")
     return bool(edits)
 
 

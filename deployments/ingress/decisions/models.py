@@ -100,7 +100,8 @@ class DecisionRequest(BaseModel):
 
     model: str | None = None
     input: str
-    questions: list[Question]
+    # The bounds in /openapi.json too; `_questions` refuses a count outside them in its own words.
+    questions: Annotated[list[Question], Field(json_schema_extra={"minItems": 1, "maxItems": MAX_QUESTIONS})]
     temperature: Annotated[float | None, BeforeValidator(float_field("temperature", 0.0, low_open=True))] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, BeforeValidator(_template_kwargs)] = None
     prompt_format_version: Annotated[int | None, BeforeValidator(_version)] = None

@@ -22,6 +22,7 @@ from deployments.ingress.http.route import Arrival
 from deployments.messages.render import ChatRenderRequest, ReplyFormat
 from deployments.messages.replies import Refusal, RequestStats
 from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.messages.window import prompt_past_window
 
 THINKING_OFF = {"enable_thinking": False}
 
@@ -78,13 +79,9 @@ async def _ask(
     if rendered.reply.prompt_opens_thinking:  # the template ignored thinking off: the answer would be reasoning
         raise bad_request(f"{param}: this model's chat template cannot turn thinking off", param)
     ids = rendered.prompt_token_ids
-    if len(ids) >= window:
-        raise bad_request(
-            f"{param}: this server's maximum context length is {window} tokens, and this question's "
-            f"prompt has {len(ids)}, leaving no position for the answer",
-            param,
-            "context_length_exceeded",
-        )
+    too_long = prompt_past_window(window, len(ids), param)  # the answer's position must fit
+    if too_long is not None:
+        raise bad_request(f"{param}: {too_long.message}", param, too_long.code)
     label_ids = await _label_ids(ctx, prompt.labels, cache, param)
     return AskedQuestion(index, question, prompt, ids, label_ids, rendered.reply)
 

@@ -3,7 +3,8 @@
 With keys configured every path needs one (default deny, so a route added later is protected too)
 except `/health` and `/` (answered as `{"status":"ok"}` only) and, with `--metrics-open`, `/metrics`
 and `/v1/metrics`. The accepted key's label is put on the request state (`request.state.key_label`)
-for the request log and the metrics' label; the key and its digest never leave this module.
+for the request log and the metrics' label; the key and its digest never leave this module. The access
+line escapes what the client sent (http/log_text.py) and shows a failure's 500 too.
 """
 
 import logging
@@ -14,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.ingress.http.key_store import KeyStore
 from deployments.ingress.http.limits import path_error, route_path
+from deployments.ingress.http.log_text import escaped
 
 log = logging.getLogger("tensorfold.access")
 HEALTH_PATHS = ("/health", "/")
@@ -60,7 +62,7 @@ class AuthMiddleware:
         if not self.is_open(path):
             refusal = self._check(scope, path)
             if refusal is not None:
-                log.info("%s %s status=401 key=-", scope.get("method"), path)
+                log.info("%s %s status=401 key=-", escaped(str(scope.get("method"))), escaped(path))
                 await refusal(scope, receive, send)
                 return
         await self._logged(scope, receive, send, path)
@@ -94,12 +96,15 @@ class AuthMiddleware:
 
         try:
             await self.app(scope, receive, send_status)
+        except Exception:
+            status = status or 500  # the error handler answers it outside this middleware
+            raise
         finally:
             label = scope["state"].get("key_label") or "-"
             log.info(
                 "%s %s status=%s key=%s elapsed=%.3fs",
-                scope.get("method"),
-                path,
+                escaped(str(scope.get("method"))),
+                escaped(path),  # decoded: %0A, %0D and %1b would forge lines and pass terminal escapes
                 status or "-",
                 label,
                 time.monotonic() - started,

@@ -6,6 +6,7 @@ this envelope, naming the field in `param`, instead of FastAPI's 422 format.
 
 import json
 import logging
+import sys
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.ingress.field_paths import FieldError, body_path, joined
 from deployments.ingress.http.limits import MAX_JSON_DEPTH, is_anthropic, json_depth, lone_surrogate_path, route_path
 from deployments.messages.replies import Refusal
 
@@ -63,23 +65,41 @@ def refusal_error(refusal: Refusal) -> APIError:
     return APIError(refusal.status, refusal.message, refusal.type, refusal.param, refusal.code)
 
 
-def from_validation_error(exc: ValidationError) -> APIError:
-    """The first problem pydantic found, with the top-level field it concerns as `param`."""
+def from_validation_error(exc: ValidationError, body: Any = None) -> APIError:
+    """The first problem pydantic found, with `param` the path to it in `body` as sent (a `FieldError`'s
+    path below its field joined on): `tools[0].function.name`, `response_format.json_schema.schema`."""
     first = exc.errors(include_url=False)[0]
-    loc = [str(part) for part in first.get("loc", ())]
-    param = loc[0] if loc else None
-    message = str(first.get("msg", "invalid request"))
-    message = message.removeprefix("Value error, ")
-    where = ".".join(loc)
-    if where and not message.startswith(loc[0]):
-        message = f"{where}: {message}"
-    return bad_request(message, param)
+    path = body_path(body, first.get("loc", ()), missing=first.get("type") == "missing")
+    raised = (first.get("ctx") or {}).get("error")
+    if isinstance(raised, FieldError):
+        param = joined(path, raised.below)
+        return bad_request(f"{param}: {raised.why}" if param else raised.why, param or None)
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        message = f"{path} is required"
+    if path and not message.startswith(path.split(".")[0].split("[")[0]):
+        message = f"{path}: {message}"
+    return bad_request(message, path or None)
 
 
 def is_json_type(content_type: str | None) -> bool:
     """application/json or a `+json` type, any parameters (charset) aside."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def parsed_json(raw: bytes) -> Any:
+    """`raw` as JSON, or a 400 saying why not: malformed, not UTF-8, nested past the limit, or holding an
+    integer longer than Python reads from text (4,300 digits: json.loads raises ValueError for it)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError:
+        digits = sys.get_int_max_str_digits()
+        raise bad_request(f"the request body holds an integer of more than {digits} digits") from None
 
 
 async def json_body(request: Request) -> dict[str, Any]:
@@ -97,20 +117,14 @@ async def json_body(request: Request) -> dict[str, Any]:
             "unsupported_media_type",
         )
     raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    body = parsed_json(raw)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     if json_depth(body) > MAX_JSON_DEPTH:  # templates, schemas and grammars recurse over what we accept
         raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     surrogate_at = lone_surrogate_path(raw, body)
     if surrogate_at is not None:  # valid JSON, but not text any tokenizer can encode
-        param = surrogate_at.split(".")[0].split("[")[0]
-        raise bad_request(f"{surrogate_at}: the string holds a lone UTF-16 surrogate", param)
+        raise bad_request(f"{surrogate_at}: the string holds a lone UTF-16 surrogate", surrogate_at)
     return body
 
 
@@ -118,7 +132,7 @@ def parse_body(model: type[M], body: dict[str, Any]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise from_validation_error(exc) from None
+        raise from_validation_error(exc, body) from None
 
 
 # Anthropic's error type for each status (any other status is an api_error).

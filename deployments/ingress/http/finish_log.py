@@ -10,6 +10,7 @@
 import logging
 import time
 
+from deployments.ingress.http.log_text import LOGGED_CHARS, escaped
 from deployments.ingress.usage import ReplySummary
 
 log = logging.getLogger("tensorfold.requests")
@@ -43,9 +44,10 @@ def log_finished(request_id: str, summary: ReplySummary, finish: str, effort: st
 def log_refused(request_id: str, status: int, message: str) -> None:
     """A request answered with an error before it ran; other server faults were logged as `ended`."""
     if status < 500 or status == 503:
-        log.info("refused %s: %s", request_id, message)
+        log.info("refused %s: %s", request_id, escaped(message, LOGGED_CHARS))  # it may quote the client
 
 
 def log_ended(request_id: str, reason: str, prompt_tokens: int, tokens: int, arrival_time: float) -> None:
     elapsed = max(0.0, time.time() - arrival_time)
+    reason = escaped(reason, LOGGED_CHARS)  # an error's text may quote the client
     log.info("ended %s reason=%s prompt=%d tokens=%d elapsed=%.3fs", request_id, reason, prompt_tokens, tokens, elapsed)

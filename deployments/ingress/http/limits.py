@@ -8,7 +8,6 @@ Errors come in the route's own format: Anthropic's envelope on `/v1/messages*`, 
 """
 
 import re
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -17,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from deployments.config import DEFAULT_MAX_BODY_BYTES
 
 MAX_JSON_DEPTH = 64
-CHEAP_RENDER_MESSAGES = 256  # conversations up to this long are rendered without asking the window
+_LENGTH_DIGITS = 18  # a Content-Length of more digits is over any body limit (10^18 bytes is an exabyte)
 ANTHROPIC_PREFIX = "/v1/messages"
 # Our error kind -> (OpenAI type, OpenAI code, Anthropic type).
 _KINDS = {
@@ -72,10 +71,14 @@ def json_depth(value: Any) -> int:
 
 
 def _content_length(scope: Scope) -> int | None | str:
+    """The header's byte count; "bad" when it is no number. Read by its digits first: any value of more than
+    `_LENGTH_DIGITS` is over every limit, and `int` raises past 4,300 digits."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             text = value.decode("latin-1").strip()
-            return int(text) if text.isdigit() else "bad"
+            if not text.isascii() or not text.isdigit():  # "²" is a digit to isdigit, not to int
+                return "bad"
+            return int(text) if len(text.lstrip("0")) <= _LENGTH_DIGITS else 10**_LENGTH_DIGITS
     return None
 
 
@@ -137,21 +140,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def messages_over_window(messages: list[Any] | None, facts: Callable[[], Awaitable[Any]]) -> str | None:
-    """Refuse, before rendering, a conversation with more messages than the window has tokens: every
-    template spends at least one token per message, and rendering 10^5 messages takes seconds of CPU.
-    Short conversations render quickly anyway, so only a long one asks the engine for its window."""
-    if messages is None or len(messages) <= CHEAP_RENDER_MESSAGES:
-        return None
-    window: int = (await facts()).window
-    if len(messages) > window:
-        return (
-            f"This server's maximum context length is {window} tokens, and a conversation of "
-            f"{len(messages)} messages cannot fit in it"
-        )
-    return None
-
-
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
@@ -171,7 +159,8 @@ def lone_surrogate_path(raw: bytes, value: Any) -> str | None:
         elif isinstance(item, dict):
             for key, child in item.items():
                 stack.append((key, where))
-                stack.append((child, f"{where}.{key}" if where else str(key)))
+                name = str(key).encode("utf-8", "backslashreplace").decode()  # the path is answered as UTF-8
+                stack.append((child, f"{where}.{name}" if where else name))
         elif isinstance(item, list):
             stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
     return None

@@ -46,7 +46,7 @@ _SCHEMAS: dict[str, dict[str, Any]] = {
 _MEANINGS = {
     400: "malformed body or field (param names it), or a request past the context window",
     401: "no key, or a key this server does not accept",
-    404: "the body names a model this server does not serve (code model_not_found)",
+    404: "the body names a model this server does not serve (code model_not_found), or the route is off",
     405: "the path called with a method it does not take; the Allow header lists those it takes",
     413: "the body is larger than max_body_bytes (code request_too_large)",
     415: "the body was not sent as JSON (code unsupported_media_type)",
@@ -76,13 +76,20 @@ def _response(status: int, schema: str) -> dict[str, Any]:
 
 
 def add_error_responses(spec: dict[str, Any], keys: bool, open_paths: tuple[str, ...]) -> None:
-    """Document every operation's error statuses and bodies in `spec` (in place)."""
-    spec.setdefault("components", {}).setdefault("schemas", {}).update(_SCHEMAS)
+    """Document every operation's error statuses and bodies in `spec` (in place): the ones it can answer, not
+    FastAPI's 422 (bodies are read by hand, and path parameters are strings); an open path needs no key."""
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(_SCHEMAS)
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
     for path, operations in spec.get("paths", {}).items():
         schema = ANTHROPIC_ERROR if is_anthropic(path) else OPENAI_ERROR
         keyed = keys and path not in open_paths
         for operation in operations.values():
             has_body = "requestBody" in operation
             responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
             for status in _statuses(has_body, keyed):
                 responses.setdefault(str(status), _response(status, schema))
+            if keys and not keyed:
+                operation["security"] = []  # the document's default asks every operation for a key

@@ -12,6 +12,25 @@ SSE_MEDIA_TYPE = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
 
 
+# One event as /openapi.json documents it (OpenAPI 3.1: a stream's `schema` describes each event).
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string", "description": "the event's name, where the family names its events"},
+        "data": {"type": "string", "description": "a JSON object, or [DONE] ending an OpenAI stream"},
+    },
+}
+
+
+def streamed_reply(what: str, event: dict[str, Any] = SSE_EVENT_SCHEMA, body: Any = None) -> dict[int | str, Any]:
+    """A route's documented 200: one JSON body, or with `stream` server-sent events (`event` describes each;
+    `body` the JSON, default any object)."""
+    json_body = {"type": "object"} if body is None else body
+    content = {"application/json": {"schema": json_body}, SSE_MEDIA_TYPE: {"schema": event}}
+    return {200: {"description": what, "content": content}}
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 

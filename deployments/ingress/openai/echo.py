@@ -6,7 +6,8 @@ prompt token (the first, which nothing precedes, with null token_logprobs and to
 token, an end token included with empty text, so clients can index the rows by token count (lm-eval's
 loglikelihood does); text_offset counts from the prompt's first character. The prompt's rows are the engine's
 prompt rows (the machinery of `prompt_logprobs`), so such a request computes its whole prompt.
-`max_tokens: 0` asks for the prompt pass only: no reply token, finish_reason "length". A stream sends the
+`max_tokens: 0` asks for the prompt pass only: no reply token, finish_reason "length" (without echo it is
+refused as the body is parsed, deployments/ingress/openai/models.py). A stream sends the
 prompt's text (and rows) as its first chunk, before the reply's. Chat routes refuse `echo`
 (deployments/ingress/openai/models.py).
 """
@@ -16,16 +17,8 @@ from typing import Any
 
 from deployments.ingress.backend import Backend
 from deployments.ingress.generation import GenerationFailed
-from deployments.ingress.http.errors import bad_request
 from deployments.ingress.openai.logprobs import TokenTexts, joined_legacy, legacy_alternatives, legacy_body, token_bytes
-from deployments.ingress.openai.models import CompletionRequest
 from deployments.messages.replies import PromptLogprobRow
-
-
-def check_reply_limit(fields: CompletionRequest) -> None:
-    """`max_tokens: 0` is the prompt pass alone, which only an echo shows."""
-    if fields.max_tokens == 0 and not fields.echo:
-        raise bad_request("max_tokens must be at least 1 (0 scores the prompt only, with echo: true)", "max_tokens")
 
 
 def prompt_rows_top(echo: bool, logprobs: int | None, prompt_logprobs: int | None) -> int | None:

@@ -8,11 +8,13 @@ as chat checks them, unsupported fields, completion-only fields on chat), then p
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, WithJsonSchema, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from deployments.ingress.chat_request import MESSAGES_SCHEMA, ChatCompletionRequest
+from deployments.ingress.field_paths import FieldError
 from deployments.ingress.http.errors import bad_request, parse_body
+from deployments.ingress.logprob_fields import refuse_combinations, top_count
 from deployments.ingress.request_fields import GenerationFields, refuse_unsupported
 from deployments.ingress.sampling_fields import bool_field, int_field
 from deployments.ingress.tool_checks import CHAT, check_tools
@@ -27,9 +29,10 @@ class CompletionRequest(GenerationFields):
     messages: Annotated[list[Any] | None, WithJsonSchema(MESSAGES_SCHEMA)] = None  # nonempty: read as chat
     add_special_tokens: Annotated[bool | None, BeforeValidator(bool_field("add_special_tokens"))] = None
     echo: Annotated[bool | None, BeforeValidator(bool_field("echo"))] = None  # deployments.ingress.openai.echo
-    # 0 asks for the prompt pass only, which an echo shows (deployments.ingress.openai.echo.check_reply_limit)
+    # 0 asks for the prompt pass only, which an echo shows (checked below)
     max_tokens: Annotated[int | None, BeforeValidator(int_field("max_tokens", low=0))] = None
-    prompt_logprobs: Any = None  # best tokens per prompt row (deployments.ingress.openai.prompt_logprobs)
+    logprobs: top_count("logprobs") = None  # the legacy integer: alternatives per row
+    prompt_logprobs: top_count("prompt_logprobs") = None  # deployments.ingress.openai.prompt_logprobs
     # Chat's fields, which a completion ignores; with logprobs they are refused as on chat (refuse_combinations).
     tools: SkipJsonSchema[Any] = None
     thinking_budget: SkipJsonSchema[Any] = None
@@ -46,6 +49,19 @@ class CompletionRequest(GenerationFields):
             raise ValueError("prompt token ids must be non-negative integers")
         return value
 
+    @model_validator(mode="after")
+    def _asks(self) -> "CompletionRequest":
+        """What the body asks for, checked against the rest of it (before the prompt is tokenised)."""
+        if self.prompt is None:
+            raise FieldError("prompt", "is required (a string or a list of token ids)")
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError("max_tokens", "must be at least 1 (0 scores the prompt only, with echo: true)")
+        if self.prompt_logprobs is not None and self.stream is True:
+            raise FieldError("prompt_logprobs", "is only supported on non-streamed requests (stream: false)")
+        if self.logprobs is not None:
+            refuse_combinations(self.grammar is not None, self.tools, self.stop, self.thinking_budget)
+        return self
+
 
 def asks_for_chat(body: dict[str, Any] | None) -> bool:
     """A /v1/completions body with a nonempty `messages` list takes the chat path."""
@@ -57,7 +73,7 @@ def _refuse_completion_fields(body: dict[str, Any]) -> None:
     """A chat reply has no prompt rows (any value asks for them) and no prompt text to repeat (echo)."""
     if body.get("prompt_logprobs") is not None:
         raise bad_request(f"prompt_logprobs {_ONLY_COMPLETIONS}", "prompt_logprobs")
-    if body.get("echo") not in (None, False):
+    if body.get("echo") is not None and body.get("echo") is not False:  # 0 == False, but is no boolean
         raise bad_request(f"echo {_ONLY_COMPLETIONS}", "echo")
 
 

@@ -4,7 +4,8 @@
 then an object keyed by token id (a string) whose first key is the prompt token itself, followed by the
 requested best tokens; each value has logprob, rank and decoded_token. The prompt token's rank counts every
 token at or above it (vLLM's); best tokens are ranked by place, and one that is the prompt token is listed
-once, as the first key. Chat (deployments/ingress/openai/models.py) and streamed requests are refused with 400.
+once, as the first key. Chat and streamed requests are refused with 400 as the body is parsed
+(deployments/ingress/openai/models.py).
 """
 
 from collections.abc import Sequence
@@ -12,23 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.ingress.backend import Backend
-from deployments.ingress.http.errors import bad_request
-from deployments.ingress.logprob_fields import top_count
 from deployments.ingress.openai.logprobs import token_bytes
-from deployments.ingress.openai.models import CompletionRequest
 from deployments.messages.replies import EngineChunk, PromptLogprobRow
-
-PARAM = "prompt_logprobs"
-
-
-def completion_prompt_logprobs(fields: CompletionRequest) -> int | None:
-    """Best tokens per prompt row for a completions body (None: no prompt rows)."""
-    if fields.prompt_logprobs is None:
-        return None
-    top = top_count(fields.prompt_logprobs, PARAM)
-    if fields.stream is True:
-        raise bad_request(f"{PARAM} is only supported on non-streamed requests (stream: false)", PARAM)
-    return top
 
 
 def rows_of(chunks: Sequence[EngineChunk]) -> list[PromptLogprobRow]:

@@ -15,6 +15,7 @@ from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import new_request_id
 from deployments.ingress.http.route import Arrival, json_route
+from deployments.ingress.http.sse import streamed_reply
 from deployments.ingress.openai.models import CompletionRequest, asks_for_chat, read_chat_body, read_completions_body
 from deployments.ingress.openai.serving import run_chat, run_completion
 
@@ -35,12 +36,14 @@ def _completions_id(body: dict[str, Any] | None) -> str:
 def generate_router(ctx: ServingContext) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", responses=streamed_reply("a chat completion, or its chunks as events"))
     @json_route(read_chat_body, _chat_id)
     async def chat_completions(fields: ChatCompletionRequest, arrival: Arrival) -> Response:
         return await run_chat(ctx, fields, arrival)
 
-    @router.post("/v1/completions")
+    @router.post(
+        "/v1/completions", responses=streamed_reply("a completion (a chat completion for messages), or its chunks")
+    )
     @json_route(read_completions_body, _completions_id)
     async def completions(fields: ChatCompletionRequest | CompletionRequest, arrival: Arrival) -> Response:
         if isinstance(fields, ChatCompletionRequest):

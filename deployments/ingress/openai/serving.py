@@ -9,22 +9,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.chat_run import counted_stream, start_chat, tokenize_prompt
 from deployments.ingress.context import ServingContext
-from deployments.ingress.engine_request import check_token_ids, engine_request
+from deployments.ingress.engine_request import ReplyAsks, check_token_ids, engine_request
 from deployments.ingress.generation import Generation, GenerationFailed
-from deployments.ingress.http.errors import bad_request, server_error
+from deployments.ingress.http.errors import server_error
 from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
-from deployments.ingress.logprob_fields import completion_logprobs, refuse_combinations
 from deployments.ingress.openai.chat_reply import ChatReply
-from deployments.ingress.openai.echo import check_reply_limit, echoed_prompt, prompt_rows_top
+from deployments.ingress.openai.echo import echoed_prompt, prompt_rows_top
 from deployments.ingress.openai.framing import ChatFramer, CompletionFramer, ReplyMeta, json_body_of, stream_body
 from deployments.ingress.openai.logprobs import logprob_framer
 from deployments.ingress.openai.models import CompletionRequest
-from deployments.ingress.openai.prompt_logprobs import PromptLogprobs, completion_prompt_logprobs
+from deployments.ingress.openai.prompt_logprobs import PromptLogprobs
 from deployments.ingress.request_fields import GenerationFields
-from deployments.ingress.structured_fields import requested_grammar
 from deployments.messages.render import ReplyFormat
-from deployments.messages.requests import GrammarSpec
 
 
 def _meta(ctx: ServingContext, fields: GenerationFields, generation: Generation, prompt_ids: list[int]) -> ReplyMeta:
@@ -60,8 +57,6 @@ async def run_chat(ctx: ServingContext, fields: ChatCompletionRequest, arrival: 
 
 async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> list[int]:
     """A string prompt tokenised (add_special_tokens default false), or token ids as given."""
-    if fields.prompt is None:
-        raise bad_request("prompt is required (a string or a list of token ids)", "prompt")
     if isinstance(fields.prompt, str):
         return await tokenize_prompt(ctx, fields.prompt, bool(fields.add_special_tokens))
     ids = list(fields.prompt)
@@ -69,29 +64,22 @@ async def _completion_prompt(ctx: ServingContext, fields: CompletionRequest) -> 
     return ids
 
 
-def completion_extras(fields: CompletionRequest) -> tuple[GrammarSpec | None, int | None]:
-    """The grammar and the legacy logprob alternatives a completion asks for, each refusal first."""
-    grammar = requested_grammar(fields)
-    top = completion_logprobs(fields.logprobs)
-    if top is not None:
-        refuse_combinations(grammar, fields.tools, fields.stop, fields.thinking_budget)
-    return grammar, top  # a completion's reply has no think block to gate the grammar after
-
-
 async def run_completion(ctx: ServingContext, fields: CompletionRequest, arrival: Arrival) -> Response:
-    check_reply_limit(fields)
     prompt_ids = await _completion_prompt(ctx, fields)
     card = await ctx.backend.card()
-    request = engine_request(fields, arrival.request_id, prompt_ids, "prompt", card, arrival.time)
-    request.grammar, request.logprobs = completion_extras(fields)
-    request.streamed = fields.wants_stream
-    asked = completion_prompt_logprobs(fields)
-    request.prompt_logprobs = prompt_rows_top(bool(fields.echo), request.logprobs, asked)
+    asks = ReplyAsks(
+        grammar=fields.grammar,  # a completion's reply has no think block to gate the grammar after
+        logprobs=fields.logprobs,
+        prompt_logprobs=prompt_rows_top(bool(fields.echo), fields.logprobs, fields.prompt_logprobs),
+        streamed=fields.wants_stream,
+    )
+    request = engine_request(fields, arrival.request_id, prompt_ids, "prompt", card, arrival.time, asks)
     facts = await ctx.facts()  # valid: a request sent while the model loads waits for it here
     generation = Generation(ctx.backend, request, ReplyFormat(), facts.engine)
     await generation.start()
-    echo = await echoed_prompt(ctx.backend, prompt_ids, request.logprobs) if fields.echo else None
+    echo = await echoed_prompt(ctx.backend, prompt_ids, fields.logprobs) if fields.echo else None
     logprobs = await logprob_framer(ctx.backend, generation, legacy=True, echoed=None if echo is None else echo.text)
+    asked = fields.prompt_logprobs
     prompt_rows = None if asked is None else PromptLogprobs(ctx.backend, asked)
     framer = CompletionFramer(_meta(ctx, fields, generation, prompt_ids), logprobs, prompt_rows, echo)
     return await _respond(ctx, fields, generation, framer)

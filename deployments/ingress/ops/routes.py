@@ -17,10 +17,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
 from deployments.ingress.http.drain import RETRY_AFTER_S, SHUTTING_DOWN
 from deployments.ingress.http.errors import error_body, json_body, parse_body
-from deployments.ingress.http.route import json_query
+from deployments.ingress.http.route import json_query, served_body
 from deployments.ingress.ops.dashboard import install_quiet_poll_filter, stats_snapshot
 from deployments.ingress.ops.dashboard_page import DASHBOARD_HTML
 from deployments.ingress.ops.health import health_body, loading_body
@@ -30,6 +31,8 @@ from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest, r
 from deployments.ingress.ops.serving import detokenize_body, forget_body, imprint_body, require_store, tokenize_body
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
+    "/v1/imprint/resume": ChatCompletionRequest,  # the chat completion the query is about
+    "/v1/imprint/load": ChatCompletionRequest,
     "/tokenize": TokenizeRequest,
     "/v1/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
@@ -41,6 +44,28 @@ def _at_both(router: APIRouter, path: str, endpoint: Callable[..., Any], **optio
     """A GET route at `path` and at its /v1 alias."""
     for prefix in ("", "/v1"):
         router.add_api_route(prefix + path, endpoint, methods=["GET"], **options)
+
+
+_STATUS = {  # /health's body when it cannot serve: why, in its own shape (not the error envelope)
+    "type": "object",
+    "required": ["status"],
+    "properties": {"status": {"enum": ["loading", "unavailable", "draining"]}, "message": {"type": "string"}},
+}
+_HEALTH: dict[int | str, Any] = {
+    200: {
+        "description": "ready: the live figures (with keys configured, only the status)",
+        "content": {"application/json": {"schema": {"type": "object", "required": ["status"]}}},
+    },
+    503: {"description": "loading, unavailable or draining", "content": {"application/json": {"schema": _STATUS}}},
+}
+
+
+_STORE_OFF: dict[int | str, Any] = {
+    404: {
+        "description": "saved conversations are off (--learn-conversations)",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
+}
 
 
 def _not_serving() -> JSONResponse:
@@ -84,8 +109,9 @@ def info_router(ctx: ServingContext) -> APIRouter:
             return JSONResponse({"status": "ok"})
         return JSONResponse(health_body(ctx.settings, replicas, (await ctx.backend.card()).vision))
 
-    router.add_api_route("/health", health, methods=["GET", "HEAD"])  # HEAD: clients probing the server
-    router.add_api_route("/", health, methods=["GET", "HEAD"])
+    for path in ("/health", "/"):
+        router.add_api_route(path, health, methods=["GET"], responses=_HEALTH)
+        router.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)  # clients probing the server
     return router
 
 
@@ -112,7 +138,7 @@ def imprint_router(ctx: ServingContext) -> APIRouter:
 
     async def answer(http: Request, load: bool) -> dict[str, Any]:
         require_store(ctx)
-        fields = read_imprint_body(await json_body(http))
+        fields = read_imprint_body(served_body(http, await json_body(http)))
         return await imprint_body(ctx, fields, load)
 
     async def resume(http: Request) -> dict[str, Any]:
@@ -126,7 +152,7 @@ def imprint_router(ctx: ServingContext) -> APIRouter:
 
     router.add_api_route("/v1/imprint/resume", resume, methods=["POST"])
     router.add_api_route("/v1/imprint/load", load, methods=["POST"])
-    router.add_api_route("/v1/imprint", forget, methods=["DELETE"])
+    router.add_api_route("/v1/imprint", forget, methods=["DELETE"], responses=_STORE_OFF)
     return router
 
 

@@ -20,9 +20,9 @@ from deployments.ingress.engine_request import check_token_ids
 from deployments.ingress.http.errors import APIError, refusal_error
 from deployments.ingress.ops.models import DetokenizeRequest, TokenizeRequest
 from deployments.messages.render import RenderedPrompt
-from deployments.messages.replies import Refusal
 from deployments.messages.requests import ImprintQuery
 from deployments.messages.store import StoreUnavailable
+from deployments.messages.window import tokens_past_window
 
 OFF_MESSAGE = "saved conversations are off: start the server with --learn-conversations"
 
@@ -54,9 +54,9 @@ async def _rendered(ctx: ServingContext, fields: ChatCompletionRequest) -> Rende
     rendered = await render_chat_body(ctx, fields)
     ids = rendered.prompt_token_ids
     window = (await ctx.facts()).window  # a query sent while the model loads waits, as a chat request does
-    requested = fields.reply_limit
-    if len(ids) >= window or (requested is not None and len(ids) + requested > window):
-        raise refusal_error(Refusal.context_length(window, len(ids), requested, "messages"))
+    too_long = tokens_past_window(window, len(ids), fields.reply_limit, "messages")
+    if too_long is not None:
+        raise refusal_error(too_long)
     return rendered
 
 

@@ -9,8 +9,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 
+from deployments.ingress.grammar_fields import TextFormat
 from deployments.ingress.http.errors import bad_request, parse_body
-from deployments.ingress.sampling_fields import SEED_MAX, SEED_MIN, bool_field, float_field, int_field
+from deployments.ingress.request_fields import PriorityField
+from deployments.ingress.sampling_fields import SEED_MAX, SEED_MIN, bool_field, float_field, int_field, stop_field
+from deployments.messages.requests import Priority
 
 METADATA_PAIRS = 16
 METADATA_KEY_CHARS = 64
@@ -105,7 +108,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | list[dict[str, Any]]
     instructions: Annotated[str | None, BeforeValidator(_string("instructions"))] = None
     previous_response_id: Annotated[str | None, BeforeValidator(_string("previous_response_id"))] = None
     tools: list[dict[str, Any]] | None = None
@@ -118,7 +121,7 @@ class ResponsesRequest(BaseModel):
     min_p: Annotated[float | None, BeforeValidator(float_field("min_p", low=0.0, high=1.0))] = None
     seed: Annotated[int | None, BeforeValidator(int_field("seed", SEED_MIN, SEED_MAX))] = None
     reasoning: Annotated[dict[str, Any] | None, BeforeValidator(_object("reasoning"))] = None
-    text: Annotated[dict[str, Any] | None, BeforeValidator(_object("text"))] = None
+    text: TextFormat = None  # {"format": {...}}: its grammar checked (and compiled) here
     stream: Annotated[bool | None, BeforeValidator(bool_field("stream"))] = None
     store: Annotated[bool | None, BeforeValidator(bool_field("store"))] = None
     metadata: Annotated[dict[str, str] | None, BeforeValidator(_metadata)] = None
@@ -127,10 +130,10 @@ class ResponsesRequest(BaseModel):
     # The chat extensions (checked again, in chat's words, by the chat handler).
     draft: Annotated[bool | None, BeforeValidator(bool_field("draft"))] = None
     thinking_budget: Annotated[int | None, BeforeValidator(int_field("thinking_budget", low=0))] = None
-    stop: Any = None
+    stop: Annotated[list[str] | None, BeforeValidator(stop_field)] = None
     ignore_eos: Annotated[bool | None, BeforeValidator(bool_field("ignore_eos"))] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, BeforeValidator(_object("chat_template_kwargs"))] = None
-    priority: Any = None
+    priority: PriorityField = Priority.FOREGROUND
     # Hosted features, accepted only where they ask for nothing (refused before parsing: refused_field).
     background: Any = None
     conversation: Any = None

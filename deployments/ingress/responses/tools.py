@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.ingress.http.errors import APIError, bad_request
+from deployments.ingress.http.log_text import LOGGED_CHARS, escaped
 from deployments.ingress.tool_checks import RESPONSES, check_tools
 
 log = logging.getLogger("tensorfold.ingress")
@@ -29,22 +30,23 @@ class OfferedTools:
     dropped: list[str] = field(default_factory=list)  # the built-in tool types left out, in request order
 
 
-def _refuse(where: str, why: str, param: str) -> APIError:
-    return bad_request(f"{where}: {why}", param)
+def _refuse(where: str, why: str) -> APIError:
+    """A 400 naming the path the client sent (`tools[2].tools[0]`)."""
+    return bad_request(f"{where}: {why}", where)
 
 
 def _namespace_functions(tool: dict[str, Any], at: str) -> list[tuple[str, dict[str, Any]]]:
     """A namespace's function tools, each with its path in the body."""
     name, inner = tool.get("name"), tool.get("tools")
     if not isinstance(name, str) or not name:
-        raise _refuse(f"{at}.name", "a namespace tool needs a name", "tools")
+        raise _refuse(f"{at}.name", "a namespace tool needs a name")
     if not isinstance(inner, list) or not inner:
-        raise _refuse(f"{at}.tools", "a namespace tool needs a nonempty list of function tools", "tools")
+        raise _refuse(f"{at}.tools", "a namespace tool needs a nonempty list of function tools")
     functions = []
     for index, function in enumerate(inner):
         kind = function.get("type", "function") if isinstance(function, dict) else None
         if kind != "function":
-            raise _refuse(f"{at}.tools[{index}]", f"a namespace holds function tools, got {kind!r}", "tools")
+            raise _refuse(f"{at}.tools[{index}]", f"a namespace holds function tools, got {kind!r}")
         functions.append((f"{at}.tools[{index}]", function))
     return functions
 
@@ -53,6 +55,7 @@ def _functions(tools: list[Any], drop_builtin: bool) -> tuple[list[tuple[str, di
     """Every function tool with its path and namespace (None: top level), and the built-in types dropped."""
     functions: list[tuple[str, dict[str, Any], str | None]] = []
     dropped: list[str] = []
+    spaces: dict[str, str] = {}  # a namespace's name -> its path: a call's namespace must name one group
     for index, tool in enumerate(tools):
         at = f"tools[{index}]"
         kind = tool.get("type") if isinstance(tool, dict) else None
@@ -60,15 +63,21 @@ def _functions(tools: list[Any], drop_builtin: bool) -> tuple[list[tuple[str, di
             functions.append((at, tool, None))
         elif kind == "namespace":
             functions += [(path, inner, tool["name"]) for path, inner in _namespace_functions(tool, at)]
+            if tool["name"] in spaces:
+                raise _refuse(
+                    f"{at}.name",
+                    f"{tool['name']!r} is already the name of {spaces[tool['name']]}; namespace names must be unique",
+                )
+            spaces[tool["name"]] = at
         elif kind == "custom" or not isinstance(kind, str):
             why = f"tools of type {kind!r} are not supported; send function or namespace tools"
-            raise _refuse(at, why, "tools")
+            raise _refuse(at, why)
         elif drop_builtin:
             dropped.append(kind)
         else:
             why = f"built-in tools ({kind!r}) are not supported; send function tools, or start the server with "
             why += "--drop-builtin-tools to leave them out"
-            raise _refuse(at, why, "tools")
+            raise _refuse(at, why)
     return functions, dropped
 
 
@@ -93,7 +102,7 @@ def offered_tools(tools: list[Any] | None, drop_builtin: bool) -> OfferedTools:
     functions, dropped = _functions(tools, drop_builtin)
     _check(functions)
     if dropped:
-        log.info("dropped built-in tools the server does not run: %s", ", ".join(dropped))
+        log.info("dropped built-in tools the server does not run: %s", escaped(", ".join(dropped), LOGGED_CHARS))
     chat = [
         {"type": "function", "function": {key: tool[key] for key in _FUNCTION_KEYS if tool.get(key) is not None}}
         for _, tool, _ in functions

@@ -44,16 +44,17 @@ _PASSED = (
 )
 
 
-def _refuse(where: str, why: str, param: str = "input") -> APIError:
-    return bad_request(f"{where}: {why}", param)
+def _refuse(where: str, why: str) -> APIError:
+    """A 400 naming the path the client sent (`input[2].content[0].image_url`)."""
+    return bad_request(f"{where}: {why}", where)
 
 
 def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
     """An input_image part as an image part: its image_url (a data: URL, or https:// with --vision-urls)."""
     if part.get("file_id") is not None:
-        raise _refuse(where, "input_image file IDs are not supported: send image_url", f"{where}.file_id")
+        raise _refuse(f"{where}.file_id", "input_image file IDs are not supported: send image_url")
     if not isinstance(part.get("image_url"), str):
-        raise _refuse(f"{where}.image_url", "must be a string (a data: URL)", f"{where}.image_url")
+        raise _refuse(f"{where}.image_url", "must be a string (a data: URL)")
     return image_part(part["image_url"], f"{where}.image_url")
 
 
@@ -177,13 +178,11 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _allowed(choice: dict[str, Any], tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
     mode, allowed = choice.get("mode"), choice.get("tools")
     if mode not in ("auto", "required") or not isinstance(allowed, list):
-        raise _refuse("tool_choice", 'allowed_tools needs mode "auto" or "required" and a list of tools', "tool_choice")
+        raise _refuse("tool_choice", 'allowed_tools needs mode "auto" or "required" and a list of tools')
     names = set()
-    for tool in allowed:
+    for index, tool in enumerate(allowed):
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise _refuse(
-                "tool_choice.tools", 'only {"type": "function", "name": ...} entries are supported', "tool_choice"
-            )
+            raise _refuse(f"tool_choice.tools[{index}]", 'only {"type": "function", "name": ...} entries are supported')
         names.add(tool["name"])
     return mode, [t for t in tools or [] if t["function"]["name"] in names]
 
@@ -194,32 +193,24 @@ def chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[A
         return choice, tools
     if isinstance(choice, dict) and choice.get("type") == "function":
         if not isinstance(choice.get("name"), str):
-            raise _refuse("tool_choice.name", "must be a string", "tool_choice")
+            raise _refuse("tool_choice.name", "must be a string")
         return {"type": "function", "function": {"name": choice["name"]}}, tools
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         return _allowed(choice, tools)
     what = choice.get("type") if isinstance(choice, dict) else choice
     raise _refuse(
-        "tool_choice",
-        f'{what!r} is not supported: use "none", "auto", "required", a function or allowed_tools',
-        "tool_choice",
+        "tool_choice", f'{what!r} is not supported: use "none", "auto", "required", a function or allowed_tools'
     )
 
 
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    """text.format as chat's response_format (plain text: none)."""
-    fmt = (text or {}).get("format")
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
+    """text.format (checked as the body was parsed: grammar_fields.text_format_spec) as chat's response_format
+    (plain text: none)."""
+    fmt = (text or {}).get("format") or {"type": "text"}
+    if fmt["type"] == "json_schema":
         inner = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
         return {"type": "json_schema", "json_schema": inner}
-    raise _refuse("text.format.type", 'must be "text", "json_object" or "json_schema"', "text")
+    return {"type": "json_object"} if fmt["type"] == "json_object" else None
 
 
 def _effort(reasoning: dict[str, Any] | None) -> Any:
@@ -240,8 +231,6 @@ def responses_chat(
 ) -> ResponsesChat:
     """The chat completion to run and what goes with it; a refusal names chat's field (responses_error renames
     it). `drop_builtin_tools`: leave built-in tools out instead of refusing them."""
-    if fields.input is None:
-        raise bad_request("input is required (a string or a list of items)", "input")
     conversation = history + input_messages(fields.input)
     system = [{"role": "system", "content": fields.instructions}] if fields.instructions else []
     chat: dict[str, Any] = {name: getattr(fields, name) for name in _PASSED}
@@ -258,10 +247,12 @@ def responses_chat(
 
 def responses_error(exc: APIError) -> APIError:
     """A chat refusal with its param (and the field named in its message) renamed to the Responses field."""
-    param = _CHAT_TO_RESPONSES.get(exc.param or "", exc.param)
-    message = exc.message
-    if exc.param in _CHAT_TO_RESPONSES and exc.param != "messages":
-        message = message.replace(exc.param, _CHAT_TO_RESPONSES[exc.param])
+    head = (exc.param or "").split(".")[0].split("[")[0]
+    if head not in _CHAT_TO_RESPONSES:
+        return exc
+    renamed = _CHAT_TO_RESPONSES[head]
+    param = renamed if head == "messages" else renamed + (exc.param or "")[len(head) :]
+    message = exc.message if head == "messages" else exc.message.replace(head, renamed, 1)
     return APIError(exc.status, message, exc.type, param, exc.code)
 
 

@@ -16,6 +16,7 @@ MAX_FACTS = 64  # facts one body may give: each is a training run and a round of
 MAX_QUESTIONS = 8  # questions one fact may carry
 MAX_TEXT_CHARS = 20_000  # a learn text (its extraction prompt must also fit the window)
 MAX_FIELD_CHARS = 2_000  # a fact, a question, an answer or a delete's reason
+MAX_ID_DIGITS = 18  # fact ids count up from 1; any id of 18 digits or fewer fits a signed 64-bit integer
 
 
 def _filled(value: str) -> str:
@@ -137,7 +138,9 @@ def parse_forget(body: dict[str, Any]) -> ForgetRequest:
 
 
 def fact_id(raw: str) -> int:
-    """A path's fact id: a positive whole number (400 naming `id` otherwise)."""
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise bad_request(f"id: the fact id must be a positive whole number, got {raw[:40]!r}", "id", "invalid_fact_id")
+    """A path's fact id: a positive whole number of at most MAX_ID_DIGITS digits, read without `int` first
+    (it raises past 4,300 digits); a 400 naming `id` otherwise."""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > MAX_ID_DIGITS or int(raw) < 1:
+        why = f"the fact id must be a positive whole number of at most {MAX_ID_DIGITS} digits, got {raw[:40]!r}"
+        raise bad_request(f"id: {why}", "id", "invalid_fact_id")
     return int(raw)

@@ -12,7 +12,7 @@ from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import new_request_id
 from deployments.ingress.http.errors import APIError, json_body
 from deployments.ingress.http.route import Arrival, json_route, refusal
-from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE, streamed_reply
 from deployments.ingress.slide.calls import SlideEngine
 from deployments.ingress.slide.framing import SlideEvent, events_body, graph_json, sse_stream
 from deployments.ingress.slide.models import ForgetRequest, LearnRequest, parse_forget, parse_learn
@@ -23,14 +23,36 @@ _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorRes
 _RETRY = {"Retry-After": {"description": "seconds to wait before sending it again", "schema": {"type": "string"}}}
 _OFF = {501: {"description": "the server was started without --slide (type not_implemented)", "content": _ERROR}}
 _BUSY = {503: {"description": "a learn or delete is running (code slide_busy)", "content": _ERROR, "headers": _RETRY}}
-_EVENTS = {
-    200: {
-        "description": "the change's events: named server-sent events, or with stream false one JSON body",
-        "content": {SSE_MEDIA_TYPE: {"schema": {"type": "string"}}, "application/json": {}},
+
+
+def _events(kind: str, names: tuple[str, ...]) -> dict[int | str, Any]:
+    """A change's 200 as /openapi.json documents it: each event named, its data a JSON object naming it again
+    (docs/slide.md, Events), or with stream false one body holding them all."""
+    data = {"type": "object", "required": ["type"], "properties": {"type": {"enum": list(names)}}}
+    event = {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"enum": list(names)},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": data},
+        },
     }
-}
+    body = {
+        "type": "object",
+        "required": ["object", "events"],
+        "properties": {"object": {"const": kind}, "events": {"type": "array", "items": data}},
+    }
+    what = "the change's events: named server-sent events, or with stream false one JSON body"
+    return streamed_reply(what, event, body)
+
+
+_LEARN_EVENTS = _events("slide.learn", ("fact", "learning", "learned", "failed", "error"))
+_DELETE_EVENTS = _events("slide.delete", ("fact", "checking", "zeroed", "checked", "forgot", "error"))
 _FACT_ERRORS = {
-    400: {"description": "a malformed body, or an id that is not a positive whole number", "content": _ERROR},
+    400: {
+        "description": "a malformed body, or an id that is not a positive whole number of at most 18 digits",
+        "content": _ERROR,
+    },
     404: {"description": "the graph holds no fact with this id (code fact_not_found)", "content": _ERROR},
 }
 
@@ -77,7 +99,7 @@ def slide_router(ctx: ServingContext) -> APIRouter:
 
     router = APIRouter(dependencies=[Depends(slide_on)], include_in_schema=ctx.settings.slide)
 
-    @router.post("/v1/slide/learn", responses={**_EVENTS, **_OFF, **_BUSY})
+    @router.post("/v1/slide/learn", responses={**_LEARN_EVENTS, **_OFF, **_BUSY})
     @json_route(parse_learn, lambda body: new_request_id("slidelearn"), _respond)
     async def slide_learn(fields: LearnRequest, arrival: Arrival) -> Response:
         """Learn the facts of a text, or the facts given: fact, learning, learned or failed events."""
@@ -98,7 +120,7 @@ def slide_router(ctx: ServingContext) -> APIRouter:
             return _respond(exc)
         return JSONResponse({"object": "slide.graph.cleared", "removed": removed})
 
-    @router.delete("/v1/slide/fact/{id}", responses={**_EVENTS, **_OFF, **_BUSY, **_FACT_ERRORS})
+    @router.delete("/v1/slide/fact/{id}", responses={**_DELETE_EVENTS, **_OFF, **_BUSY, **_FACT_ERRORS})
     async def slide_forget(id: str, http: Request) -> Response:
         """Delete one fact from the weights, checking every other: fact, checking, zeroed, checked, forgot."""
         request_id = new_request_id("slidedelete")

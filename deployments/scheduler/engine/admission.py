@@ -14,6 +14,7 @@ import itertools
 from deployments.config import EngineConfig
 from deployments.messages.replies import Refusal
 from deployments.messages.requests import EngineRequest
+from deployments.messages.window import prompt_past_window, reply_past_window
 from deployments.model_rank.sampler import derive_seed, seed_salt
 from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.draft_rounds import DraftRounds
@@ -70,17 +71,13 @@ class Admission:
         bad = next((t for t in request.prompt_token_ids if t < 0 or t >= vocab), None)
         if bad is not None:
             return Refusal(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", request.prompt_param)
-        if len(request.prompt_token_ids) >= self.window:
-            return Refusal.context_length(self.window, len(request.prompt_token_ids), None, request.prompt_param)
-        return None
+        return prompt_past_window(self.window, len(request.prompt_token_ids), request.prompt_param)
 
     def _limit_refusal(self, request: EngineRequest) -> Refusal | None:
         prompt, limit = len(request.prompt_token_ids), request.max_tokens
         if limit is not None and limit < 0:
             return Refusal("max_tokens must be 0 or more", request.prompt_param)
-        if limit is not None and prompt + limit > self.window:
-            return Refusal.context_length(self.window, prompt, limit, request.prompt_param)
-        return None
+        return reply_past_window(self.window, prompt, limit, request.prompt_param)
 
     def _scoring_refusal(self, request: EngineRequest) -> Refusal | None:
         ids = request.score_token_ids
