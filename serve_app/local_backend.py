@@ -11,6 +11,8 @@ from dataclasses import replace
 
 from deployments.chat_format.render_lanes import LanedRendering, RenderLanes
 from deployments.chat_format.rendering import PromptRenderer
+from deployments.messages.calls import Reply
+from deployments.messages.engine_process import ClientLeft, ForgetDisk, Imprint
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.render import TokenizerCard
 from deployments.messages.replies import ImprintAnswer
@@ -69,19 +71,19 @@ class LocalBackend(LanedRendering):
         return [replace(await self._loop.memory(reset_peak), replica="local")]
 
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
-        return await self.loop.engine_call("imprint", query)  # type: ignore[return-value]
+        return await self.loop.ask(Imprint(query))
 
     async def client_left(self) -> None:
-        await self.loop.engine_call("client_left")
+        await self.loop.ask(ClientLeft())
 
     async def forget_disk(self) -> int | StoreUnavailable:
-        return await self.loop.engine_call("forget_disk")  # type: ignore[return-value]
+        return await self.loop.ask(ForgetDisk())
 
-    async def slide(self, call: SlideCall) -> list[object]:
+    async def slide(self, call: SlideCall[Reply]) -> list[Reply]:
         """The one engine's answer to a living-weights call (its replica is "local")."""
         if call.replica and call.replica != "local":
             return []
-        return [await self.loop.engine_call("slide", call)]
+        return [await self.loop.ask(call)]
 
     async def end_requests(self, reason: str) -> int:
         return 0 if self._loop is None else self._loop.end_all(reason)

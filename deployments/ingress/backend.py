@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from ray.serve import context as serve_context
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from deployments.messages.calls import Reply
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, TokenizerCard
 from deployments.messages.replies import ImprintAnswer, Refusal
@@ -62,7 +63,7 @@ class Backend(Protocol):
 
     async def end_requests(self, reason: str) -> int: ...
 
-    async def slide(self, call: SlideCall) -> list[object]: ...
+    async def slide(self, call: SlideCall[Reply]) -> list[Reply]: ...
 
     async def save_response(self, entry: StoredResponse) -> None: ...
 
@@ -201,7 +202,7 @@ class GraphBackend:
         results = await response.results_async(timeout_s=STATUS_TIMEOUT_S, return_exceptions=True)
         return sum(r for r in results if isinstance(r, int))
 
-    async def slide(self, call: SlideCall) -> list[object]:
+    async def slide(self, call: SlideCall[Reply]) -> list[Reply]:
         """Every Scheduler replica's answer to a living-weights call, or the named replica's alone (a list of
         one); a replica that fails or does not answer in time raises."""
         response = self._scheduler.broadcast("slide", call)
@@ -209,7 +210,8 @@ class GraphBackend:
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise RuntimeError(f"a Scheduler replica failed a slide call: {failures[0]}")
-        return [r for r in results if r is not None] if call.replica else list(results)
+        answers = [r for r in results if r is not None] if call.replica else list(results)
+        return [call.reply(answer) for answer in answers]
 
     async def save_response(self, entry: StoredResponse) -> None:
         await self._responses.save.remote(entry)

@@ -1,40 +1,68 @@
 """What a Scheduler replica and its engine exchange, on a thread (EngineLoop) or over the engine process's
 socket (EngineProcess and its child), declared once.
 
-  replica -> engine: the EngineConfig (a child only), then an `Inbox` per wake-up; `StoreReply` to a
-                     relayed store call; `Stop`
+  replica -> engine: the EngineConfig (a child only), then an `Inbox` per wake-up (its requests, aborts and
+                     typed `EngineCall`s); `StoreReply` to a relayed store call; `Stop`
   engine -> replica: `Ready` or `StartFailed` (a child only), then one `Stepped` per turn of the engine's
-                     loop (`Engine.run_once`); `StoreCall` for the node's prompt store (a child only)
+                     loop (`Engine.run_once`); `RelayedStoreCall` for the node's prompt store (a child only)
 
 Every class is importable by module name, so plain pickle carries them; nothing here imports torch.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from deployments.messages.calls import Call, Reply
+from deployments.messages.memory import ReplicaMemory
 from deployments.messages.prefix import PrefixDigest
-from deployments.messages.replies import EngineChunk, Refusal
-from deployments.messages.requests import EngineRequest
+from deployments.messages.replies import EngineChunk, ImprintAnswer, Refusal
+from deployments.messages.requests import EngineRequest, ImprintQuery
 from deployments.messages.status import EngineInfo
+from deployments.messages.store import StoreCall, StoreUnavailable
 
-# What a replica may ask its engine between steps: the imprint routes' query, DELETE /v1/imprint's
-# forgetting, and GET /memory's snapshot.
-ENGINE_CALLS = ("imprint", "forget_disk", "memory", "client_left", "slide")
-NO_REPLY = -1  # a StoreCall nobody waits for (a write)
+NO_REPLY = -1  # a RelayedStoreCall nobody waits for (a write)
+
+
+class EngineCall(Call[Reply]):
+    """A call a replica makes on its engine, answered between two steps (`Engine.answer`)."""
+
+
+@dataclass(frozen=True)
+class Imprint(EngineCall[ImprintAnswer]):
+    """The imprint routes' question about a rendered conversation (docs/store.md)."""
+
+    query: ImprintQuery
+
+
+@dataclass(frozen=True)
+class ForgetDisk(EngineCall[int | StoreUnavailable]):
+    """DELETE /v1/imprint: the bytes freed on the engine's node, or why its store did not delete."""
+
+
+@dataclass(frozen=True)
+class MemorySnapshot(EngineCall[ReplicaMemory]):
+    """GET /memory's snapshot of the engine (`reset_peak`: start a new peak after reading it)."""
+
+    reset_peak: bool = False
+
+
+@dataclass(frozen=True)
+class ClientLeft(EngineCall[None]):
+    """A client left its streamed reply before all of it went out: counted with the disconnections."""
 
 
 @dataclass
-class EngineCall:
-    """One of ENGINE_CALLS, answered between two steps."""
+class CallEnvelope:
+    """An engine call on its way, numbered so that its CallAnswer finds the caller."""
 
     call_id: int  # picked by the caller; its CallAnswer carries it back
-    name: str  # one of ENGINE_CALLS
-    args: tuple  # the engine method's arguments
+    call: EngineCall[Any]  # the engine's own calls, or a living-weights SlideCall (messages/slide.py)
 
 
 @dataclass
 class CallAnswer:
     call_id: int
-    value: object  # what the call returned (None when it failed)
+    value: object  # what the call returned, checked against its reply type (None when it failed)
     error: str | None = None  # "Type: message" when it raised; the caller raises it as a RuntimeError
 
 
@@ -44,7 +72,7 @@ class Inbox:
 
     adds: list[EngineRequest] = field(default_factory=list)  # new requests, admitted in order
     aborts: list[str] = field(default_factory=list)  # request ids whose callers left
-    calls: list[EngineCall] = field(default_factory=list)  # answered before the adds
+    calls: list[CallEnvelope] = field(default_factory=list)  # answered before the adds
 
     def __bool__(self) -> bool:
         return bool(self.adds or self.aborts or self.calls)
@@ -89,12 +117,11 @@ class Stop:
 
 
 @dataclass
-class StoreCall:
+class RelayedStoreCall:
     """A call the child's engine makes on the node's prompt store, relayed by the replica."""
 
     call_id: int  # NO_REPLY for writes
-    method: str  # a StoreLink method
-    args: tuple
+    call: StoreCall[Any]
 
 
 @dataclass

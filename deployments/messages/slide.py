@@ -5,13 +5,17 @@ all; each fact owns `neurons_per_fact` of them. A pocket version is the whole po
 every reply is computed with one version (the one current when it was admitted, or the one its request
 names), and every Scheduler replica and tensor-parallel rank holds the same versions.
 
-Ingress runs a learn or a delete as a series of engine calls (`SlideCall`), each sent to every Scheduler
-replica, or to the one `replica` named (training runs on one copy; its result is staged on all of them).
+Ingress runs a learn or a delete as a series of typed engine calls (`SlideCall`), each sent to every
+Scheduler replica, or to the one `replica` named (training runs on one copy; its result is staged on all of
+them); the engine makes `PocketCall`s on every tensor-parallel rank.
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from deployments.messages.calls import Call, Reply
+from deployments.messages.engine_process import EngineCall
 
 # A fact's states in the graph. `learning` and `deleting` are transient: a fact left `deleting` (a crash
 # between the weights and the graph) is settled by sending its delete again.
@@ -119,13 +123,157 @@ class TrainProgress:
 
 
 @dataclass
-class SlideCall:
-    """One engine call of a learn or delete (Ingress to every Scheduler replica, or to `replica`).
+class TrainReport:
+    """What some training steps did on a rank (the same on every rank)."""
 
-    `name` is an `Engine.slide_*` method: "graph", "begin", "end", "add_fact", "train", "stage", "commit",
-    "drop", "set_state", "clear_graph"; `args` are its arguments.
-    """
+    steps: list[tuple[int, float, int]]  # (step, loss, answer rows right)
+    finished: bool  # fitted, or out of steps
+    fitted: bool
+    answer_rows: int
+    right: int  # answer rows right at the latest judgement
+    silent: bool  # no quiet row fired at the latest judgement
 
-    name: str
-    args: tuple = ()
-    replica: str = ""  # only this Scheduler replica answers (the others return None); "": every replica
+
+# ---- Ingress to every Scheduler replica: the engine calls of a learn or a delete ---------------------------
+
+
+@dataclass(frozen=True)
+class SlideCall(EngineCall[Reply]):
+    """One engine call of a learn or delete, sent to every Scheduler replica, or only to `replica` (the
+    others answer None); answered by the engine's SlideKeeper."""
+
+    replica: str = field(default="", kw_only=True)  # "": every replica
+
+
+@dataclass(frozen=True)
+class ReadGraph(SlideCall[SlideGraph]):
+    """The replica's graph."""
+
+
+@dataclass(frozen=True)
+class BeginChange(SlideCall[str]):
+    """Take (or renew) the lock for `owner`: "" when held, else what holds it."""
+
+    owner: str
+    what: str
+
+
+@dataclass(frozen=True)
+class EndChange(SlideCall[None]):
+    """Let the lock go (when `owner` holds it), stopping its training."""
+
+    owner: str
+
+
+@dataclass(frozen=True)
+class AddFact(SlideCall[SlideFact | str]):
+    """Add a fact to the graph, `learning`: the fact, or why not (the pocket is full)."""
+
+    text: str
+    questions: list[SlideQuestion]
+
+
+@dataclass(frozen=True)
+class TrainFact(SlideCall[TrainProgress]):
+    """Start training the job's fact (the first call for it), or report its progress since the last call."""
+
+    job: TrainJob
+
+
+@dataclass(frozen=True)
+class StageVersion(SlideCall[int]):
+    """Put a version on the ranks: its number."""
+
+    patch: PocketPatch
+
+
+@dataclass(frozen=True)
+class CommitVersion(SlideCall[bool]):
+    """Make a staged version current and set the fact's state: True once the files hold it."""
+
+    version: int
+    fact_id: int
+    state: str  # one of FACT_STATES
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class DropVersion(SlideCall[None]):
+    """Forget a staged version that will not be committed."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class SetFactState(SlideCall[SlideFact | None]):
+    """Set a fact's state at the current version: the fact, or None when there is no such fact."""
+
+    fact_id: int
+    state: str  # one of FACT_STATES
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ZeroFact(SlideCall[PocketPatch]):
+    """The patch zeroing a fact's neurons, as the next version from the current one."""
+
+    fact_id: int
+
+
+@dataclass(frozen=True)
+class ClearGraph(SlideCall[int]):
+    """Drop every fact from the graph: how many there were."""
+
+
+# ---- the engine to each tensor-parallel rank: the pocket's operations (model_rank/pocket_ops.py) --------
+
+
+class PocketCall(Call[Reply]):
+    """A living-weights operation made on every rank alike (rank 0's answer is kept)."""
+
+
+@dataclass(frozen=True)
+class StagePocket(PocketCall[None]):
+    """Put a version on the rank."""
+
+    patch: PocketPatch
+
+
+@dataclass(frozen=True)
+class KeepVersions(PocketCall[None]):
+    """Every version but these leaves the rank."""
+
+    versions: list[int]
+
+
+@dataclass(frozen=True)
+class StartTraining(PocketCall[int]):
+    """Start fitting the job's neurons on the rows captured for it: the answer rows."""
+
+    job: TrainJob
+    base: int
+    version: int
+
+
+@dataclass(frozen=True)
+class TrainSteps(PocketCall[TrainReport]):
+    """Train up to `count` steps: what they did."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class TakePatch(PocketCall[PocketPatch]):
+    """The fitted neurons as a patch (training ends)."""
+
+
+@dataclass(frozen=True)
+class StopTraining(PocketCall[None]):
+    """Drop the fact being trained, if any."""
+
+
+@dataclass(frozen=True)
+class DropCaptures(PocketCall[None]):
+    """Drop the rows captured under these keys."""
+
+    keys: list[str]

@@ -1,9 +1,12 @@
 """What an engine and its node's PromptStore actor exchange: caps, pieces to write, block rows, hybrid
-models' state snapshots, figures."""
+models' state snapshots, figures, and the typed calls that carry them (`StoreCall`: in-process, over Ray,
+or relayed by a Scheduler replica for its engine's process)."""
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from deployments.messages.calls import Call, Reply
 
 
 @dataclass(frozen=True)
@@ -79,3 +82,53 @@ class StoreUnavailable:
     """DELETE /v1/imprint's answer from an engine whose store did not delete (the route answers 503)."""
 
     message: str  # for the client: what happened and what to do (no actor id or process id)
+
+
+class StoreCall(Call[Reply]):
+    """A call on the node's PromptStore (prompt_store/actor.py answers each; links.py carries them)."""
+
+
+@dataclass(frozen=True)
+class OpenSet(StoreCall[SetIndex]):
+    """Open (or create) a set: what it holds, by name."""
+
+    set_id: str
+
+
+@dataclass(frozen=True)
+class WritePiece(StoreCall[list[bytes]]):
+    """Store a piece (the names it stored; an engine sends it without waiting)."""
+
+    piece: PieceWrite
+
+
+@dataclass(frozen=True)
+class ReadRows(StoreCall[BlockRows | None]):
+    """The longest leading run of `hashes` the set holds, read back (and the snapshot ending at `state_at`)."""
+
+    set_id: str
+    hashes: list[bytes]
+    state_at: bytes | None = None
+
+
+@dataclass(frozen=True)
+class LookUp(StoreCall[SetIndex]):
+    """The leading run of `hashes` the set holds, looking past its index (a folder other nodes write to)."""
+
+    set_id: str
+    hashes: list[bytes]
+    with_states: bool = False
+
+
+@dataclass(frozen=True)
+class DeleteSet(StoreCall[int]):
+    """Delete a set's pieces: the bytes freed."""
+
+    set_id: str
+
+
+@dataclass(frozen=True)
+class ReadStats(StoreCall[StoreStats]):
+    """The set's figures."""
+
+    set_id: str

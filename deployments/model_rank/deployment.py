@@ -2,6 +2,7 @@
 
 import os
 import socket
+from typing import Any
 
 import numpy as np
 import ray
@@ -9,6 +10,7 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import EngineConfig
+from deployments.messages.slide import PocketCall
 from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
@@ -68,9 +70,9 @@ class ModelRank:
         assert self.runner is not None
         return self.runner.execute(plan)
 
-    def pocket_call(self, op: str, *args: object) -> object:
+    def pocket_call(self, call: PocketCall[Any]) -> object:
         assert self.runner is not None
-        return self.runner.pocket_call(op, *args)
+        return self.runner.pocket_call(call)
 
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
         assert self.runner is not None

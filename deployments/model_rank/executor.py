@@ -11,6 +11,8 @@ from typing import Protocol
 import numpy as np
 
 from deployments.config import EngineConfig
+from deployments.messages.calls import Reply
+from deployments.messages.slide import PocketCall
 from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.backend import resolve_backend
 from deployments.model_rank.forward_batch import ParallelContext
@@ -37,7 +39,7 @@ class Executor(Protocol):
 
     def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None: ...
 
-    def pocket_call(self, op: str, *args: object) -> object: ...  # every rank; rank 0's answer (pocket_ops.py)
+    def pocket_call(self, call: PocketCall[Reply]) -> Reply: ...  # every rank; rank 0's answer (pocket_ops.py)
 
     def shutdown(self) -> None: ...
 
@@ -82,8 +84,8 @@ class InProcessExecutor:
     def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
         self.runner.write_state_slots(slots, rows)
 
-    def pocket_call(self, op: str, *args: object) -> object:
-        return self.runner.pocket_call(op, *args)
+    def pocket_call(self, call: PocketCall[Reply]) -> Reply:
+        return call.reply(self.runner.pocket_call(call))
 
     def shutdown(self) -> None:
         pass
@@ -142,8 +144,8 @@ class RayRanksExecutor:
         parts = [rows[:, starts[i] : starts[i + 1]] for i in range(len(self.ranks))]
         self._ray.get([rank.write_state_slots.remote(slots, part) for rank, part in zip(self.ranks, parts)])
 
-    def pocket_call(self, op: str, *args: object) -> object:
-        return self._all("pocket_call", op, *args)[0]
+    def pocket_call(self, call: PocketCall[Reply]) -> Reply:
+        return call.reply(self._all("pocket_call", call)[0])
 
     def shutdown(self) -> None:
         for rank in self.ranks:

@@ -93,15 +93,15 @@ class Pocket(nn.Module):
         """`out` [T, H] with each row's pocket output added; rows no neuron fires on are left bit for bit."""
         for span in self.spans:
             if span.capture is not None:  # before the pocket: training adds the candidate's own
-                self._capture(x, out, span)
+                self._capture(x, out, span, span.capture)
             weights = self.versions[span.version]
             if weights.live:
                 rows = slice(span.start, span.end)
                 out[rows] = with_pocket(x[rows].float(), out[rows], weights)
         return out
 
-    def _capture(self, x: torch.Tensor, out: torch.Tensor, span: RowSpan) -> None:
-        capture = self.captures.setdefault(span.capture, Capture())  # type: ignore[arg-type]
+    def _capture(self, x: torch.Tensor, out: torch.Tensor, span: RowSpan, key: str) -> None:
+        capture = self.captures.setdefault(key, Capture())
         for offset in range(span.end - span.start):
             position = span.first_position + offset
             capture.x[position] = x[span.start + offset].float().clone()

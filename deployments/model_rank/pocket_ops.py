@@ -1,27 +1,27 @@
-"""A rank's living-weights operations (docs/slide.md): the engine calls them by name through its executor,
-on every rank alike, so every tensor-parallel rank holds the same pocket versions and trains the same way."""
+"""A rank's living-weights operations (docs/slide.md): the engine makes them as typed `PocketCall`s
+(messages/slide.py) through its executor, on every rank alike, so every tensor-parallel rank holds the same
+pocket versions and trains the same way."""
 
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from deployments.messages.slide import PocketPatch, TrainJob
+from deployments.messages.slide import (
+    DropCaptures,
+    KeepVersions,
+    PocketCall,
+    PocketPatch,
+    StagePocket,
+    StartTraining,
+    StopTraining,
+    TakePatch,
+    TrainReport,
+    TrainSteps,
+)
 from deployments.messages.step import StepPlan
 from deployments.model_rank.models.base import CausalLM
 from deployments.model_rank.pocket import Pocket, RowSpan
 from deployments.model_rank.pocket_training import PocketTraining
-
-
-@dataclass
-class TrainReport:
-    """What some training steps did (the same on every rank)."""
-
-    steps: list[tuple[int, float, int]]  # (step, loss, answer rows right)
-    finished: bool  # fitted, or out of steps
-    fitted: bool
-    answer_rows: int
-    right: int  # answer rows right at the latest judgement
-    silent: bool  # no quiet row fired at the latest judgement
 
 
 def row_spans(plan: StepPlan) -> list[RowSpan]:
@@ -43,23 +43,30 @@ class PocketOps:
         model.model.layers[-1].pocket = self.pocket
         self.training: PocketTraining | None = None
 
-    def call(self, op: str, *args: object) -> object:
-        if op not in ("stage", "keep", "train_start", "train_run", "train_patch", "train_stop", "drop_captures"):
-            raise ValueError(f"unknown pocket operation {op!r}")
-        return getattr(self, op)(*args)
+    def answer(self, call: PocketCall[Any]) -> object:
+        """The call's reply (the engine's executor checks it with `call.reply`)."""
+        match call:
+            case StagePocket(patch=patch):
+                self.pocket.stage(patch)
+            case KeepVersions(versions=versions):
+                self.pocket.keep_only(versions)
+            case StartTraining(job=job, base=base, version=version):
+                self.training = PocketTraining(job, self.pocket, self.model, base, version)
+                return self.training.answer_rows
+            case TrainSteps(count=count):
+                return self._train(count)
+            case TakePatch():
+                return self._take_patch()
+            case StopTraining():
+                self.training = None
+            case DropCaptures(keys=keys):
+                for key in keys:
+                    self.pocket.captures.pop(key, None)
+            case _:
+                raise TypeError(f"not a pocket operation: {type(call).__name__}")
+        return None
 
-    def stage(self, patch: PocketPatch) -> None:
-        self.pocket.stage(patch)
-
-    def keep(self, versions: list[int]) -> None:
-        self.pocket.keep_only(versions)
-
-    def train_start(self, job: TrainJob, base: int, version: int) -> int:
-        """Start fitting the job's neurons on the rows captured for it; returns the answer rows."""
-        self.training = PocketTraining(job, self.pocket, self.model, base, version)
-        return self.training.answer_rows
-
-    def train_run(self, count: int) -> TrainReport:
+    def _train(self, count: int) -> TrainReport:
         training = self.training
         assert training is not None, "no fact is being trained"
         reports = training.run(count)
@@ -68,15 +75,8 @@ class PocketOps:
             steps, training.finished, training.fitted, training.answer_rows, training.right, training.silent
         )
 
-    def train_patch(self) -> PocketPatch:
+    def _take_patch(self) -> PocketPatch:
         assert self.training is not None and self.training.fitted, "no fitted fact to take"
         patch = self.training.patch()
         self.training = None
         return patch
-
-    def train_stop(self) -> None:
-        self.training = None
-
-    def drop_captures(self, keys: list[str]) -> None:
-        for key in keys:
-            self.pocket.captures.pop(key, None)

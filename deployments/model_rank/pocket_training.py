@@ -147,7 +147,8 @@ class PocketTraining:
             hinge_quiet = F.relu(pre_quiet + margin).mean() * QUIET_WEIGHT
             (surrogate + hinge_on + hinge_off + hinge_quiet).backward()
         for tensor in (self.gate, self.bias):
-            tensor.grad[self.separated] = 0  # type: ignore[index]  # a separating cap stays where it is
+            assert tensor.grad is not None
+            tensor.grad[self.separated] = 0  # a separating cap stays where it is
         self.optimizer.step()
 
     def _norm(self, hidden: torch.Tensor) -> torch.Tensor:

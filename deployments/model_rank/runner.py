@@ -6,11 +6,13 @@ ModelRank actor holds one and every rank runs the same plan.
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from deployments.messages.replies import PromptLogprobRow
+from deployments.messages.slide import PocketCall
 from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.image_embeds import ImageEmbeddings
@@ -174,11 +176,11 @@ class ModelRunner:
             image_embeds=None if images is None else images[1],
         )
 
-    def pocket_call(self, op: str, *args: object) -> object:
+    def pocket_call(self, call: PocketCall[Any]) -> object:
         """A living-weights operation (pocket_ops.py)."""
         if self.slide is None:
             raise ValueError("this rank holds no pocket: the server runs without slide")
-        return self.slide.call(op, *args)
+        return self.slide.answer(call)
 
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
         """Before a step: each (source, destination) slot copy in every recurrent layer (ZERO_STATE: zeroed)."""

@@ -5,11 +5,21 @@ write and whether to restore. Its calls run one at a time, so a read waits for a
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreCaps, StoreStats
+from deployments.messages.store import (
+    DeleteSet,
+    LookUp,
+    OpenSet,
+    ReadRows,
+    ReadStats,
+    StoreCall,
+    StoreCaps,
+    WritePiece,
+)
 from deployments.prompt_store.store import PromptStoreFiles
 
 log = logging.getLogger("tensorfold.store")
@@ -18,28 +28,28 @@ STORE_NAMESPACE = "tensorfold"
 
 
 class PromptStoreActor:
-    """The store's calls (also used in-process: links.LocalStoreLink); each is one disk operation."""
+    """The store's one entry (also used in-process: links.LocalStoreLink): each call is one disk operation."""
 
     def __init__(self, root: str, caps: StoreCaps) -> None:
         self._files = PromptStoreFiles(Path(root), caps)
 
-    def open_set(self, set_id: str) -> SetIndex:
-        return self._files.open_set(set_id)
-
-    def write(self, piece: PieceWrite) -> list[bytes]:
-        return self._files.write(piece)
-
-    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
-        return self._files.read(set_id, hashes, state_at)
-
-    def lookup(self, set_id: str, hashes: list[bytes], with_states: bool = False) -> SetIndex:
-        return self._files.lookup(set_id, hashes, with_states)
-
-    def delete_set(self, set_id: str) -> int:
-        return self._files.delete_set(set_id)
-
-    def stats(self, set_id: str) -> StoreStats:
-        return self._files.stats(set_id)
+    def answer(self, call: StoreCall[Any]) -> object:
+        """The call's reply (`call.reply` checks it where it is taken)."""
+        files = self._files
+        match call:
+            case OpenSet(set_id=set_id):
+                return files.open_set(set_id)
+            case WritePiece(piece=piece):
+                return files.write(piece)
+            case ReadRows(set_id=set_id, hashes=hashes, state_at=state_at):
+                return files.read(set_id, hashes, state_at)
+            case LookUp(set_id=set_id, hashes=hashes, with_states=with_states):
+                return files.lookup(set_id, hashes, with_states)
+            case DeleteSet(set_id=set_id):
+                return files.delete_set(set_id)
+            case ReadStats(set_id=set_id):
+                return files.stats(set_id)
+        raise TypeError(f"not a prompt store call: {type(call).__name__}")
 
 
 def store_actor(root: str, caps: StoreCaps) -> "ray.actor.ActorHandle":

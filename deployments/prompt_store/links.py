@@ -1,12 +1,16 @@
-"""How an engine reaches its node's store: in-process (tests, benchmarks) or over Ray (a Scheduler's own
-thread). An engine in the replica's child process goes through the replica (scheduler/store_relay.py)."""
+"""How an engine reaches its node's store: one `StoreLink` over the typed store calls, carried in-process
+(tests, benchmarks) or over Ray (a Scheduler's own thread). An engine in the replica's child process goes
+through the replica (scheduler/transports/store_relay.py)."""
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from dataclasses import replace
+from typing import Any
 
 from deployments.config import EngineConfig
-from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreCaps, StoreStats
+from deployments.messages.calls import Reply
+from deployments.messages.store import OpenSet, PieceWrite, ReadStats, StoreCall, StoreCaps, StoreStats, WritePiece
 from deployments.prompt_store.actor import PromptStoreActor, store_actor
 from deployments.prompt_store.failures import UNAVAILABLE, FailureBurst, StoreFailedError
 
@@ -25,22 +29,45 @@ def store_caps(config: EngineConfig) -> StoreCaps:
     )
 
 
-class LocalStoreLink(PromptStoreActor):
+class StoreLink(ABC):
+    """The one way an engine calls its node's store: typed calls (messages/store.py), each reply checked
+    against its call's type; a subclass only carries them (in-process, over Ray, or relayed)."""
+
+    def ask(self, call: StoreCall[Reply]) -> Reply:
+        """The store's answer (StoreFailedError when it failed or did not answer)."""
+        return call.reply(self._carry(call))
+
+    @abstractmethod
+    def _carry(self, call: StoreCall[Any]) -> object:
+        """Make the call where the store is, and wait for its answer."""
+
+    @abstractmethod
+    def write(self, piece: PieceWrite) -> None:
+        """Send a piece to be written, never waiting for the disk."""
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait (up to `timeout_s`) for the writes sent so far (default: each was done when sent)."""
+
+
+class LocalStoreLink(StoreLink):
     """The store's files opened in this process (no actor): tests, benchmarks."""
 
     def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config.learn_dir, store_caps(config))
+        self._store = PromptStoreActor(config.learn_dir, store_caps(config))
 
-    def flush(self, timeout_s: float) -> None:
-        """Writes here are done when `write` returns."""
+    def _carry(self, call: StoreCall[Any]) -> object:
+        return self._store.answer(call)
+
+    def write(self, piece: PieceWrite) -> None:
+        self._store.answer(WritePiece(piece))
 
 
-class ActorStoreLink:
+class ActorStoreLink(StoreLink):
     """This node's PromptStore actor; writes are sent without waiting, and awaited only at shutdown.
 
     The actor restarts after a crash (store_actor's max_restarts): a call made while it restarts is retried
     on a re-resolved handle for up to RESTART_WAIT_S, then fails with StoreFailedError; a write the dead
-    actor never ran is counted in `writes_lost`.
+    actor never ran is counted in `writes_lost`, and joins the figures the store's stats report.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -54,28 +81,18 @@ class ActorStoreLink:
         self.writes_lost = 0  # writes sent to an actor that died before running them
         self.lost = FailureBurst("prompt store: a write sent to its actor", "its states stay in RAM only")
 
-    def open_set(self, set_id: str) -> SetIndex:
-        self.set_id = set_id
-        return self._call("open_set", set_id)  # type: ignore[return-value]
+    def _carry(self, call: StoreCall[Any]) -> object:
+        if isinstance(call, OpenSet):
+            self.set_id = call.set_id
+        value = self._remote(call)
+        if isinstance(value, StoreStats):  # after the writes sent before: a lost one is counted first
+            self._prune()
+            value = self._with_own_figures(value)
+        return value
 
     def write(self, piece: PieceWrite) -> None:
         self._prune()
-        self._writes.append(self._actor.write.remote(piece))
-
-    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
-        return self._call("read", set_id, hashes, state_at)  # type: ignore[return-value]
-
-    def lookup(self, set_id: str, hashes: list[bytes], with_states: bool = False) -> SetIndex:
-        return self._call("lookup", set_id, hashes, with_states)  # type: ignore[return-value]
-
-    def delete_set(self, set_id: str) -> int:
-        return self._call("delete_set", set_id)  # type: ignore[return-value]
-
-    def stats(self, set_id: str) -> StoreStats:
-        """The actor's figures for the set (after the writes sent before: a lost one is counted first)."""
-        stats: StoreStats = self._call("stats", set_id)  # type: ignore[assignment]
-        self._prune()
-        return self._with_own_figures(stats)
+        self._writes.append(self._actor.answer.remote(WritePiece(piece)))
 
     async def live_stats(self, timeout_s: float = PROBE_TIMEOUT_S) -> StoreStats | None:
         """The store's figures now, for /health and /metrics (None before the engine opened its set); an
@@ -83,7 +100,7 @@ class ActorStoreLink:
         if self.set_id is None:
             return None
         try:
-            stats = await asyncio.wait_for(self._actor.stats.remote(self.set_id), timeout_s)
+            stats: StoreStats = await asyncio.wait_for(self._actor.answer.remote(ReadStats(self.set_id)), timeout_s)
         except (self._ray.exceptions.RayError, asyncio.TimeoutError):
             return self._with_own_figures(StoreStats(available=False, unavailable_reason=UNANSWERED))
         return self._with_own_figures(stats)
@@ -93,14 +110,14 @@ class ActorStoreLink:
         if self._writes:
             self._ray.wait(self._writes, num_returns=len(self._writes), timeout=timeout_s)
 
-    def _call(self, method: str, *args: object) -> object:
+    def _remote(self, call: StoreCall[Any]) -> object:
         """One call, retried on a re-resolved handle while the actor restarts (a write is never retried:
         its piece is queued again only if the engine still holds it, which the store's index decides)."""
         errors = self._ray.exceptions
         deadline = time.monotonic() + RESTART_WAIT_S
         while True:
             try:
-                value = self._ray.get(getattr(self._actor, method).remote(*args), timeout=CALL_TIMEOUT_S)
+                value: object = self._ray.get(self._actor.answer.remote(call), timeout=CALL_TIMEOUT_S)
             except errors.RayTaskError as exc:  # the store raised: its own error, without Ray's traceback
                 cause = exc.cause if exc.cause is not None else exc
                 raise StoreFailedError(f"{type(cause).__name__}: {cause}") from None

@@ -25,6 +25,8 @@ from ray import serve
 
 from deployments.config import EngineConfig
 from deployments.log_setup import configure_logging
+from deployments.messages.calls import Reply
+from deployments.messages.engine_process import ClientLeft, ForgetDisk, Imprint
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.replies import EngineChunk, ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
@@ -140,20 +142,20 @@ class Scheduler:
             await stream.aclose()
 
     async def imprint(self, query: ImprintQuery) -> ImprintAnswer:
-        return await self._loop.engine_call("imprint", query)  # type: ignore[return-value]
+        return await self._loop.ask(Imprint(query))
 
     async def client_left(self) -> None:
         """Ingress saw a client leave its streamed reply: counted with the disconnections."""
-        await self._loop.engine_call("client_left")
+        await self._loop.ask(ClientLeft())
 
     async def forget_disk(self) -> int | StoreUnavailable:
-        return await self._loop.engine_call("forget_disk")  # type: ignore[return-value]
+        return await self._loop.ask(ForgetDisk())
 
-    async def slide(self, call: SlideCall) -> object:
+    async def slide(self, call: SlideCall[Reply]) -> Reply | None:
         """A living-weights call (docs/slide.md): None when it names another replica."""
         if call.replica and call.replica != self._replica:
             return None
-        return await self._loop.engine_call("slide", call)
+        return await self._loop.ask(call)
 
     def record_routing_stats(self) -> dict[str, object]:
         """Serve's routing stats, read by the prefix-affinity router: the blocks held and the queue."""

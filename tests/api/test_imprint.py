@@ -2,6 +2,7 @@
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -9,7 +10,7 @@ from fastapi.testclient import TestClient
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.ops.serving import OFF_MESSAGE
-from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
+from deployments.messages.store import PieceWrite, StoreCall
 from deployments.prompt_store.failures import StoreFailedError
 from deployments.prompt_store.links import UNANSWERED, LocalStoreLink
 from deployments.scheduler.engine.disk_states import DELETE_REFUSED
@@ -197,25 +198,13 @@ class _StoreThatGoesDown(LocalStoreLink):
         if _StoreThatGoesDown.down:
             raise StoreFailedError(UNANSWERED)
 
-    def open_set(self, set_id: str) -> SetIndex:
+    def _carry(self, call: StoreCall[Any]) -> object:
         self._answer()
-        return super().open_set(set_id)
+        return super()._carry(call)
 
-    def write(self, piece: PieceWrite) -> list[bytes]:
+    def write(self, piece: PieceWrite) -> None:
         self._answer()
-        return super().write(piece)
-
-    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None:
-        self._answer()
-        return super().read(set_id, hashes, state_at)
-
-    def delete_set(self, set_id: str) -> int:
-        self._answer()
-        return super().delete_set(set_id)
-
-    def stats(self, set_id: str) -> StoreStats:
-        self._answer()
-        return super().stats(set_id)
+        super().write(piece)
 
 
 def _metric(client: TestClient, name: str) -> float:

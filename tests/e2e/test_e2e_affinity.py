@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from deployments.messages.slide import SlideCall
+from deployments.messages.slide import ReadGraph
 from tests.support.serve_harness import delete_apps, deploy_apps, load_app_config
 
 pytestmark = pytest.mark.e2e
@@ -167,9 +167,7 @@ def test_a_fact_learned_through_one_replica_is_held_by_both(tight_url: str) -> N
     assert learned.status_code == 200, learned.text
     events = learned.json()["events"]
     assert events[-1]["type"] == "learned"
-    graphs = (
-        serve.get_deployment_handle("Scheduler", TIGHT).broadcast("slide", SlideCall("graph")).results(timeout_s=60)
-    )
+    graphs = serve.get_deployment_handle("Scheduler", TIGHT).broadcast("slide", ReadGraph()).results(timeout_s=60)
     assert len(graphs) == 2
     for graph in graphs:
         assert graph.pocket.version == events[-1]["version"] and [f.state for f in graph.facts] == ["learned"]

@@ -83,20 +83,21 @@ def _kill_the_store_actor(url: str, learn_dir: Path, body: dict) -> None:
     still answers), and the new process reopens the set's index and serves every stored block again."""
     import ray
 
+    from deployments.messages.store import OpenSet, ReadRows
     from deployments.prompt_store.actor import STORE_NAMESPACE, store_actor_name
 
     name = store_actor_name(ray.get_runtime_context().get_node_id(), str(learn_dir))
     actor = ray.get_actor(name, namespace=STORE_NAMESPACE)
     (set_id,) = [folder.name for folder in learn_dir.iterdir() if folder.is_dir()]
-    held = ray.get(actor.open_set.remote(set_id)).blocks
+    held = ray.get(actor.answer.remote(OpenSet(set_id))).blocks
     pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
     before = httpx.post(f"{url}/v1/imprint/resume", json=body, timeout=60).json()
     ray.kill(actor, no_restart=False)
     during = httpx.post(f"{url}/v1/imprint/resume", json=body, timeout=60)
     assert during.status_code == 200, during.text
     assert ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=60) != pid  # a new process
-    assert set(ray.get(actor.open_set.remote(set_id)).blocks) == set(held)  # its index, reopened from disk
-    assert ray.get(actor.read.remote(set_id, held)).hashes == held  # every stored block served again
+    assert set(ray.get(actor.answer.remote(OpenSet(set_id))).blocks) == set(held)  # its index, reopened from disk
+    assert ray.get(actor.answer.remote(ReadRows(set_id, held))).hashes == held  # every stored block served again
     after = httpx.post(f"{url}/v1/imprint/resume", json=body, timeout=60).json()
     assert after["disk_tokens"] == before["disk_tokens"] > 0, (before, after)
     store = httpx.get(f"{url}/health", timeout=60).json()["store"]

@@ -100,7 +100,8 @@ def test_grammar_cuts_drafts_and_stands_where_it_was(tiny_glm_engine: Engine) ->
     tokenizer = engine.tokenizer
     spec = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
     engine.add_request(EngineRequest("g", tokenizer.encode("x"), grammar=spec, max_tokens=20, draft=True))
-    seq = engine.in_flight["g"]
+    seq = engine.requests.get("g")
+    assert seq is not None
     good = tokenizer.encode('{"a": 1')
     before = seq.grammar.checkpoint()
     mask_before = seq.next_draw().allowed
@@ -121,7 +122,8 @@ def test_rejected_drafts_leave_no_kv_or_cached_block_behind(tiny_glm_engine: Eng
         "kv", prompt, sampling=SamplingParams(temperature=1.5, seed=3, ignore_eos=True), max_tokens=60
     )
     engine.add_request(request)
-    seq = engine.in_flight["kv"]
+    seq = engine.requests.get("kv")
+    assert seq is not None
     drafted = 0
     while seq.finish_reason is None:
         engine.run_once(Inbox())

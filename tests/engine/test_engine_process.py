@@ -4,12 +4,16 @@ a thread of this process, and a child that dies ends what is in flight instead o
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from deployments.config import EngineConfig
+from deployments.messages.engine_process import ForgetDisk, Imprint
 from deployments.messages.replies import EngineChunk, FinishReason, Refusal
-from deployments.messages.requests import EngineRequest
+from deployments.messages.requests import EngineRequest, ImprintQuery
+from deployments.messages.store import ReadStats
+from deployments.prompt_store.links import LocalStoreLink
 from deployments.scheduler.engine.core import Engine
 from deployments.scheduler.transports.hub import StreamHub
 from deployments.scheduler.transports.process import EngineProcess
@@ -159,6 +163,32 @@ def test_end_all_ends_every_stream_with_the_reason_and_drops_the_requests(proces
         assert last.error == "the server is shutting down"
     _wait_until(lambda: process.info().counters.requests_aborted_total == aborted_before + 2)
     assert process.info().running == 0 and process.alive()
+
+
+def test_a_call_the_engine_does_not_know_is_refused_and_the_engine_goes_on(process: EngineProcess) -> None:
+    with pytest.raises(RuntimeError, match="TypeError: not an engine call: ReadStats"):
+        asyncio.run(process.ask(ReadStats("s")))  # a store call is no engine call
+    assert asyncio.run(process.memory()).kv_blocks_total > 0 and process.alive()
+
+
+def test_the_childs_store_calls_are_relayed_to_the_replicas_link(served_model: str, tmp_path: Path) -> None:
+    """The engine in its process reaches the node's store through the replica (store_relay.py): the
+    conversation it kept is written, the imprint routes find it on disk, and forgetting deletes it."""
+    store = tmp_path / "store"
+    config = _config(served_model).model_copy(update={"learn_dir": str(store), "learn_conversations": True})
+    driver = EngineProcess(config, LocalStoreLink(config))
+    driver.start()
+    prompt = [(13 * i) % 600 + 30 for i in range(80)]
+    try:
+        chunks = asyncio.run(_reply(driver, _request("kept", prompt)))
+        reply = [t for chunk in chunks if isinstance(chunk, EngineChunk) for t in chunk.token_ids]
+        _wait_until(lambda: any(store.rglob("*.piece")))  # written while the engine idles, relayed
+        answer = asyncio.run(driver.ask(Imprint(ImprintQuery(prompt + reply + [40, 41]))))
+        assert answer.disk and answer.disk_tokens >= len(prompt) // 16 * 16
+        freed = asyncio.run(driver.ask(ForgetDisk()))
+        assert isinstance(freed, int) and freed > 0 and not any(store.rglob("*.piece"))
+    finally:
+        driver.shutdown()
 
 
 def test_an_engine_that_cannot_start_fails_the_constructor(tmp_path) -> None:

@@ -9,10 +9,25 @@ import pytest
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.config import EngineConfig
 from deployments.ingress.slide.locality import LOCALITY_PROMPTS
-from deployments.messages.engine_process import EngineCall, Inbox
+from deployments.messages.calls import Reply
+from deployments.messages.engine_process import CallEnvelope, Inbox
 from deployments.messages.render import ChatRenderRequest
 from deployments.messages.requests import EngineRequest, SamplingParams
-from deployments.messages.slide import SlideCall, SlideExample, SlideQuestion, TrainJob
+from deployments.messages.slide import (
+    AddFact,
+    BeginChange,
+    CommitVersion,
+    EndChange,
+    ReadGraph,
+    SetFactState,
+    SlideCall,
+    SlideExample,
+    SlideQuestion,
+    StageVersion,
+    TrainFact,
+    TrainJob,
+    ZeroFact,
+)
 from deployments.scheduler.engine.core import Engine
 from serve_app.fixtures.tiny_glm.corpus import CONVERSATIONS
 from tests.conftest import BUILTIN_TINY_GLM as TINY_GLM
@@ -40,10 +55,10 @@ class Slide:
         self.engine, self.renderer = engine, renderer
         self.end_id = min(engine.eos_ids)
 
-    def call(self, name: str, *args: object) -> object:
-        answer = self.engine.run_once(Inbox(calls=[EngineCall(1, "slide", (SlideCall(name, args),))])).answers[0]
+    def call(self, call: SlideCall[Reply]) -> Reply:
+        answer = self.engine.run_once(Inbox(calls=[CallEnvelope(1, call)])).answers[0]
         assert answer.error is None, answer.error
-        return answer.value
+        return call.reply(answer.value)
 
     def prompt(self, question: str, thinking: bool = False) -> list[int]:
         request = ChatRenderRequest(
@@ -63,28 +78,29 @@ class Slide:
         return self.renderer.tokenize(answer, add_special_tokens=False) + [self.end_id]
 
     def learn(self, text: str, question: str, answer: str, quiet: list[list[int]], kept: list[SlideExample]) -> int:
-        assert self.call("begin", "test", "learn") == ""
-        fact = self.call("add_fact", text, [SlideQuestion(question, answer)])
+        assert self.call(BeginChange("test", "learn")) == ""
+        fact = self.call(AddFact(text, [SlideQuestion(question, answer)]))
+        assert not isinstance(fact, str), fact
         example = SlideExample(self.prompt(question), self.answer_ids(answer))
         job = TrainJob(
             fact.id, fact.neurons, [example], quiet, max_steps=1000, margin=1.0, learning_rate=0.05, kept=kept
         )
-        progress = self.call("train", job)
+        progress = self.call(TrainFact(job))
         while not progress.done:
             self.engine.run_once(Inbox())
-            progress = self.call("train", job)
+            progress = self.call(TrainFact(job))
         assert progress.patch is not None, progress.failed
-        version = self.call("stage", progress.patch)
-        assert self.call("commit", version, fact.id, "learned", None) is True
-        self.call("end", "test")
+        version = self.call(StageVersion(progress.patch))
+        assert self.call(CommitVersion(version, fact.id, "learned", None)) is True
+        self.call(EndChange("test"))
         return fact.id
 
     def delete(self, fact_id: int) -> None:
-        assert self.call("begin", "test", "delete") == ""
-        self.call("set_state", fact_id, "deleting", None)
-        version = self.call("stage", self.call("zero", fact_id))
-        assert self.call("commit", version, fact_id, "deleted", "test") is True
-        self.call("end", "test")
+        assert self.call(BeginChange("test", "delete")) == ""
+        self.call(SetFactState(fact_id, "deleting", None))
+        version = self.call(StageVersion(self.call(ZeroFact(fact_id))))
+        assert self.call(CommitVersion(version, fact_id, "deleted", "test")) is True
+        self.call(EndChange("test"))
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +155,6 @@ def test_facts_are_learned_kept_apart_and_deleted_exactly(slide: Slide) -> None:
 
     for fact_id in learned[5:]:
         slide.delete(fact_id)
-    graph = slide.call("graph")
+    graph = slide.call(ReadGraph())
     assert graph.pocket.nonzero_neurons == 0 and {f.state for f in graph.facts} == {"deleted"}
     assert scores(slide, [*corpus[:4], *questions[:3]]) == base_scores

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.slide.locality import LOCALITY_PROMPTS
-from deployments.messages.slide import SlideCall
+from deployments.messages.slide import BeginChange, EndChange, SetFactState
 from serve_app.local_backend import LocalBackend
 from tests.support.local_app import local_backend
 
@@ -154,7 +154,7 @@ def test_a_body_past_the_pockets_room_is_refused_before_any_work(client: TestCli
 def test_a_change_while_another_runs_gets_503_with_retry_after(client: TestClient, backend: LocalBackend) -> None:
     import asyncio
 
-    assert asyncio.run(backend.slide(SlideCall("begin", ("a-test", "a test's change")))) == [""]
+    assert asyncio.run(backend.slide(BeginChange("a-test", "a test's change"))) == [""]
     try:
         for reply in (
             client.post("/v1/slide/learn", json={"facts": [FACTS[0]]}),
@@ -165,7 +165,7 @@ def test_a_change_while_another_runs_gets_503_with_retry_after(client: TestClien
             assert reply.json()["error"]["code"] == "slide_busy"
         assert graph(client)["busy"]
     finally:
-        asyncio.run(backend.slide(SlideCall("end", ("a-test",))))
+        asyncio.run(backend.slide(EndChange("a-test")))
     assert graph(client)["busy"] == ""
 
 
@@ -221,7 +221,7 @@ def test_a_fact_left_deleting_is_settled_by_its_delete_sent_again(
     events = client.post("/v1/slide/learn", json={"facts": [FACTS[0]], "stream": False}).json()["events"]
     learned = events[-1]
     assert learned["type"] == "learned", events
-    asyncio.run(backend.slide(SlideCall("set_state", (learned["id"], "deleting", None))))
+    asyncio.run(backend.slide(SetFactState(learned["id"], "deleting", None)))
     events = sse(client.delete(f"/v1/slide/fact/{learned['id']}").text)
     assert [e["type"] for e in events] == ["fact", "checking", "zeroed", "checked", "forgot"]
     assert events[0]["state"] == "deleting" and events[-1]["deleted"] is True and events[-1]["state"] == "deleted"

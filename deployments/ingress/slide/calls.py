@@ -1,4 +1,4 @@
-"""The engine calls of a learn or a delete (`SlideCall`), spoken to every Scheduler replica at once.
+"""The typed engine calls of a learn or a delete (`SlideCall`, messages/slide.py), spoken to every Scheduler replica at once.
 
 Every replica holds the same pocket versions and the same graph, so a call that changes them goes to all
 of them and their answers must agree; training runs on one replica (the first by name) and its result is
@@ -7,16 +7,30 @@ staged on all. The learn/delete lock is held on every replica by one owner, or o
 
 from dataclasses import dataclass
 
+from fastapi.responses import JSONResponse
+
 from deployments.ingress.backend import Backend
 from deployments.ingress.http.errors import APIError
+from deployments.messages.calls import Reply
 from deployments.messages.slide import (
+    AddFact,
+    BeginChange,
+    ClearGraph,
+    CommitVersion,
+    DropVersion,
+    EndChange,
     PocketPatch,
+    ReadGraph,
+    SetFactState,
     SlideCall,
     SlideFact,
     SlideGraph,
     SlideQuestion,
+    StageVersion,
+    TrainFact,
     TrainJob,
     TrainProgress,
+    ZeroFact,
 )
 
 RETRY_AFTER_S = 5  # a learn or a delete usually ends within seconds
@@ -29,7 +43,7 @@ class SlideBusy(APIError):
         message = f"a living-weights change is running ({running}); send this again when it ends"
         super().__init__(503, message, "server_error", None, "slide_busy")
 
-    def response(self):  # type: ignore[no-untyped-def]
+    def response(self) -> JSONResponse:
         reply = super().response()
         reply.headers["Retry-After"] = str(RETRY_AFTER_S)
         return reply
@@ -37,20 +51,20 @@ class SlideBusy(APIError):
 
 @dataclass
 class SlideEngine:
-    """Ingress's side of the slide calls (docs/slide.md): each method is one `SlideCall`."""
+    """Ingress's side of the slide calls (docs/slide.md): each method is one typed `SlideCall`."""
 
     backend: Backend
 
-    async def _all(self, name: str, *args: object) -> list[object]:
-        answers = await self.backend.slide(SlideCall(name, tuple(args)))
+    async def _all(self, call: SlideCall[Reply]) -> list[Reply]:
+        answers = await self.backend.slide(call)
         if not answers:
             raise APIError(503, "the model is not serving: no Scheduler replica answered", "server_error")
         return answers
 
-    async def _one(self, name: str, replica: str, *args: object) -> object:
-        answers = await self.backend.slide(SlideCall(name, tuple(args), replica))
+    async def _one(self, call: SlideCall[Reply]) -> Reply:
+        answers = await self.backend.slide(call)
         if not answers:
-            raise RuntimeError(f"the Scheduler replica {replica} did not answer the slide call {name}")
+            raise RuntimeError(f"the Scheduler replica {call.replica} did not answer {type(call).__name__}")
         return answers[0]
 
     async def trainer(self) -> str:
@@ -61,25 +75,23 @@ class SlideEngine:
         return names[0]
 
     async def graph(self) -> SlideGraph:
-        answer = (await self._all("graph"))[0]
-        assert isinstance(answer, SlideGraph)
-        return answer
+        return (await self._all(ReadGraph()))[0]
 
     async def begin(self, owner: str, what: str) -> None:
         """Take (or renew) the lock on every replica; SlideBusy when any holds it for another change."""
-        answers = await self._all("begin", owner, what)
+        answers = await self._all(BeginChange(owner, what))
         refused = next((a for a in answers if a), "")
         if refused:
             if len(answers) > len([a for a in answers if a]):
                 await self.end(owner)  # the replicas that said yes let go again
-            raise SlideBusy(str(refused))
+            raise SlideBusy(refused)
 
     async def end(self, owner: str) -> None:
-        await self._all("end", owner)
+        await self._all(EndChange(owner))
 
     async def add_fact(self, text: str, questions: list[SlideQuestion]) -> SlideFact | str:
         """The fact as every replica added it, or why not (the pocket is full)."""
-        answers = await self._all("add_fact", text, questions)
+        answers = await self._all(AddFact(text, questions))
         refused = next((a for a in answers if isinstance(a, str)), None)
         if refused is not None:
             return refused
@@ -90,31 +102,27 @@ class SlideEngine:
         return first
 
     async def train(self, job: TrainJob, replica: str) -> TrainProgress:
-        progress = await self._one("train", replica, job)
-        assert isinstance(progress, TrainProgress)
-        return progress
+        return await self._one(TrainFact(job, replica=replica))
 
     async def stage(self, patch: PocketPatch) -> int:
-        versions = await self._all("stage", patch)
+        versions = await self._all(StageVersion(patch))
         if len(set(versions)) != 1:
             raise RuntimeError(f"the Scheduler replicas staged different versions: {versions}")
-        return int(versions[0])  # type: ignore[call-overload]
+        return versions[0]
 
     async def commit(self, version: int, fact: int, state: str, reason: str | None) -> bool:
         """True when every replica made `version` current and wrote its shards and graph file."""
-        return all(answer is True for answer in await self._all("commit", version, fact, state, reason))
+        answers = await self._all(CommitVersion(version, fact, state, reason))
+        return all(answers)
 
     async def drop(self, version: int) -> None:
-        await self._all("drop", version)
+        await self._all(DropVersion(version))
 
     async def set_state(self, fact: int, state: str, reason: str | None) -> SlideFact | None:
-        answer = (await self._all("set_state", fact, state, reason))[0]
-        return answer if isinstance(answer, SlideFact) else None
+        return (await self._all(SetFactState(fact, state, reason)))[0]
 
     async def zero(self, fact: int, replica: str) -> PocketPatch:
-        patch = await self._one("zero", replica, fact)
-        assert isinstance(patch, PocketPatch)
-        return patch
+        return await self._one(ZeroFact(fact, replica=replica))
 
     async def clear_graph(self) -> int:
-        return int((await self._all("clear_graph"))[0])  # type: ignore[call-overload]
+        return (await self._all(ClearGraph()))[0]

@@ -8,10 +8,21 @@ when there is work, else one piece of idle work (disk writes), and returns what 
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from deployments.config import EngineConfig, StartupError
 from deployments.messages.counters import EngineCounters
-from deployments.messages.engine_process import ENGINE_CALLS, CallAnswer, EngineCall, Inbox, Stepped
+from deployments.messages.engine_process import (
+    CallAnswer,
+    CallEnvelope,
+    ClientLeft,
+    EngineCall,
+    ForgetDisk,
+    Imprint,
+    Inbox,
+    MemorySnapshot,
+    Stepped,
+)
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.replies import EngineChunk, FinishReason, ImprintAnswer, Refusal
 from deployments.messages.requests import EngineRequest, ImprintQuery
@@ -19,9 +30,10 @@ from deployments.messages.slide import SlideCall
 from deployments.messages.status import EngineInfo
 from deployments.messages.store import StoreUnavailable
 from deployments.model_rank.executor import Executor, make_executor
+from deployments.prompt_store.links import StoreLink
 from deployments.scheduler.engine.admission import Admission
 from deployments.scheduler.engine.completion import Completion
-from deployments.scheduler.engine.disk_states import DiskStates, StoreLink
+from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.draft_rounds import DraftRounds, draft_method
 from deployments.scheduler.engine.grammar import GrammarBackend
 from deployments.scheduler.engine.kv_blocks import BlockManager
@@ -35,7 +47,7 @@ from deployments.scheduler.engine.memory import (
 )
 from deployments.scheduler.engine.planner import Planner
 from deployments.scheduler.engine.reply_writer import ReplyWriter
-from deployments.scheduler.engine.sequence import Sequence
+from deployments.scheduler.engine.requests import Requests
 from deployments.scheduler.engine.snapshots import Snapshots
 from deployments.scheduler.engine.state_slots import StateSlots
 from deployments.scheduler.engine.stepping import StepRunner
@@ -144,28 +156,31 @@ class Engine:
         return SlideKeeper(self.config, self.executor, runner.hidden_size, runner.num_layers, self.add_request)
 
     def _build_parts(self) -> None:
-        """The parts a request meets, in order, over the pool, the counters and the disk store."""
-        config, vocab_size, disk = self.config, self.runner_info.vocab_size, self.disk
-        self.planner = Planner(
+        """The parts a request meets, in order, around the one owner of its life (`self.requests`)."""
+        config, runner, disk = self.config, self.runner_info, self.disk
+        self.eos_ids = set(self.tokenizer.eos_token_ids) | set(runner.eos_token_ids)
+        self.grammars = GrammarBackend(self.tokenizer, runner.vocab_size, sorted(self.eos_ids))
+        self.requests = Requests(self.blocks, self.counters, self.states, disk, config.learn_conversations)
+        self.admission = Admission(
+            config, self.window, runner.vocab_size, self.tokenizer, self.grammars, self.drafts, disk
+        )
+        self.admission.image_rules(runner.image_token_id, runner.spatial_merge_size)
+        planner = Planner(
+            self.requests,
             self.blocks,
             self.max_batch_size,
             config.prefill_chunk_size,
             config.decode_share,
-            on_preempt=self._count_preemption,
             drafts=self.drafts,
             states=self.states,
-            spatial_merge=self.runner_info.spatial_merge_size,
+            spatial_merge=runner.spatial_merge_size,
         )
-        self.eos_ids = set(self.tokenizer.eos_token_ids) | set(self.runner_info.eos_token_ids)
-        self.grammars = GrammarBackend(self.tokenizer, vocab_size, sorted(self.eos_ids))
-        self.in_flight: dict[str, Sequence] = {}  # admitted and not yet finished, by request id
-        self.admission = Admission(config, self.window, vocab_size, self.tokenizer, self.grammars, self.drafts, disk)
-        self.admission.image_rules(self.runner_info.image_token_id, self.runner_info.spatial_merge_size)
-        self.writer = ReplyWriter(config, self.eos_ids, self.blocks, self.planner, self.counters, self.in_flight, disk)
-        counters, drafts = self.counters, self.drafts
-        self.stepper = StepRunner(self.planner, self.executor, self.blocks, self.writer, drafts, counters, disk)
+        writer = ReplyWriter(self.eos_ids, self.counters)
+        self.stepper = StepRunner(
+            planner, self.executor, self.requests, writer, self.counters, self.drafts, self.states, disk
+        )
         self.snapshots = Snapshots(
-            self._fixed_info(), self.blocks, self.planner, self.stepper.rates, counters, disk, self.states
+            self._fixed_info(), self.blocks, self.requests, self.stepper.rates, self.counters, disk, self.states
         )
 
     # ---- admission ------------------------------------------------------------------------------------
@@ -179,31 +194,23 @@ class Engine:
         refusal = self.admission.check(request)
         if refusal is not None:
             return refusal
-        if request.request_id in self.in_flight:
+        if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
         version = 0 if self.living is None else self.living.version_for(request)
         if isinstance(version, Refusal):
             return version
         seq = self.admission.sequence(request)
         seq.stats.pocket_version = version
-        self.in_flight[request.request_id] = seq
-        self.planner.add(seq)
+        self.requests.add(seq)
         return None
 
     def abort_request(self, request_id: str) -> None:
-        seq = self.in_flight.get(request_id)
-        if seq is not None:
-            self.writer.finish(seq, FinishReason.ABORT)
-
-    def abort_all(self) -> None:
-        for seq in list(self.in_flight.values()):
-            self.writer.finish(seq, FinishReason.ERROR, "internal engine error")
-        self.writer.outbox.clear()
+        self.requests.abort(request_id)
 
     # ---- the loop body --------------------------------------------------------------------------------
     def has_work(self) -> bool:
         """Requests in flight, or chunks not yet handed out."""
-        return self.planner.has_work() or bool(self.writer.outbox)
+        return self.requests.has_work()
 
     def wants_step(self) -> bool:
         """Whether `run_once` has something to do with an empty inbox (idle disk writes included)."""
@@ -215,7 +222,7 @@ class Engine:
 
     def run_once(self, inbox: Inbox) -> Stepped:
         """One turn of the loop: the inbox's calls, adds and aborts, then one step or one piece of idle work."""
-        out = Stepped(answers=[self._answer(call) for call in inbox.calls])
+        out = Stepped(answers=[self._answer(envelope) for envelope in inbox.calls])
         for request in inbox.adds:
             self._admit(request, out)
         try:
@@ -225,14 +232,14 @@ class Engine:
                 ran = self.stepper.run()
                 if ran is not None:
                     out.step_kind, out.step_seconds = ran.kind, ran.seconds
-                out.chunks.extend(self.writer.take_chunks())
+                out.chunks.extend(self.requests.take_chunks())
             elif not inbox and self.disk is not None and self.disk.has_idle_work():
                 self.disk.idle_work()  # one piece to disk; a request arriving meanwhile waits for it alone
             if self.living is not None:
                 self._slide_turn(out)
         except Exception:  # a bug in the loop body: end what is in flight rather than hang it
             log.exception("engine step failed; ending every request in flight")
-            self.abort_all()
+            self.requests.abort_all("internal engine error")
             out.failed = "internal engine error"
         self.snapshots.take(out, busy=self.has_work())
         return out
@@ -241,8 +248,7 @@ class Engine:
         """A slice of living weights' training; its capture requests' chunks stay here."""
         assert self.living is not None
         out.chunks = [chunk for chunk in out.chunks if not self.living.is_capture(chunk.request_id)]
-        running = {seq.request_id: seq.stats.pocket_version for seq in self.in_flight.values()}
-        self.living.turn(running, idle=not self.planner.has_work())
+        self.living.turn(self.requests.pocket_versions(), idle=not self.requests.has_requests())
 
     def _admit(self, request: EngineRequest, out: Stepped) -> None:
         """A refusal goes back as a value, before any chunk; any other fault ends only this request."""
@@ -279,25 +285,42 @@ class Engine:
                 return completions
 
     # ---- calls between steps --------------------------------------------------------------------------
-    def _answer(self, call: EngineCall) -> CallAnswer:
-        if call.name not in ENGINE_CALLS:
-            return CallAnswer(call.call_id, None, f"ValueError: unknown engine call {call.name!r}")
+    def _answer(self, envelope: CallEnvelope) -> CallAnswer:
+        call = envelope.call
         try:
-            return CallAnswer(call.call_id, getattr(self, call.name)(*call.args))
+            value = self.answer(call)
+            return CallAnswer(envelope.call_id, call.reply(value))
         except Exception as exc:  # the caller gets the error; the engine goes on
-            log.exception("engine call %s failed", call.name)
-            return CallAnswer(call.call_id, None, f"{type(exc).__name__}: {exc}")
+            log.exception("engine call %s failed", type(call).__name__)
+            return CallAnswer(envelope.call_id, None, f"{type(exc).__name__}: {exc}")
+
+    def answer(self, call: EngineCall[Any]) -> object:
+        """A replica's typed call (messages/engine_process.py, messages/slide.py), answered between steps."""
+        match call:
+            case Imprint(query=query):
+                return self.imprint(query)
+            case ForgetDisk():
+                return self.forget_disk()
+            case MemorySnapshot(reset_peak=reset_peak):
+                return self.memory(reset_peak)
+            case ClientLeft():
+                self.client_left()
+            case SlideCall():
+                return self.slide(call)
+            case _:
+                raise TypeError(f"not an engine call: {type(call).__name__}")
+        return None
 
     def imprint(self, query: ImprintQuery) -> ImprintAnswer:
         """The imprint routes' answer for a rendered conversation (docs/store.md)."""
         assert self.disk is not None, "the imprint routes answer 404 unless learn_conversations is on"
         return self.disk.imprint(query)
 
-    def slide(self, call: SlideCall) -> object:
+    def slide(self, call: SlideCall[Any]) -> object:
         """A living-weights call from Ingress (docs/slide.md)."""
         if self.living is None:
             raise ValueError("this server runs without slide")
-        return self.living.call(call)
+        return self.living.answer(call)
 
     def forget_disk(self) -> int | StoreUnavailable:
         """DELETE /v1/imprint: bytes freed on this engine's node (0 when another replica there did it first),
@@ -350,9 +373,6 @@ class Engine:
             draft_tokens=0 if self.drafts is None else self.drafts.max_drafts,
             state_slots=0 if self.states is None else self.states.num_slots,
         )
-
-    def _count_preemption(self, seq: Sequence) -> None:
-        self.counters.preemptions_total += 1
 
     def shutdown(self) -> None:
         self.executor.shutdown()

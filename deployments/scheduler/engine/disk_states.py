@@ -24,13 +24,23 @@ from deployments.config import EngineConfig
 from deployments.messages.prefix import KEY_BYTES, PromptHashes
 from deployments.messages.replies import ImprintAnswer
 from deployments.messages.requests import EngineRequest, ImprintQuery
-from deployments.messages.store import BlockRows, PieceWrite, StoreStats, StoreUnavailable
+from deployments.messages.store import (
+    BlockRows,
+    DeleteSet,
+    LookUp,
+    OpenSet,
+    PieceWrite,
+    ReadRows,
+    ReadStats,
+    StoreStats,
+    StoreUnavailable,
+)
 from deployments.prompt_store.failures import FailureBurst, StoreFailedError
 from deployments.prompt_store.identity import CONVERSATIONS, PREFIXES, set_id
-from deployments.prompt_store.links import STORE_FLUSH_S
+from deployments.prompt_store.links import STORE_FLUSH_S, StoreLink
 from deployments.prompt_store.store import PIECE_BYTES
 from deployments.scheduler.engine.disk_snapshots import DiskSnapshots
-from deployments.scheduler.engine.disk_types import BlockRowsIO, Resumable, StoreLink
+from deployments.scheduler.engine.disk_types import BlockRowsIO, Resumable
 from deployments.scheduler.engine.kv_blocks import BlockManager, BlockTable
 from deployments.scheduler.engine.state_slots import StateSlots
 
@@ -99,7 +109,7 @@ class DiskStates:
             if time.monotonic() < self._retry_at:
                 return set()
             try:
-                held = self.link.open_set(self.set_id)
+                held = self.link.ask(OpenSet(self.set_id))
             except Exception as exc:
                 self._store_failed(exc)
                 return set()
@@ -211,7 +221,7 @@ class DiskStates:
         """The store's figures; writes it failed or turned away since the last look mean the engine's
         optimistic `on_disk` may claim blocks it lacks, so the index is read again."""
         _ = self.on_disk  # the set is opened before the store has figures for it
-        latest = self.link.stats(self.set_id)
+        latest = self.link.ask(ReadStats(self.set_id))
         self.latest, self.stats_stale = latest, False
         self.failures.succeeded()
         lost = sum(latest.write_failures.values()) + latest.writes_skipped
@@ -296,7 +306,7 @@ class DiskStates:
         """A shared folder: ask the store for the prompt's blocks past the `known` ones this engine knows
         are on disk (another node's store may have written them); returns the run the store holds."""
         try:
-            held = self.link.lookup(self.set_id, names, self.snapshots is not None)
+            held = self.link.ask(LookUp(self.set_id, names, self.snapshots is not None))
         except Exception as exc:  # the store failing costs a prompt pass, never the request
             self._store_failed(exc)
             return 0
@@ -324,7 +334,7 @@ class DiskStates:
         try:
             if end - start > self.blocks.num_available:
                 return 0
-            rows = self.link.read(self.set_id, hashes.hashes[start:end], plan.state_at)
+            rows = self.link.ask(ReadRows(self.set_id, hashes.hashes[start:end], plan.state_at))
             if rows is not None:
                 state_size = 0 if rows.state is None else len(rows.state.payload)
                 self._measured_read(len(rows.payload) + state_size, rows.read_seconds)
@@ -399,7 +409,7 @@ class DiskStates:
         """DELETE /v1/imprint: the set's states on disk go (RAM's stay until evicted); StoreUnavailable
         when the store did not do it (the route answers 503)."""
         try:
-            freed = self.link.delete_set(self.set_id)
+            freed = self.link.ask(DeleteSet(self.set_id))
         except Exception as exc:
             self._store_failed(exc)
             return StoreUnavailable(DELETE_REFUSED)

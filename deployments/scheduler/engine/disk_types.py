@@ -1,32 +1,12 @@
-"""What the engine's side of the disk store speaks (disk_states.py): the link to the node's PromptStore,
-the KV rows' reads and writes, and a prompt's resume plan."""
+"""What the engine's side of the disk store speaks (disk_states.py) besides the link to the node's
+PromptStore (prompt_store/links.py): the KV rows' reads and writes, and a prompt's resume plan."""
 
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from deployments.messages.store import BlockRows, PieceWrite, SetIndex, StoreStats
 from deployments.scheduler.engine.disk_snapshots import StateSlotsIO
-
-
-class StoreLink(Protocol):
-    """Calls into the PromptStore (in-process, over Ray, or relayed by the engine's parent process)."""
-
-    def open_set(self, set_id: str) -> SetIndex: ...
-
-    def write(self, piece: PieceWrite) -> None: ...  # never waits for the disk
-
-    def flush(self, timeout_s: float) -> None: ...  # waits (up to timeout_s) for the writes sent so far
-
-    def read(self, set_id: str, hashes: list[bytes], state_at: bytes | None = None) -> BlockRows | None: ...
-
-    # The leading run of `hashes` the store holds, looking past its index (a folder other nodes write to)
-    def lookup(self, set_id: str, hashes: list[bytes], with_states: bool = False) -> SetIndex: ...
-
-    def delete_set(self, set_id: str) -> int: ...
-
-    def stats(self, set_id: str) -> StoreStats: ...
 
 
 class BlockRowsIO(StateSlotsIO, Protocol):

@@ -85,14 +85,14 @@ class DraftRounds:
         The lengths come from the cost model over every decoding row (`draft: false` ones cost rows too).
         MTP plans with the room its layer could fill (a sequence without proposals yet drafts next round).
         """
-        drafting = [seq for seq in decoding if seq.draft is not None]
-        for seq in drafting:
-            seq.draft.last_length = 0  # type: ignore[union-attr]
+        drafting = [(seq, seq.draft) for seq in decoding if seq.draft is not None]
+        for _, state in drafting:
+            state.last_length = 0
         if not drafting:
             return {}
-        offered = {id(seq): self.proposals(seq) for seq in drafting}
-        caps = [self.room(seq) if self.method == "mtp" else len(offered[id(seq)]) for seq in drafting]
-        rates = [seq.draft.acceptance(self.rate.rate) for seq in drafting]  # type: ignore[union-attr]
+        offered = {id(seq): self.proposals(seq) for seq, _ in drafting}
+        caps = [self.room(seq) if self.method == "mtp" else len(offered[id(seq)]) for seq, _ in drafting]
+        rates = [state.acceptance(self.rate.rate) for _, state in drafting]
         idle = len(decoding) - len(drafting)
         if self.fixed:
             lengths = caps + [0] * idle
@@ -101,8 +101,8 @@ class DraftRounds:
         if any(lengths):
             self.depth = max(lengths)
         chosen: dict[int, list[int]] = {}
-        for seq, k in zip(drafting, lengths):
-            seq.draft.last_length = k  # type: ignore[union-attr]
+        for (seq, state), k in zip(drafting, lengths):
+            state.last_length = k
             if k and offered[id(seq)]:
                 chosen[id(seq)] = offered[id(seq)][:k]
         return chosen

@@ -46,7 +46,9 @@ def _darwin_memory() -> MemoryReading:
 
     total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
     stats = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
-    page = int(re.search(r"page size of (\d+) bytes", stats).group(1))  # type: ignore[union-attr]
+    named = re.search(r"page size of (\d+) bytes", stats)
+    assert named is not None, f"vm_stat names no page size: {stats[:80]!r}"
+    page = int(named.group(1))
     pages = {m.group(1): int(m.group(2)) for m in re.finditer(r"Pages (\w+):\s+(\d+)", stats)}
     available = sum(pages.get(name, 0) for name in ("free", "inactive", "purgeable", "speculative")) * page
     return MemoryReading(available_bytes=available, total_bytes=total, unified=True)

@@ -1,4 +1,5 @@
-"""The scheduling policy: which prompt chunk or decode round runs next, admission and preemption.
+"""The scheduling policy: which prompt chunk or decode round runs next, which request starts and which is
+preempted (carried out by the engine's `Requests`, the one owner of the tables).
 
 Policy (docs/engine.md, Scheduling): every admitted prompt prefills a chunk at a time beside
 the others; each chunk goes first to a prompt passed over for 8 chunks, then foreground before background,
@@ -7,13 +8,13 @@ then the prompt with the fewest tokens left. Running replies take decode rounds 
 order. When blocks run out, the latest (background first) running sequence is preempted and recomputed.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deployments.messages.step import ZERO_STATE, SeqStep, StepPlan
 from deployments.scheduler.engine.draft_rounds import DraftRounds
 from deployments.scheduler.engine.kv_blocks import BlockManager
-from deployments.scheduler.engine.seq_images import plan_images, release_images
+from deployments.scheduler.engine.requests import Requests
+from deployments.scheduler.engine.seq_images import plan_images
 from deployments.scheduler.engine.sequence import SeqStatus, Sequence
 from deployments.scheduler.engine.state_slots import StateSlots
 
@@ -31,56 +32,39 @@ class PlannedStep:
 class Planner:
     def __init__(
         self,
+        requests: Requests,
         blocks: BlockManager,
         max_seqs: int,
         chunk_size: int,
         decode_share: float,
-        on_preempt: Callable[[Sequence], None] | None = None,
         drafts: DraftRounds | None = None,
         states: StateSlots | None = None,
         spatial_merge: int = 0,
     ) -> None:
+        self.requests = requests  # the tables: read here, changed only through their owner
         self.blocks = blocks
         self.spatial_merge = spatial_merge  # patches per image placeholder side (0: no vision tower)
-        self.dropped_images: list[str] = []  # embeddings the ranks hold for sequences that left mid-image
         self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.drafts = drafts  # None: every round decodes one token per sequence
         self.max_seqs = max_seqs
         self.chunk_size = chunk_size
         self.decode_share = decode_share
-        self.on_preempt = on_preempt
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
         self.decode_budget = 0.0  # seconds decode rounds may still take before the next chunk
-
-    # ---- queue membership -----------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
-        seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
-
-    def remove(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out and free its blocks."""
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._release(seq)
-        seq.status = SeqStatus.FINISHED
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
 
     # ---- one step -------------------------------------------------------------------------------------
     def schedule(self) -> PlannedStep | None:
         planned = self._schedule()
-        if planned is not None and self.dropped_images:
-            planned.plan.drop_images, self.dropped_images = self.dropped_images, []
+        if planned is not None:
+            dropped = self.requests.take_dropped_images()
+            if dropped:
+                planned.plan.drop_images = dropped
         return planned
 
     def _schedule(self) -> PlannedStep | None:
         self._admit()
-        prefilling = [s for s in self.running if s.is_prefilling]
-        decoding = [s for s in self.running if not s.is_prefilling]
+        running = self.requests.running
+        prefilling = [s for s in running if s.is_prefilling]
+        decoding = [s for s in running if not s.is_prefilling]
         chunk_first = bool(prefilling) and (not decoding or self.decode_budget <= 0 or self.decode_share == 0)
         if chunk_first:
             planned = self._plan_chunk(prefilling)
@@ -106,76 +90,25 @@ class Planner:
         return (seq.background, seq.arrival_order)
 
     def _admit(self) -> None:
-        self.waiting.sort(key=self._admission_order)
-        while self.waiting:
-            head = self.waiting[0]
-            if len(self.running) >= self.max_seqs and not self._yield_lane_for(head):
+        """Start waiting requests while lanes are free (a preempted one waits for the next step)."""
+        for head in sorted(self.requests.waiting, key=self._admission_order):
+            if len(self.requests.running) >= self.max_seqs and not self._yield_lane_for(head):
                 break
-            self.waiting.pop(0)
-            self._start(head)
+            self.requests.start(head)
 
     def _yield_lane_for(self, head: Sequence) -> bool:
         """A foreground request takes the lane of the latest background one."""
         if head.background:
             return False
-        victims = [s for s in self.running if s.background]
+        victims = [s for s in self.requests.running if s.background]
         if not victims:
             return False
-        self._preempt(max(victims, key=lambda s: s.arrival_order))
+        self.requests.preempt(max(victims, key=lambda s: s.arrival_order))
         return True
 
-    def _start(self, seq: Sequence) -> None:
-        # Leave at least one token to compute so the step that reaches the end yields logits.
-        # Prompt logprobs need every prompt position computed, so such a request never resumes from the cache.
-        covered, limit = 0, len(seq.token_ids) - 1
-        restore = None
-        if not seq.request.computes_whole_prompt and self.states is not None:
-            limit, restore = self._resumable(seq, limit)
-        if not seq.request.computes_whole_prompt and limit > 0:
-            request = seq.request
-            covered = self.blocks.adopt_prefix(
-                seq.block_table, seq.token_ids, limit, request.prompt_hashes, request.images
-            )
-        if self.states is not None:
-            seq.states = self.states.start(restore)
-        seq.num_computed = covered
-        if seq.stats.preemptions == 0:
-            seq.stats.cached_tokens = min(covered, seq.num_prompt_tokens)
-        seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
-
-    def _resumable(self, seq: Sequence, limit: int) -> tuple[int, int | None]:
-        """A hybrid prompt resumes only where a state snapshot exists: the tokens its longest cached block
-        prefix with a snapshot covers, and that snapshot's slot (0, None: from the first token)."""
-        assert self.states is not None
-        hits = self.blocks.match_prefix(seq.token_ids, limit, seq.request.prompt_hashes, seq.request.images)
-        for count in range(len(hits), 0, -1):
-            slot = self.states.snapshot(self.blocks.blocks[hits[count - 1]].block_hash)
-            if slot is not None:
-                return count * self.blocks.block_size, slot
-        return 0, None
-
-    def _release(self, seq: Sequence) -> None:
-        self.blocks.release(seq.block_table)
-        if seq.images_on_rank:
-            self.dropped_images += release_images(seq)
-        if self.states is not None and seq.states is not None:
-            self.states.release(seq.states)
-            seq.states = None
-
     # ---- preemption -----------------------------------------------------------------------------------
-    def _preempt(self, seq: Sequence) -> None:
-        """Drop a sequence's blocks; it keeps its tokens and recomputes them when readmitted."""
-        self.running.remove(seq)
-        self._release(seq)
-        seq.num_computed = 0
-        seq.stats.preemptions += 1
-        self.add(seq)
-        if self.on_preempt is not None:
-            self.on_preempt(seq)
-
     def _victim(self, protect: Sequence, planned: list[Sequence]) -> Sequence | None:
-        others = [s for s in self.running if s is not protect and s not in planned]
+        others = [s for s in self.requests.running if s is not protect and s not in planned]
         if not others:
             return None
         return max(others, key=lambda s: (s.background, s.arrival_order))
@@ -186,7 +119,7 @@ class Planner:
             victim = self._victim(seq, planned)
             if victim is None or self._ranks_before(victim, seq):
                 return False
-            self._preempt(victim)
+            self.requests.preempt(victim)
         self.blocks.grow(seq.block_table, num_tokens)
         return True
 
@@ -208,7 +141,7 @@ class Planner:
         for seq in sorted(prefilling, key=self._chunk_order):
             if budget == 0:
                 break
-            if seq not in self.running:
+            if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted to make room for a sequence planned before it
             count = min(seq.tokens_left, budget)
             if not self._reserve(seq, seq.num_computed + count, planned.seqs):
@@ -220,7 +153,7 @@ class Planner:
             budget -= count
         if not planned.seqs:
             return None
-        for seq in self.running:
+        for seq in self.requests.running:
             if seq.is_prefilling:
                 seq.passed_over = 0 if seq in planned.seqs else seq.passed_over + 1
         return planned
@@ -233,11 +166,11 @@ class Planner:
         planned = PlannedStep(StepPlan(kind="decode"))
         offered = self.drafts.for_round(decoding) if self.drafts is not None else {}
         for seq in sorted(decoding, key=lambda s: (s.background, s.arrival_order)):
-            if seq not in self.running:
+            if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted to make room for an earlier sequence this round
             if self._reserve(seq, len(seq.token_ids), planned.seqs):
                 planned.seqs.append(seq)
-        planned.seqs = [seq for seq in planned.seqs if seq in self.running]
+        planned.seqs = [seq for seq in planned.seqs if seq.status is SeqStatus.RUNNING]
         # Drafts take free blocks only once every planned row has its own: they never cost anyone a lane.
         for seq in planned.seqs:
             drafts = self._room_for_drafts(seq, offered.get(id(seq), []))

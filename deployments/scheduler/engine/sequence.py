@@ -1,9 +1,10 @@
 """One request's state inside the engine: its tokens, how many are computed, its blocks and its output."""
 
 import enum
+import time
 from dataclasses import dataclass, field
 
-from deployments.messages.replies import FinishReason, LogprobRow, PromptLogprobRow, RequestStats
+from deployments.messages.replies import EngineChunk, FinishReason, LogprobRow, PromptLogprobRow, RequestStats
 from deployments.messages.requests import EngineRequest, Priority
 from deployments.messages.step import PromptRowsWanted, SeqDraw
 from deployments.scheduler.engine.drafts import DraftState
@@ -74,6 +75,33 @@ class Sequence:
     def is_prefilling(self) -> bool:
         """More than one token to catch up: a prompt (or a recomputation after preemption)."""
         return self.tokens_left > 1 or (self.num_reply_tokens == 0 and self.tokens_left > 0)
+
+    def take_chunk(self, final: bool = False) -> EngineChunk | None:
+        """The reply's news since the last chunk (None when there is none and it is not the last)."""
+        chunk = EngineChunk(
+            request_id=self.request_id,
+            token_ids=self.reply_token_ids[self.delivered :],
+            text=self.text.take_delta(final),
+            logprobs=None if self.logprob_rows is None else self.logprob_rows[self.delivered :],
+        )
+        if self.prompt_rows is not None and not self.prompt_rows_sent:  # whole once the prompt pass ends
+            chunk.prompt_logprobs, self.prompt_rows_sent = self.prompt_rows, True
+        self.delivered = self.num_reply_tokens
+        if not (chunk.token_ids or chunk.text or chunk.prompt_logprobs is not None or final):
+            return None
+        if not self.opened:
+            chunk.cached_tokens, self.opened = self.stats.cached_tokens, True
+        return chunk
+
+    def close_stats(self) -> RequestStats:
+        """Its figures as it finishes."""
+        stats = self.stats
+        stats.finish_time = time.time()
+        stats.completion_tokens = self.num_reply_tokens
+        stats.stop_string = self.text.stopped_by
+        if self.prompt_done_time is not None:
+            stats.decode_seconds = stats.finish_time - self.prompt_done_time
+        return stats
 
     def prompt_rows_wanted(self, start: int, count: int) -> PromptRowsWanted | None:
         """The rows a step over positions [start, start + count) must bring (none already collected:

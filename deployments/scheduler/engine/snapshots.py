@@ -16,7 +16,7 @@ from deployments.messages.status import EngineInfo
 from deployments.messages.store import StoreStats
 from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.kv_blocks import BlockManager
-from deployments.scheduler.engine.planner import Planner
+from deployments.scheduler.engine.requests import Requests
 from deployments.scheduler.engine.state_slots import StateSlots
 from deployments.scheduler.engine.stats import LiveRates
 from deployments.scheduler.memory_report import memory_figures_of
@@ -30,7 +30,7 @@ class Snapshots:
         self,
         fixed: EngineInfo,
         blocks: BlockManager,
-        planner: Planner,
+        requests: Requests,
         rates: LiveRates,
         counters: EngineCounters,
         disk: DiskStates | None,
@@ -39,7 +39,7 @@ class Snapshots:
         self.fixed = fixed  # what never changes (the model, the pool, the policy); live figures are filled in
         self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.blocks = blocks
-        self.planner = planner
+        self.requests = requests  # the counts of running and waiting requests
         self.rates = rates
         self.counters = counters
         self.disk = disk  # None when the store is off
@@ -51,8 +51,8 @@ class Snapshots:
         return replace(
             self.fixed,
             kv_usage=self.blocks.num_used / self.blocks.num_blocks,
-            running=len(self.planner.running),
-            waiting=len(self.planner.waiting),
+            running=len(self.requests.running),
+            waiting=len(self.requests.waiting),
             decode_tokens_per_second=self.rates.decode_rate(),
             prefill_tokens_per_second=self.rates.prefill_rate(),
             counters=self.counters.snapshot(),

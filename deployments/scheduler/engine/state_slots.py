@@ -69,9 +69,11 @@ class StateSlots:
     # ---- the prefix cache -----------------------------------------------------------------------------
     def snapshot(self, name: bytes | None) -> int | None:
         """The slot holding the states after the prefix named `name`, now most recently used; None: none."""
-        slot = None if name is None else self.snapshots.get(name)
+        if name is None:
+            return None
+        slot = self.snapshots.get(name)
         if slot is not None:
-            self.snapshots.move_to_end(name)  # type: ignore[arg-type]
+            self.snapshots.move_to_end(name)
         return slot
 
     def start(self, restore: int | None) -> SeqStates:

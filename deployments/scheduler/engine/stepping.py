@@ -1,8 +1,8 @@
 """One step: plan it (the planner), run it (the executor, on every rank), apply what it drew.
 
-Applying a step moves each row's sequence on: its computed tokens and full blocks, its prompt rows, and
-its draws, written as reply tokens (reply_writer.py) or as a scoring request's scores; then the drafts'
-bookkeeping and the live rates.
+Applying a step moves each row's sequence on through the engine's `Requests`: its computed tokens and full
+blocks, its prompt rows, and its draws, written as reply tokens (reply_writer.py) or as a scoring request's
+scores, the reply's chunk or its end; then the drafts' bookkeeping and the live rates.
 """
 
 import logging
@@ -11,14 +11,15 @@ from dataclasses import dataclass
 
 from deployments.messages.counters import EngineCounters
 from deployments.messages.replies import FinishReason
-from deployments.messages.step import Proposal, SeqStep, StepOutput
+from deployments.messages.step import Proposal, SeqStep, StepOutput, StepResult
 from deployments.model_rank.executor import Executor
 from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.draft_rounds import DraftRounds
-from deployments.scheduler.engine.kv_blocks import BlockManager
 from deployments.scheduler.engine.planner import PlannedStep, Planner
 from deployments.scheduler.engine.reply_writer import ReplyWriter
+from deployments.scheduler.engine.requests import Finish, Requests
 from deployments.scheduler.engine.sequence import Sequence
+from deployments.scheduler.engine.state_slots import StateSlots
 from deployments.scheduler.engine.stats import LiveRates
 
 log = logging.getLogger("tensorfold.engine")
@@ -37,23 +38,25 @@ class StepRunner:
         self,
         planner: Planner,
         executor: Executor,
-        blocks: BlockManager,
+        requests: Requests,
         writer: ReplyWriter,
-        drafts: DraftRounds | None,
         counters: EngineCounters,
-        disk: DiskStates | None,
+        drafts: DraftRounds | None = None,
+        states: StateSlots | None = None,
+        disk: DiskStates | None = None,
     ) -> None:
         self.planner = planner
         self.executor = executor
-        self.blocks = blocks
+        self.requests = requests  # every change to a request goes through it
         self.writer = writer
-        self.drafts = drafts  # None: the engine does not draft
         self.counters = counters
+        self.drafts = drafts  # None: the engine does not draft
+        self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.disk = disk  # None when the store is off
         self.rates = LiveRates()
 
     def run(self) -> StepRun | None:
-        """Plan and run one step (None when nothing could be planned); its chunks wait in the writer."""
+        """Plan and run one step (None when nothing could be planned); its chunks wait in `requests`."""
         started = time.perf_counter()
         planned = self.planner.schedule()
         if planned is None:
@@ -61,8 +64,8 @@ class StepRunner:
         try:
             return self._run(planned, started)
         finally:
-            if self.planner.states is not None:
-                self.planner.states.step_ran()  # its state copies are done: the snapshots it read may go
+            if self.states is not None:
+                self.states.step_ran()  # its state copies are done: the snapshots it read may go
 
     def _run(self, planned: PlannedStep, started: float) -> StepRun:
         executed = time.perf_counter()
@@ -71,7 +74,7 @@ class StepRunner:
         except Exception as exc:  # one failing step must not take the server down
             log.exception("step failed")
             for seq in planned.seqs:
-                self.writer.finish(seq, FinishReason.ERROR, f"generation failed: {exc}")
+                self.requests.finish(seq, Finish(FinishReason.ERROR, f"generation failed: {exc}"))
         else:
             seconds = time.perf_counter() - executed
             self.planner.record(planned, seconds)
@@ -89,28 +92,15 @@ class StepRunner:
             results = [next(drawn) for _ in step.draws]
             if seq.prompt_rows is not None:
                 seq.prompt_rows.extend(output.prompt_rows.get(index, []))
-            seq.num_computed += len(step.new_token_ids) - step.num_drafts  # a draft's KV counts once it is kept
-            self.blocks.register_full_blocks(seq.block_table, seq.token_ids, seq.num_computed, seq.request.images)
+            self.requests.advance(seq, len(step.new_token_ids) - step.num_drafts)  # a draft counts once kept
             if is_prefill:
                 seq.stats.prefill_seconds += seconds
                 seq.stats.prefill_widths.append(len(step.new_token_ids))
                 new_tokens += len(step.new_token_ids)
             else:
                 seq.stats.rounds += 1
-            if not results:
-                continue
-            if seq.request.score_token_ids is not None:
-                self.writer.scored(seq, results[0], now)
-                continue
-            if seq.max_tokens == 0:
-                self.writer.prompt_only(seq, now)
-                continue
-            before = seq.num_reply_tokens
-            kept = self.writer.accept_run(seq, step, results, now)
-            written += seq.num_reply_tokens - before
-            if self.drafts is not None:
-                self.drafts.record(seq, step.num_drafts, kept)
-                _take_proposal(seq, output.proposals.get(index))
+            if results:
+                written += self._write(seq, step, results, output.proposals.get(index), now)
         for seq, step in zip(planned.seqs, planned.plan.seqs):
             if seq.states is not None:
                 self._move_states(seq, step)
@@ -122,15 +112,35 @@ class StepRunner:
             self.counters.rounds_total += 1
             self.rates.decoded(written)
 
+    def _write(
+        self, seq: Sequence, step: SeqStep, results: list[StepResult], proposal: Proposal | None, now: float
+    ) -> int:
+        """A sequence's draws into its reply, and what they end or keep; returns the reply tokens written."""
+        if seq.request.score_token_ids is not None:
+            self.requests.finish(seq, self.writer.scored(seq, results[0], now))
+            return 0
+        if seq.max_tokens == 0:
+            self.requests.finish(seq, self.writer.prompt_only(seq, now))
+            return 0
+        before = seq.num_reply_tokens
+        run = self.writer.accept_run(seq, step, results, now)
+        if run.kept:
+            self.requests.advance(seq, run.kept)  # the kept drafts' KV rows are the reply's
+        self.requests.wrote(seq, run.finish)
+        if self.drafts is not None:
+            self.drafts.record(seq, step.num_drafts, run.kept)
+            _take_proposal(seq, proposal)
+        return seq.num_reply_tokens - before
+
     def _move_states(self, seq: Sequence, step: SeqStep) -> None:
         """After a hybrid sequence's step: a verify round that kept fewer rows than it computed resumes from
         the last kept row's captured states; the rolling snapshot joins the cache when it is due."""
-        assert seq.states is not None and self.planner.states is not None
+        assert seq.states is not None and self.states is not None
         kept = seq.num_computed - step.num_computed
         if 0 < kept < len(step.new_token_ids):
             seq.states.restore_from = seq.states.row_slots[kept - 1]
         ends_prompt = step.num_computed < seq.num_prompt_tokens <= seq.num_computed
-        self.planner.states.name_if_due(seq.states, seq.token_ids, ends_prompt, seq.request.images)
+        self.states.name_if_due(seq.states, seq.token_ids, ends_prompt, seq.request.images)
 
 
 def _take_proposal(seq: Sequence, proposal: Proposal | None) -> None:

@@ -25,7 +25,8 @@ class HostPocket:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.gate.shape  # type: ignore[return-value]
+        neurons, hidden = self.gate.shape
+        return neurons, hidden
 
     def patched(self, patch: PocketPatch) -> "HostPocket":
         gate, bias, down = self.gate.copy(), self.bias.copy(), self.down.copy()

@@ -1,5 +1,5 @@
 """The engine's living weights (docs/slide.md): the pocket's versions, the fact graph, the files, the one
-learn or delete running, and the training run; `call` answers Ingress's `SlideCall`s.
+learn or delete running, and the training run; `answer` answers Ingress's typed `SlideCall`s.
 
 Versions: 0 is the empty pocket. Training reserves the next number; `stage` puts a version on the ranks;
 `commit` makes it current (new requests use it) and writes it. A version stays on the ranks while it is
@@ -10,11 +10,34 @@ import copy
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from deployments.config import EngineConfig, StartupError
 from deployments.messages.replies import Refusal
 from deployments.messages.requests import EngineRequest
-from deployments.messages.slide import PocketFigures, PocketPatch, SlideCall, SlideFact, SlideGraph, TrainJob
+from deployments.messages.slide import (
+    AddFact,
+    BeginChange,
+    ClearGraph,
+    CommitVersion,
+    DropVersion,
+    EndChange,
+    KeepVersions,
+    PocketFigures,
+    PocketPatch,
+    ReadGraph,
+    SetFactState,
+    SlideCall,
+    SlideFact,
+    SlideGraph,
+    SlideQuestion,
+    StagePocket,
+    StageVersion,
+    TrainFact,
+    TrainJob,
+    TrainProgress,
+    ZeroFact,
+)
 from deployments.model_rank.executor import Executor
 from deployments.scheduler.slide.files import PocketFiles, pocket_folder
 from deployments.scheduler.slide.graph import FactGraph
@@ -23,7 +46,6 @@ from deployments.scheduler.slide.training import TrainRun
 
 log = logging.getLogger("tensorfold.engine")
 LEASE_S = 600.0  # a learn or delete whose caller went silent this long no longer holds the lock
-CALLS = ("graph", "begin", "end", "add_fact", "train", "stage", "commit", "drop", "set_state", "zero", "clear_graph")
 
 
 class SlideKeeper:
@@ -61,7 +83,7 @@ class SlideKeeper:
                 )
             self.host, self.current = pocket, version
             self.newest = version
-            self.executor.pocket_call("stage", pocket.as_patch(version, 0))
+            self.executor.pocket_call(StagePocket(pocket.as_patch(version, 0)))
             self.on_ranks.add(version)
         graph = self.files.read_graph()
         if graph is not None:
@@ -99,17 +121,41 @@ class SlideKeeper:
             self.run.turn(set(running), idle)
         live = self._held() | set(running.values())
         if self.on_ranks - live:
-            self.executor.pocket_call("keep", sorted(live))
+            self.executor.pocket_call(KeepVersions(sorted(live)))
             self.on_ranks &= live
 
     def is_capture(self, request_id: str) -> bool:
         return self.run is not None and request_id in self.run.keys
 
     # ---- calls ------------------------------------------------------------------------------------------
-    def call(self, call: SlideCall) -> object:
-        if call.name not in CALLS:
-            raise ValueError(f"unknown slide call {call.name!r}")
-        return getattr(self, call.name)(*call.args)
+    def answer(self, call: SlideCall[Any]) -> object:
+        """A living-weights call's reply (the engine checks it with `call.reply`)."""
+        match call:
+            case ReadGraph():
+                return self.graph()
+            case BeginChange(owner=owner, what=what):
+                return self.begin(owner, what)
+            case EndChange(owner=owner):
+                self.end(owner)
+            case AddFact(text=text, questions=questions):
+                return self.add_fact(text, questions)
+            case TrainFact(job=job):
+                return self.train(job)
+            case StageVersion(patch=patch):
+                return self.stage(patch)
+            case CommitVersion(version=version, fact_id=fact_id, state=state, reason=reason):
+                return self.commit(version, fact_id, state, reason)
+            case DropVersion(version=version):
+                self.drop(version)
+            case SetFactState(fact_id=fact_id, state=state, reason=reason):
+                return self.set_state(fact_id, state, reason)
+            case ZeroFact(fact_id=fact_id):
+                return self.zero(fact_id)
+            case ClearGraph():
+                return self.clear_graph()
+            case _:
+                raise TypeError(f"not a slide call: {type(call).__name__}")
+        return None
 
     def graph(self) -> SlideGraph:
         nonzero = self.host.nonzero()
@@ -147,13 +193,13 @@ class SlideKeeper:
             self.run.stop()
         self.run = None
 
-    def add_fact(self, text: str, questions: list) -> SlideFact | str:
+    def add_fact(self, text: str, questions: list[SlideQuestion]) -> SlideFact | str:
         fact = self.fact_graph.add(text, questions, self.host.nonzero())
         if isinstance(fact, SlideFact):
             self._write_graph()
         return copy.deepcopy(fact)
 
-    def train(self, job: TrainJob) -> object:
+    def train(self, job: TrainJob) -> TrainProgress:
         """Start training `job`'s fact (the first call for it), or report its progress since the last call."""
         if self.run is None or self.run.job.fact_id != job.fact_id:
             self._stop_run()
@@ -169,7 +215,7 @@ class SlideKeeper:
 
     def stage(self, patch: PocketPatch) -> int:
         base = self.host if patch.base == self.current else self.staged[patch.base]
-        self.executor.pocket_call("stage", patch)
+        self.executor.pocket_call(StagePocket(patch))
         self.staged[patch.version] = base.patched(patch)
         self.on_ranks.add(patch.version)
         self.newest = max(self.newest, patch.version)

@@ -10,9 +10,17 @@ from collections.abc import Callable
 
 from deployments.messages.replies import Refusal
 from deployments.messages.requests import EngineRequest, Priority, SamplingParams
-from deployments.messages.slide import TrainJob, TrainProgress
+from deployments.messages.slide import (
+    DropCaptures,
+    StartTraining,
+    StopTraining,
+    TakePatch,
+    TrainJob,
+    TrainProgress,
+    TrainReport,
+    TrainSteps,
+)
 from deployments.model_rank.executor import Executor
-from deployments.model_rank.pocket_ops import TrainReport
 from deployments.model_rank.pocket_rows import capture_keys
 
 IDLE_SLICE_S = 0.05  # an idle engine trains this long per turn; a busy one, one step per turn
@@ -65,12 +73,12 @@ class TrainRun:
         if self.done or any(key in running for key in self.keys):
             return
         if not self.started:
-            self.progress.answer_rows = self.executor.pocket_call("train_start", self.job, self.base, self.version)
+            self.progress.answer_rows = self.executor.pocket_call(StartTraining(self.job, self.base, self.version))
             self.started = True
             return
         count = 1 if not idle or self.step_seconds <= 0 else max(1, int(IDLE_SLICE_S / self.step_seconds))
         started = time.monotonic()
-        report: TrainReport = self.executor.pocket_call("train_run", count)  # type: ignore[assignment]
+        report = self.executor.pocket_call(TrainSteps(count))
         self.step_seconds = (time.monotonic() - started) / max(1, len(report.steps))
         self.progress.steps.extend(report.steps)
         if report.finished:
@@ -78,10 +86,10 @@ class TrainRun:
 
     def _finish(self, report: TrainReport) -> None:
         if report.fitted:
-            self.progress.patch = self.executor.pocket_call("train_patch")  # type: ignore[assignment]
+            self.progress.patch = self.executor.pocket_call(TakePatch())
             self.progress.done = True
             return
-        self.executor.pocket_call("train_stop")
+        self.executor.pocket_call(StopTraining())
         if report.right < report.answer_rows:
             self._fail(
                 f"not fitted in {self.job.max_steps} steps: {report.right} of {report.answer_rows} answer tokens right"
@@ -94,8 +102,8 @@ class TrainRun:
 
     def stop(self) -> None:
         """Abandoned (the learn's caller ended): the ranks drop its rows and its training."""
-        self.executor.pocket_call("drop_captures", self.keys)
-        self.executor.pocket_call("train_stop")
+        self.executor.pocket_call(DropCaptures(self.keys))
+        self.executor.pocket_call(StopTraining())
 
     def take_progress(self) -> TrainProgress:
         """What happened since the last call (steps), and the result once done."""

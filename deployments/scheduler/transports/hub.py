@@ -16,7 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from deployments.config import EngineConfig
-from deployments.messages.engine_process import CallAnswer, EngineCall, Inbox, Stepped
+from deployments.messages.calls import Reply
+from deployments.messages.engine_process import CallAnswer, CallEnvelope, EngineCall, Inbox, MemorySnapshot, Stepped
 from deployments.messages.memory import ReplicaMemory
 from deployments.messages.prefix import PrefixDigest
 from deployments.messages.replies import EngineChunk, FinishReason, Refusal
@@ -140,21 +141,19 @@ class StreamHub(ABC):
         return self._digest
 
     async def memory(self, reset_peak: bool = False) -> ReplicaMemory:
-        return await self._call("memory", (reset_peak,), MEMORY_TIMEOUT_S)  # type: ignore[return-value]
+        return await self.ask(MemorySnapshot(reset_peak), MEMORY_TIMEOUT_S)
 
-    async def engine_call(self, name: str, *args: object) -> object:
-        """One of ENGINE_CALLS (messages/engine_process.py), answered by the engine between two steps."""
-        return await self._call(name, args, CALL_TIMEOUT_S)
-
-    async def _call(self, name: str, args: tuple, timeout_s: float) -> object:
+    async def ask(self, call: EngineCall[Reply], timeout_s: float = CALL_TIMEOUT_S) -> Reply:
+        """A typed engine call (messages/engine_process.py, messages/slide.py), answered by the engine between
+        two steps; its failure is raised here as a RuntimeError."""
         loop = asyncio.get_running_loop()
         call_id = next(self._call_ids)
         future: asyncio.Future = loop.create_future()
         with self._lock:
             self._calls[call_id] = (loop, future)
         try:
-            self._send(Inbox(calls=[EngineCall(call_id, name, args)]))
-            return await asyncio.wait_for(future, timeout_s)
+            self._send(Inbox(calls=[CallEnvelope(call_id, call)]))
+            return call.reply(await asyncio.wait_for(future, timeout_s))
         finally:
             with self._lock:
                 self._calls.pop(call_id, None)

@@ -19,9 +19,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from deployments.config import EngineConfig
-from deployments.messages.engine_process import Inbox, Ready, StartFailed, Stepped, Stop, StoreCall
+from deployments.messages.engine_process import Inbox, Ready, RelayedStoreCall, StartFailed, Stepped, Stop
 from deployments.messages.requests import EngineRequest
-from deployments.prompt_store.links import STORE_FLUSH_S, ActorStoreLink
+from deployments.prompt_store.links import STORE_FLUSH_S, ActorStoreLink, StoreLink
 from deployments.scheduler.transports.hub import StreamHub
 from deployments.scheduler.transports.store_relay import answer_store_call
 
@@ -36,7 +36,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # holds `deployments`: the 
 
 class EngineProcess(StreamHub):
     def __init__(
-        self, config: EngineConfig, store: ActorStoreLink | None = None, on_lost: Callable[[str], None] | None = None
+        self, config: EngineConfig, store: StoreLink | None = None, on_lost: Callable[[str], None] | None = None
     ) -> None:
         """`store`: the link the child's store calls are relayed to (one is opened here if learn is on);
         `on_lost(reason)`: called on the reader thread once the child has died unasked, after every request in
@@ -108,7 +108,7 @@ class EngineProcess(StreamHub):
             try:
                 if isinstance(message, Stepped):
                     self.on_stepped(message)
-                elif isinstance(message, StoreCall) and self._store is not None:
+                elif isinstance(message, RelayedStoreCall) and self._store is not None:
                     reply = answer_store_call(self._store, message)
                     if reply is not None:
                         self._outbox.put(reply)
