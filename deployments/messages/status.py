@@ -19,7 +19,7 @@ class EngineInfo:
     """A snapshot for /health, /metrics and the finish log (read on any thread)."""
 
     window: int
-    max_batch_size: int
+    lanes: int
     policy: str
     block_size: int
     num_blocks: int

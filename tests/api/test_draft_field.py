@@ -79,7 +79,7 @@ class _RecordingBackend(LocalBackend):
             ReplicaStatus(
                 replica="r1",
                 window=4096,
-                max_batch_size=8,
+                lanes=8,
                 policy="",
                 block_size=16,
                 num_blocks=64,

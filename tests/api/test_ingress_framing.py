@@ -181,7 +181,7 @@ def _status(name: str, running: int, waiting: int, decode: float, requests: int)
     return ReplicaStatus(
         replica=name,
         window=4096,
-        max_batch_size=8,
+        lanes=8,
         policy="p",
         block_size=16,
         num_blocks=64,

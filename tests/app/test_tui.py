@@ -167,7 +167,7 @@ def test_a_missing_token_variable_is_refused(monkeypatch: pytest.MonkeyPatch, ca
 FIXED = Readings(
     state="serving",
     model="qwen3-8b",
-    policy="parallel=16 chunk=512 decode_share=0.5 threads=8 kv=bf16 drafts=ngram",
+    policy="lanes=16 chunk=512 decode_share=0.5 threads=8 kv=bf16 drafts=ngram",
     context_length=32768,
     running=12,
     waiting=3,

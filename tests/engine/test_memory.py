@@ -32,11 +32,11 @@ def test_pool_lanes_and_window() -> None:
     plan = plan_pool(
         budget_bytes=1000 * 64, bytes_per_block=64, block_size=16, window=4096, parallel="auto", max_parallel_auto=64
     )
-    assert plan.num_blocks == 1000 and plan.max_seqs == 3  # 16000 tokens hold three 4096-token windows
+    assert plan.num_blocks == 1000 and plan.lanes == 3  # 16000 tokens hold three 4096-token windows
     tight = plan_pool(
         budget_bytes=100 * 64, bytes_per_block=64, block_size=16, window=4096, parallel=4, max_parallel_auto=64
     )
-    assert tight.window == 1600 and tight.max_seqs == 4  # the window shrinks to what the pool holds
+    assert tight.window == 1600 and tight.lanes == 4  # the window shrinks to what the pool holds
     capped = plan_pool(
         budget_bytes=10**12, bytes_per_block=64, block_size=16, window=256, parallel=2, max_parallel_auto=64
     )

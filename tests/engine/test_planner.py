@@ -37,7 +37,7 @@ def _complete(planner: Planner, planned: PlannedStep, seconds: float = 1.0) -> N
 def _planner(chunk: int = 8, share: float = 0.25, blocks: int = 64, lanes: int = 8) -> Planner:
     """A planner over its own requests' owner (`planner.requests`) and block pool."""
     pool = BlockManager(blocks, 4)
-    return Planner(Requests(pool, EngineCounters()), pool, max_seqs=lanes, chunk_size=chunk, decode_share=share)
+    return Planner(Requests(pool, EngineCounters()), pool, lanes=lanes, chunk_size=chunk, decode_share=share)
 
 
 def test_chunk_goes_to_fewest_tokens_left_and_foreground_first() -> None:

@@ -28,7 +28,7 @@ def _seq(name: str, prompt_len: int = 6, order: int = 0, priority: Priority = Pr
 def _engine_parts(blocks: int = 16, lanes: int = 4) -> tuple[Requests, Planner, BlockManager]:
     pool = BlockManager(blocks, 4)
     requests = Requests(pool, EngineCounters())
-    return requests, Planner(requests, pool, max_seqs=lanes, chunk_size=64, decode_share=0.25), pool
+    return requests, Planner(requests, pool, lanes=lanes, chunk_size=64, decode_share=0.25), pool
 
 
 def _tables(requests: Requests, seq: Sequence) -> tuple[bool, bool, bool]:

@@ -89,7 +89,7 @@ def health_body(settings: IngressSettings, replicas: list[ReplicaStatus], vision
         "status": "ok",
         "model": settings.served_name,
         "model_ids": list(settings.model_ids),
-        "max_batch_size": sum(r.max_batch_size for r in replicas),
+        "max_batch_size": sum(r.lanes for r in replicas),
         "vision": vision,
     }
     if first.policy:

@@ -77,11 +77,11 @@ class Engine:
             else DraftRounds(self.draft_method, config.draft_tokens, fixed=config.draft_policy == "fixed")
         )
         pool = self._allocate_pool()
-        self.window, self.max_batch_size = pool.window, pool.max_seqs
+        self.window, self.lanes = pool.window, pool.lanes
         self.counters = EngineCounters()
         self.disk = None if not config.learning else self._open_disk(store_link)
         self.policy = (
-            f"parallel={pool.max_seqs} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
+            f"lanes={pool.lanes} chunk={config.prefill_chunk_size} decode_share={config.decode_share} "
             f"threads={self.runner_info.threads} kv={pool.reason} drafts={self.draft_method}"
             + (f"x{self.drafts.max_drafts}" if self.drafts is not None else "")
         )
@@ -168,7 +168,7 @@ class Engine:
         planner = Planner(
             self.requests,
             self.blocks,
-            self.max_batch_size,
+            self.lanes,
             config.prefill_chunk_size,
             config.decode_share,
             drafts=self.drafts,
@@ -354,7 +354,7 @@ class Engine:
         runner = self.runner_info
         return EngineInfo(
             window=self.window,
-            max_batch_size=self.max_batch_size,
+            lanes=self.lanes,
             policy=self.policy,
             block_size=self.config.block_size,
             num_blocks=self.blocks.num_blocks,

@@ -90,7 +90,7 @@ def reserve_bytes(reading: MemoryReading) -> int:
 @dataclass
 class PoolPlan:
     num_blocks: int
-    max_seqs: int
+    lanes: int  # sequences served at once (the `parallel` setting, resolved)
     window: int  # the effective context window
     reason: str  # how the pool was sized, for the policy line and the log
 
@@ -119,12 +119,12 @@ def plan_pool(
         )
     window = min(window, num_blocks * block_size)
     if parallel == "auto":
-        max_seqs = max(1, min(max_parallel_auto, (num_blocks * block_size) // window))
+        lanes = max(1, min(max_parallel_auto, (num_blocks * block_size) // window))
     else:
-        max_seqs = int(parallel)
+        lanes = int(parallel)
     return PoolPlan(
         num_blocks=num_blocks,
-        max_seqs=max_seqs,
+        lanes=lanes,
         window=window,
         reason=f"{num_blocks} blocks of {block_size} tokens ({num_blocks * bytes_per_block / GIB:.2f} GiB)",
     )

@@ -34,7 +34,7 @@ class Planner:
         self,
         requests: Requests,
         blocks: BlockManager,
-        max_seqs: int,
+        lanes: int,
         chunk_size: int,
         decode_share: float,
         drafts: DraftRounds | None = None,
@@ -46,7 +46,7 @@ class Planner:
         self.spatial_merge = spatial_merge  # patches per image placeholder side (0: no vision tower)
         self.states = states  # hybrid models' state slots (None: an attention-only model)
         self.drafts = drafts  # None: every round decodes one token per sequence
-        self.max_seqs = max_seqs
+        self.lanes = lanes
         self.chunk_size = chunk_size
         self.decode_share = decode_share
         self.decode_budget = 0.0  # seconds decode rounds may still take before the next chunk
@@ -92,7 +92,7 @@ class Planner:
     def _admit(self) -> None:
         """Start waiting requests while lanes are free (a preempted one waits for the next step)."""
         for head in sorted(self.requests.waiting, key=self._admission_order):
-            if len(self.requests.running) >= self.max_seqs and not self._yield_lane_for(head):
+            if len(self.requests.running) >= self.lanes and not self._yield_lane_for(head):
                 break
             self.requests.start(head)
 
