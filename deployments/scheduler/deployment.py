@@ -4,7 +4,7 @@ At tensor-parallel size 1 the engine steps in a child process (EngineProcess, `e
 a thread of this replica (EngineLoop); this replica's event loop only moves chunks, so streams and health
 checks stay responsive. `generate` is an async generator: each item is one coalesced
 EngineChunk holding every token ready since the last one (never a Ray call per token); refusals come
-as values (see wire.py) before any chunk.
+as values (`UpstreamItem`, deployments/messages/status.py) before any chunk.
 
 Honest health: `info` says whether the engine takes a request now (`serving`, and why not). An engine
 process that dies unasked ends its requests with an error, and the replica then exits, so Serve's next
