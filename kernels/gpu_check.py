@@ -159,7 +159,8 @@ def matmul_invariance(device: torch.device, tiny: bool) -> None:
     for name, run in (("matmul", invariant_matmul), ("cuBLAS" if device.type == "cuda" else "torch", F.linear)):
         batch = run(x, weight)
         alone = torch.cat([run(x[i : i + 1], weight) for i in (0, 100, 255)])
-        print(f"  {name} rows alone vs among 256:{'':<6}{(batch[[0, 100, 255]] - alone).abs().max().item():.3g}")
+        label = f"  {name} rows alone vs among 256:"
+        print(f"{label:<39}{(batch[[0, 100, 255]] - alone).abs().max().item():.3g}")
 
 
 def recurrent_invariance(device: torch.device, tiny: bool) -> None:
