@@ -112,6 +112,14 @@ class EngineSettings(Section):
         ge=1,
         description="intra-op threads of the forward pass; unset: the node's cores less Ingress's and the Renderer's",
     )
+    # cuBLAS picks its kernel by the row count, so a row's bits change with its batch; the Triton kernel keeps one
+    # reduction order for every row count (kernels/matmul.py, docs/engine.md).
+    cuda_matmul: Literal["invariant", "cublas"] = Field(
+        default="invariant",
+        description="the projections' and the lm_head's matmul on CUDA: invariant (a Triton kernel: a reply is the "
+        "same whatever shares its step) or cublas (faster, but gives up batch invariance: a reply may change "
+        "with the requests beside it)",
+    )
     # Hybrid models: besides the end of every prompt pass and reply, a long prompt's recurrent states join
     # the prefix cache at least this often (each snapshot costs a state slot: docs/engine.md, Hybrid models).
     state_snapshot_tokens: Annotated[int, NO_FLAG] = Field(

@@ -1,6 +1,7 @@
 """Triton kernels for the CUDA path, each beside its plain-torch reference (the CPU path).
 
 dispatch            what the layers call: Triton on CUDA tensors, torch otherwise (TENSORFOLD_KERNELS)
+matmul              the projections' batch-invariant matmul (one reduction order for every row count)
 paged_meta          one step's layout (rows for decode/drafts, prefill sequences) as device tensors
 online_softmax      the fixed split/tile reduction tree all attention kernels share (batch invariance)
 paged_decode_attention, paged_prefill_attention, attention_torch   paged GQA attention
@@ -20,5 +21,6 @@ cpu_recurrent       the recurrent scans on CPU (cpu/recurrent.c, portable C: any
 checks, _triton     argument checks; Triton import guard (interpreter on CUDA-less machines)
 testing             test helpers (poisoned outputs, float64 references, GPU-faithful interpreter dots)
 compile_check       ahead-of-time sm_80/sm_90 compile of every kernel, no GPU needed
-gpu_check, bench_cases   `python -m kernels.gpu_check`: compiled tests, timings and roofline on a GPU
+gpu_check, bench_cases   `python -m kernels.gpu_check`: compiled tests, timings and roofline on a GPU, then
+                    the engine phase (serve_app/bench/gpu_engine.py, in its own process)
 """

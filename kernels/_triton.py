@@ -50,9 +50,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def jit(fn: Callable[..., Any]) -> Any:
-    """`triton.jit`, or a stand-in that raises on launch when Triton is not installed."""
-    return triton.jit(fn) if HAS_TRITON else _Unavailable(fn)
+def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """`triton.jit` (as `@jit` or `@jit(do_not_specialize=...)`), or a stand-in that raises on launch when
+    Triton is not installed."""
+    if fn is None:
+        return lambda inner: jit(inner, **options)
+    return triton.jit(fn, **options) if HAS_TRITON else _Unavailable(fn)
 
 
 def next_pow2(n: int) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels import fused_moe, kv_write, mla_decode, moe_routing, recurrent_scan, rmsnorm, rotary
+from kernels import fused_moe, kv_write, matmul, mla_decode, moe_routing, recurrent_scan, rmsnorm, rotary
 from kernels.attention_torch import paged_attention_torch
 from kernels.causal_conv_scan import causal_conv_scan
 from kernels.gated_delta_scan import gated_delta_scan
@@ -287,9 +287,27 @@ def mamba2_state_scan(device: torch.device, tiny: bool, rows: int) -> Case:
     )
 
 
+def projection(device: torch.device, tiny: bool, rows: int) -> Case:
+    """The invariant matmul against cuBLAS on Qwen3-1.7B's gate/up projection (hidden 2048 -> 6144)."""
+    cols, depth = (80, 96) if tiny else (6144, 2048)
+    x = _rand(rows, depth, dtype=torch.bfloat16, device=device)
+    weight = _rand(cols, depth, dtype=torch.bfloat16, device=device, scale=depth**-0.5)
+    return Case(
+        "invariant matmul",
+        f"M={rows} N={cols} K={depth}",
+        lambda: matmul.invariant_matmul(x, weight),
+        {"torch": lambda: F.linear(x, weight)},
+        bytes=2 * (rows * depth + cols * depth + rows * cols),
+        flops=2 * rows * cols * depth,
+    )
+
+
 def all_cases(device: torch.device, tiny: bool) -> list[Callable[[], Case]]:
     """Builders, so each case's tensors are freed before the next is built."""
     return [
+        lambda: projection(device, tiny, rows=1),
+        lambda: projection(device, tiny, rows=16),
+        lambda: projection(device, tiny, rows=512),
         lambda: decode_attention(device, tiny),
         lambda: prefill_attention(device, tiny),
         lambda: mla_decode_attention(device, tiny),

@@ -97,7 +97,7 @@ def exercise(dtype: Any, quick: bool) -> None:
     `quick`: one shape per kernel."""
     import torch
 
-    from kernels import fused_moe, kv_write, mla_decode, moe_routing, rmsnorm, rotary
+    from kernels import fused_moe, kv_write, matmul, mla_decode, moe_routing, rmsnorm, rotary
     from kernels.causal_conv_scan import causal_conv_scan
     from kernels.gated_delta_scan import gated_delta_scan
     from kernels.mamba2_scan import mamba2_scan
@@ -108,6 +108,7 @@ def exercise(dtype: Any, quick: bool) -> None:
     from kernels.scan_meta import build_scan_meta
 
     t = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt)  # noqa: E731
+    matmul.invariant_matmul(t(16, 2048), t(6144, 2048))  # every projection and the lm_head: one kernel per dtype
     tables = [[0, 1, 2, 3]]
     for heads, kv_heads, dim in ((32, 8, 128), (16, 16, 64), (8, 1, 128))[: 1 if quick else 3]:
         meta = build_paged_meta([40], [60], tables, 16, torch.device("cpu"), row_query_limit=0)

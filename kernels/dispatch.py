@@ -6,6 +6,8 @@ the plain-torch path, which computes exactly what the layers computed before.
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on
 GPUs), `triton` (always Triton: on CPU this needs the interpreter, for tests), or a native CPU level
 (`amx`, `avx512`, `avx2`, `neon`: kernels/cpu_native.py) forced instead of the best the CPU has, otherwise as `auto`.
+The projections' matmul on CUDA is also the `cuda_matmul` setting's (`use_cuda_matmul`): the invariant Triton
+kernel, or cuBLAS.
 """
 
 import os
@@ -28,6 +30,7 @@ from kernels import (
     cpu_recurrent,
     fused_moe,
     kv_write,
+    matmul,
     mla_decode,
     moe_routing,
     recurrent_scan,
@@ -43,6 +46,7 @@ from kernels.recurrent_scan import ScanRows
 from kernels.scan_meta import ScanMeta, build_scan_meta
 
 MODES = ("auto", "torch", "triton", *(level.name for level in cpu_native.LEVELS))
+CUDA_MATMULS = ("invariant", "cublas")  # deployments/config.py's `cuda_matmul`
 
 
 class StepLayout(Protocol):
@@ -77,6 +81,24 @@ def backend(*tensors: torch.Tensor) -> str:
             raise RuntimeError("TENSORFOLD_KERNELS=triton but Triton is not installed")
         return "triton"
     return "triton" if HAS_TRITON and all(t.is_cuda for t in tensors) else "torch"
+
+
+_CUDA_MATMUL = ["invariant"]  # the process's `cuda_matmul` (one model per process)
+
+
+def use_cuda_matmul(choice: str) -> None:
+    """The projections' matmul on CUDA from now on: `invariant` (kernels/matmul.py) or `cublas`."""
+    if choice not in CUDA_MATMULS:
+        raise ValueError(f"cuda_matmul={choice!r}: expected one of {', '.join(CUDA_MATMULS)}")
+    _CUDA_MATMUL[0] = choice
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """layers/linear.py's GEMM for weights not packed for the CPU: x [M, K] @ weight [N, K]^T -> [M, N], on
+    the batch-invariant Triton matmul unless `cuda_matmul` is cublas (or the tensors are not on CUDA)."""
+    if _CUDA_MATMUL[0] == "invariant" and backend(x, weight) == "triton":
+        return matmul.invariant_matmul(x, weight)
+    return matmul.matmul_torch(x, weight)
 
 
 # The last step's metadata per row limit: every attention layer of a forward pass shares one batch.

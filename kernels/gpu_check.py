@@ -1,10 +1,13 @@
-"""GPU check: `python -m kernels.gpu_check` (one command, a few minutes on one GPU).
+"""GPU check: `python -m kernels.gpu_check` (one command, minutes on one GPU, no network, no Ray).
 
 1. Runs the kernel tests compiled on the GPU (the same tests CI runs under the interpreter).
-2. Times every kernel against its plain-torch path (and SDPA for attention) at production-like shapes,
-   and against the roofline from the measured copy bandwidth and bf16 matmul throughput.
+2. Times every kernel against its plain-torch path (cuBLAS for the matmul, SDPA for attention) at
+   production-like shapes, and against the roofline from the measured copy bandwidth and bf16 matmul throughput.
 3. Measures batch invariance at production tile sizes (bitwise equality, or the largest difference).
-Without CUDA it says so and exits 0; `--dry-run` runs steps 2-3 on CPU at tiny shapes (interpreter).
+4. Runs the engine phase (serve_app/bench/gpu_engine.py, in a child process: this package imports nothing
+   above it): a random ~1B Qwen3-shaped checkpoint against transformers, alone = batched, warm-up, tok/s.
+Without CUDA it says so and exits 0; `--dry-run` runs steps 2-4 on CPU at tiny shapes (the interpreter, and
+the engine phase's tiny checkpoint).
 """
 
 import argparse
@@ -19,7 +22,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SANITY = 5e-2  # Triton vs the bf16 torch path: both round, so looser than the tests' float64 bound; bugs give O(1)
+ENGINE_TIMEOUT_S = 480  # the engine phase's bound on one H100 (it builds, loads and compiles in it)
 TEST_FILES = [
+    "test_kernels_matmul.py",
     "test_kernels_attention.py",
     "test_kernels_mla.py",
     "test_kernels_elementwise.py",
@@ -137,6 +142,25 @@ def invariance(device: torch.device, tiny: bool) -> None:
     print(f"  prefill rows vs the same decode rows: {(whole[-4:] - last).abs().max().item():.3g}")
     alone = decode_rows(slice(new - 1, new))
     print(f"  decode rows together vs one alone:    {(last[-1:] - alone).abs().max().item():.3g}")
+    matmul_invariance(device, tiny)
+
+
+def matmul_invariance(device: torch.device, tiny: bool) -> None:
+    """A projection's rows alone and among 256 (Qwen3-1.7B's gate/up): the Triton matmul, and cuBLAS for
+    contrast (the `cuda_matmul: cublas` setting)."""
+    import torch.nn.functional as F
+
+    from kernels.bench_cases import _rand
+    from kernels.matmul import invariant_matmul
+
+    cols, depth = (80, 96) if tiny else (6144, 2048)
+    x = _rand(256, depth, dtype=torch.bfloat16, device=device)
+    weight = _rand(cols, depth, dtype=torch.bfloat16, device=device, scale=depth**-0.5)
+    for name, run in (("matmul", invariant_matmul), ("cuBLAS" if device.type == "cuda" else "torch", F.linear)):
+        batch = run(x, weight)
+        alone = torch.cat([run(x[i : i + 1], weight) for i in (0, 100, 255)])
+        label = f"  {name} rows alone vs among 256:"
+        print(f"{label:<39}{(batch[[0, 100, 255]] - alone).abs().max().item():.3g}")
 
 
 def recurrent_invariance(device: torch.device, tiny: bool) -> None:
@@ -188,29 +212,57 @@ def recurrent_invariance(device: torch.device, tiny: bool) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_engine_phase(device: torch.device, size: str, timeout: int) -> bool:
+    """serve_app/bench/gpu_engine.py in a child process; it prints its own summary line."""
+    command = [sys.executable, "-m", "serve_app.bench.gpu_engine", "--size", size, "--device", device.type]
+    print(f"\nengine phase ({size} checkpoint on {device.type}):", flush=True)
+    try:
+        proc = subprocess.run(command, cwd=REPO, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"engine check FAILED: still running after {timeout} s")
+        return False
+    return proc.returncode == 0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="no GPU: run the benchmark code on CPU at tiny shapes")
-    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--dry-run", action="store_true", help="no GPU: run steps 2-4 on CPU at tiny shapes")
+    parser.add_argument("--skip-tests", action="store_true", help="leave out step 1 (the compiled kernel tests)")
+    parser.add_argument("--skip-kernels", action="store_true", help="leave out steps 2-3 (timings, invariance)")
+    parser.add_argument("--skip-engine", action="store_true", help="leave out step 4 (the engine phase)")
     parser.add_argument("--test-timeout", type=int, default=420)
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--engine-size", choices=("1b", "tiny"), help="the engine phase's checkpoint (default: 1b, tiny with --dry-run)"
+    )
+    parser.add_argument("--engine-timeout", type=int, default=ENGINE_TIMEOUT_S)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print(
-            "no CUDA device here: nothing to check (CPU coverage: pytest tests/test_kernels_*.py under the interpreter)"
+            "no CUDA device here: nothing to check (CPU coverage: pytest tests/kernels under the interpreter; "
+            "--dry-run runs this script on CPU at tiny shapes)"
         )
         return 0
     device = torch.device("cuda" if not args.dry_run else "cpu")
-    if args.dry_run:
-        from kernels.testing import kernel_test_device
-
-        kernel_test_device()  # the interpreter, with GPU-faithful bf16 dots
-    else:
+    if not args.dry_run:
         print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     tests_ok = True if args.dry_run or args.skip_tests else run_tests(args.test_timeout)
-    bench_ok = benchmark(device, tiny=args.dry_run)
-    invariance(device, tiny=args.dry_run)
-    recurrent_invariance(device, tiny=args.dry_run)
-    return 0 if tests_ok and bench_ok else 1
+    kernels_ok = True
+    if not args.skip_kernels:
+        if args.dry_run:
+            from kernels.testing import kernel_test_device
+
+            kernel_test_device()  # the interpreter, with GPU-faithful bf16 dots
+        kernels_ok = benchmark(device, tiny=args.dry_run)
+        invariance(device, tiny=args.dry_run)
+        recurrent_invariance(device, tiny=args.dry_run)
+    engine_ok = args.skip_engine or run_engine_phase(
+        device, args.engine_size or ("tiny" if args.dry_run else "1b"), args.engine_timeout
+    )
+    return 0 if tests_ok and kernels_ok and engine_ok else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
 from deployments.model_rank.threads import use_engine_threads
+from kernels import dispatch
 
 
 class ModelRank:
@@ -48,6 +49,7 @@ class ModelRank:
         )
         # Ranks of one copy share their node (STRICT_PACK by default): each takes its share of the cores.
         use_engine_threads(self.config.engine_threads, self.config.reserved_cpus, self.config.tensor_parallel_size)
+        dispatch.use_cuda_matmul(self.config.cuda_matmul)
         self.runner = ModelRunner(
             self.config.model,
             self.config.dtype,

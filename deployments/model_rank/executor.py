@@ -18,6 +18,7 @@ from deployments.model_rank.backend import resolve_backend
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.runner import ModelRunner, RunnerInfo
 from deployments.model_rank.threads import use_engine_threads
+from kernels import dispatch
 
 
 class Executor(Protocol):
@@ -47,6 +48,7 @@ class Executor(Protocol):
 class InProcessExecutor:
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_engine_threads(config.engine_threads, config.reserved_cpus)
+        dispatch.use_cuda_matmul(config.cuda_matmul)
         self.runner = ModelRunner(
             config.model,
             config.dtype,

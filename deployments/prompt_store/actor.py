@@ -5,10 +5,7 @@ write and whether to restore. Its calls run one at a time, so a read waits for a
 
 import logging
 from pathlib import Path
-from typing import Any
-
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from typing import TYPE_CHECKING, Any
 
 from deployments.messages.store import (
     DeleteSet,
@@ -21,6 +18,9 @@ from deployments.messages.store import (
     WritePiece,
 )
 from deployments.prompt_store.store import PromptStoreFiles
+
+if TYPE_CHECKING:
+    import ray
 
 log = logging.getLogger("tensorfold.store")
 ACTOR_CPUS = 0.05  # it mostly waits on the disk
@@ -56,6 +56,9 @@ def store_actor(root: str, caps: StoreCaps) -> "ray.actor.ActorHandle":
     """This node's store actor, started on first use (a detached actor, so replicas come and go under it).
     Ray restarts it after a crash, under the same name and handle, and the restarted one rebuilds each
     set's index from the folder (store.py); a caller whose actor is gone for good gets a new one here."""
+    import ray  # here: the engine imports this module, and runs offline without Ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     node_id = ray.get_runtime_context().get_node_id()
     remote = ray.remote(PromptStoreActor).options(
         name=store_actor_name(node_id, root),

@@ -1,6 +1,8 @@
 """kernels.dispatch: the torch path on CPU (bit for bit what the layers compute), the env override, and
 the Triton route (forced on CPU under the interpreter) over a step mixing decode, drafts and prefill."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -15,9 +17,10 @@ from deployments.model_rank.layers.mla import MLAAttention, MLADims  # noqa: E40
 from deployments.model_rank.layers.moe import Experts, Router, RoutingConfig  # noqa: E402
 from deployments.model_rank.layers.norm import RMSNorm  # noqa: E402
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding  # noqa: E402
-from kernels import attention_torch, dispatch, mla_decode, recurrent_scan  # noqa: E402
+from kernels import attention_torch, dispatch, matmul, mla_decode, recurrent_scan  # noqa: E402
 
 CPU = torch.device("cpu")
+ON_DEVICE = ("input_ids", "positions", "slot_mapping", "logits_indices")  # ForwardBatch's tensors
 
 
 def make_batch(query_lens, context_lens, block_size, gen, device=CPU):
@@ -81,6 +84,7 @@ def no_triton(monkeypatch):
         (dispatch.conv_triton, "causal_conv_scan"),
         (dispatch.delta_triton, "gated_delta_scan"),
         (dispatch.mamba2_triton, "mamba2_scan"),
+        (dispatch.matmul, "invariant_matmul"),
     ]:
         monkeypatch.setattr(module, name, boom)
 
@@ -185,6 +189,31 @@ def test_cpu_mla_is_the_layer_path(no_triton):
     assert torch.equal(got, expected)
 
 
+def test_cpu_projections_keep_the_torch_path(no_triton):
+    """bf16 and float32 weights not packed for the CPU kernels run torch's tiled GEMMs, bit for bit."""
+    gen = case_generator("dispatch linear")
+    for dtype in (torch.float32, torch.bfloat16):
+        x, weight = randn(5, 48, dtype=dtype, device=CPU, gen=gen), randn(24, 48, dtype=dtype, device=CPU, gen=gen)
+        assert torch.equal(invariant_linear(x, weight), matmul.matmul_torch(x, weight))
+
+
+def test_the_engine_configs_cuda_matmul_is_the_processes(monkeypatch):
+    """The `cuda_matmul` setting reaches dispatch where a rank is built (in process here; rank actors alike)."""
+    from deployments.config import EngineConfig
+    from deployments.model_rank import executor
+
+    monkeypatch.setattr(dispatch, "_CUDA_MATMUL", ["invariant"])
+    monkeypatch.setattr(executor, "ModelRunner", lambda *args, **kwargs: None)  # no model: the setting alone
+    monkeypatch.setattr(executor, "use_engine_threads", lambda *args: 1)
+    executor.InProcessExecutor(EngineConfig(model="unused", cuda_matmul="cublas"))
+    assert dispatch._CUDA_MATMUL == ["cublas"]
+
+
+def test_an_unknown_cuda_matmul_is_refused():
+    with pytest.raises(ValueError, match="cuda_matmul='cutlass': expected one of invariant, cublas"):
+        dispatch.use_cuda_matmul("cutlass")
+
+
 @pytest.fixture
 def forced_triton(monkeypatch):
     pytest.importorskip("triton", reason="Triton is not importable", exc_type=ImportError)
@@ -233,24 +262,42 @@ def test_triton_route_over_a_mixed_step(forced_triton):
     assert_close(out, ref, torch.float32)
 
 
+def test_projections_take_the_invariant_matmul_on_the_triton_route_unless_cublas(forced_triton, monkeypatch):
+    monkeypatch.setattr(dispatch, "_CUDA_MATMUL", ["invariant"])  # this process's setting, restored after
+    gen = case_generator("dispatch triton linear")
+    x = randn(3, 5, 48, dtype=torch.bfloat16, device=DEVICE, gen=gen)  # [..., K]: leading dims flatten
+    weight, bias = (
+        randn(24, 48, dtype=torch.bfloat16, device=DEVICE, gen=gen),
+        randn(24, dtype=torch.bfloat16, device=DEVICE, gen=gen),
+    )
+    rows = x.reshape(15, 48)
+    assert torch.equal(invariant_linear(x, weight, bias), (matmul.invariant_matmul(rows, weight) + bias).view(3, 5, 24))
+    dispatch.use_cuda_matmul("cublas")
+    assert torch.equal(invariant_linear(x, weight), matmul.matmul_torch(rows, weight).view(3, 5, 24))
+
+
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "nemotron_h"])  # a Gated DeltaNet layer, a Mamba2 layer
 def test_recurrent_layer_on_the_triton_route(arch, forced_triton, monkeypatch, tmp_path):
     """A tiny checkpoint's first recurrent layer over a step (a prefill chunk with a capture, a decode row, a
     second prefill) from random slot states: Triton's outputs and slots equal the torch path's."""
     pytest.importorskip("transformers")
+    # The projections around the recurrence take the torch path in both runs (their inputs to the conv must be
+    # the same bits): this test is about the recurrent kernels; the matmul has its own (test_kernels_matmul.py).
+    monkeypatch.setattr(dispatch, "_CUDA_MATMUL", ["cublas"])
     from deployments.model_rank.layers.recurrent import RecurrentMixer
     from deployments.model_rank.models import load_model
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from tests.support.model_harness import PagedHarness
 
-    model = load_model(build_random_checkpoint(arch, tmp_path / "ck"), dtype="float32")
+    model = load_model(build_random_checkpoint(arch, tmp_path / "ck"), dtype="float32", device=DEVICE)
     harness = PagedHarness(model, num_slots=6)
     batch = harness.batch([(0, list(range(2, 11))), (1, [5]), (2, [7, 8, 9])], captures=[[(4, 5)], [], []])
+    batch = replace(batch, **{name: getattr(batch, name).to(DEVICE) for name in ON_DEVICE})  # as the runner's
     mixer = next(m for m in model.modules() if isinstance(m, RecurrentMixer))
     gen = case_generator("recurrent layer", arch)
     for pool in (mixer.conv_pool, mixer.state_pool):
-        pool.copy_(randn(*pool.shape, dtype=pool.dtype, device=CPU, gen=gen, scale=0.5))
-    hidden = randn(13, model.config.hidden_size, dtype=torch.float32, device=CPU, gen=gen)
+        pool.copy_(randn(*pool.shape, dtype=pool.dtype, device=DEVICE, gen=gen, scale=0.5))
+    hidden = randn(13, model.config.hidden_size, dtype=torch.float32, device=DEVICE, gen=gen)
     initial = (mixer.conv_pool.clone(), mixer.state_pool.clone())
 
     def run(mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

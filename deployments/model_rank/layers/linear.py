@@ -5,7 +5,6 @@ depends on how many other rows share the call (the engine's exactness promise).
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
@@ -16,44 +15,27 @@ from deployments.model_rank.layers.parallel import (
     default_loader,
     divide,
 )
-from kernels import cpu_gemm
-
-TILE_ROWS = 16  # CPU matmuls (and float32 anywhere) run on row counts that are multiples of this
-CALL_ROWS = 256  # ... at most this many rows per GEMM call (past it MKL's kernel choice changes the bits)
+from kernels import cpu_gemm, dispatch
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
 
     Weights packed at load (bf16 with the native kernels on, layers/packing.py) run on kernels/cpu_gemm's
-    fixed-order kernels. Other CPU GEMMs pick kernels by row count: float32's M=1..3 differ from M>=4, and
-    bf16 on a CPU without AMX gives a lone row (a GEMV), and for small shapes up to 4 rows, other bits than
-    8 or more. So every other CPU GEMM (and float32 anywhere) runs in zero-padded 16-row tiles, CALL_ROWS per
-    call at most: the one row count measured invariant for every dtype and shape tried.
+    fixed-order kernels; on CUDA the rest run on kernels/matmul.py's Triton kernel (unless `cuda_matmul` is
+    cublas, which gives that up), and elsewhere on torch's GEMMs in zero-padded 16-row tiles
+    (`kernels.matmul.matmul_torch` says why).
     The bias is added separately: a fused addmm is another kernel with its own row-count behaviour.
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
     if cpu_gemm.is_packed(weight):
         out = cpu_gemm.matmul(x2, weight)  # [M, N]
-    elif (x2.dtype == torch.float32 or x2.device.type == "cpu") and x2.shape[0] > 0:
-        out = _tiled_matmul(x2, weight)  # [M, N]
     else:
-        out = F.linear(x2, weight)  # [M, N]
+        out = dispatch.linear(x2, weight)  # [M, N]
     if bias is not None:
         out = out + bias
     return out.reshape(*lead, weight.shape[0])
-
-
-def _tiled_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """[M, K] -> [M, N] on zero-padded whole tiles, CALL_ROWS rows per GEMM at most."""
-    rows = x.shape[0]
-    padded = -(-rows // TILE_ROWS) * TILE_ROWS
-    if padded != rows:
-        x = F.pad(x, (0, 0, 0, padded - rows))
-    if padded <= CALL_ROWS:
-        return F.linear(x, weight)[:rows]
-    return torch.cat([F.linear(part, weight) for part in x.split(CALL_ROWS)])[:rows]
 
 
 class ReplicatedLinear(nn.Module):
