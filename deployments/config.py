@@ -59,7 +59,8 @@ class EngineSettings(Section):
         default=None, ge=16, description="cap on the context window, in tokens; unset: the model's"
     )
     parallel: int | Literal["auto"] = Field(
-        default="auto", description="lanes: sequences served at once per model copy: N, or auto (as many as full windows fit)"
+        default="auto",
+        description="lanes: sequences served at once per model copy: N, or auto (as many as full windows fit)",
     )
     block_size: Annotated[int, NO_FLAG] = Field(
         default=16, ge=1, description="tokens per KV-cache block (the prefix cache's and the router's unit)"
