@@ -38,8 +38,13 @@ def checkpoint_identity(model_dir: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def kernel_build() -> str:
-    """torch's version, the CPU kernels in use (they decide the bits) and the machine."""
+def kernel_build(device: str) -> str:
+    """torch's version, the kernels that compute on `device` (they decide the bits) and the machine: on a
+    GPU its name, Triton's version and the projections' matmul; on the CPU the native kernels' sources."""
+    if device.startswith("cuda"):
+        import triton
+
+        return f"torch{torch.__version__}-{device}-triton{triton.__version__}-{platform.machine()}"
     from kernels import cpu_native, cpu_recurrent
 
     native = cpu_native.source_digest() if cpu_native.available() else "torch-kernels"
@@ -50,9 +55,13 @@ def kernel_build() -> str:
 CONVERSATIONS, PREFIXES = "conversations", "prefixes"  # --learn-conversations' store, --learn's
 
 
-def set_id(model_dir: str, dtype: str, kv_layout: str, tensor_parallel_size: int, kind: str = CONVERSATIONS) -> str:
+def set_id(
+    model_dir: str, dtype: str, kv_layout: str, tensor_parallel_size: int, device: str, kind: str = CONVERSATIONS
+) -> str:
     """The set's folder name: readable prefix, a hash of everything that decides the stored bits, and the
-    kind of store (a --learn-conversations server never reads or writes a plain --learn one's prefixes)."""
-    parts = [checkpoint_identity(model_dir), dtype, kv_layout, f"tp{tensor_parallel_size}", kernel_build()]
+    kind of store (a --learn-conversations server never reads or writes a plain --learn one's prefixes).
+    `device`: where the ranks compute ("cpu", or "cuda:<GPU name>:<matmul>"): states computed on a GPU are
+    never restored into a CPU server's cache, nor the other way round."""
+    parts = [checkpoint_identity(model_dir), dtype, kv_layout, f"tp{tensor_parallel_size}", kernel_build(device)]
     tag = hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
     return f"{Path(model_dir).name[:40]}-{dtype}-{tag}-{kind}"

@@ -209,3 +209,15 @@ def test_learn_alone_keeps_only_shared_prefixes_in_a_store_of_their_own(served_m
     _, fresh = _run(other, shared + [7, 8, 9], "d")
     assert fresh.disk_tokens == 0
     assert sorted(p.name.rsplit("-", 1)[-1] for p in tmp_path.iterdir() if p.is_dir()) == ["conversations", "prefixes"]
+
+
+def test_states_computed_on_another_device_or_matmul_land_in_a_set_of_their_own(served_model: str) -> None:
+    from deployments.prompt_store.identity import set_id
+
+    def named(device: str) -> str:
+        return set_id(served_model, "float32", "64B-per-token/b16", 1, device)
+
+    cpu = named("cpu")
+    assert cpu == named("cpu")  # the same server names the same set again
+    gpus = {named("cuda:NVIDIA H100:invariant"), named("cuda:NVIDIA H100:cublas"), named("cuda:NVIDIA A100:invariant")}
+    assert len(gpus) == 3 and cpu not in gpus

@@ -140,8 +140,16 @@ class Engine:
             blocks=self.blocks,
             rows=self.executor,
             dtype=self.runner_info.dtype,
+            device=self._compute_device(),
             states=states,
         )
+
+    def _compute_device(self) -> str:
+        """Where the ranks compute, as the disk store names it: on a GPU, its name and the projections' matmul."""
+        runner = self.runner_info
+        if not runner.device.startswith("cuda"):
+            return runner.device
+        return f"cuda:{runner.device_name}:{self.config.cuda_matmul}"
 
     def _open_slide(self) -> SlideKeeper | None:
         """Living weights (docs/slide.md), on the models whose rows the pocket can take alone."""

@@ -88,6 +88,7 @@ class DiskStates:
         blocks: BlockManager,
         rows: BlockRowsIO,
         dtype: str,
+        device: str,
         states: tuple[StateSlots, int] | None = None,
     ) -> "DiskStates":
         """The engine's states in its model's set: one per checkpoint, dtype, KV (and state) layout and kind
@@ -97,7 +98,7 @@ class DiskStates:
         token_bytes = rows.kv_bytes_per_token()
         layout = f"{token_bytes}B-per-token/b{config.block_size}" + ("" if states is None else f"/s{states[1]}")
         kind = CONVERSATIONS if config.learn_conversations else PREFIXES
-        store_set = set_id(config.model, dtype, layout, config.tensor_parallel_size, kind)
+        store_set = set_id(config.model, dtype, layout, config.tensor_parallel_size, device, kind)
         snapshots = None if states is None else DiskSnapshots(states[0], rows, states[1])
         return cls(link, store_set, blocks, rows, token_bytes * config.block_size, snapshots, config.learn_shared)
 
