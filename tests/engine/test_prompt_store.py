@@ -215,7 +215,7 @@ def test_states_computed_on_another_device_or_matmul_land_in_a_set_of_their_own(
     from deployments.prompt_store.identity import set_id
 
     def named(device: str) -> str:
-        return set_id(served_model, "float32", "64B-per-token/b16", 1, device)
+        return set_id(str(AppArgs(model=served_model).model_dir), "float32", "64B-per-token/b16", 1, device)
 
     cpu = named("cpu")
     assert cpu == named("cpu")  # the same server names the same set again
