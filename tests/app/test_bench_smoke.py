@@ -2,9 +2,8 @@
 smallest settings: a few tokens, a small image, one round. Each size `tensorfold fixture checkpoint` accepts
 is built once for the module (the real shapes: `bench engine --size S` builds the same files,
 serve_app/fixtures/sized.py) and loaded by the benchmarks that take it. What the figures say is not checked
-here, only that each command gets through and prints its table. `bench serve` measures the session's tiny-glm
-app over HTTP (`--url`); starting a graph of its own is `tensorfold serve`'s launch, which
-tests/e2e/test_cli_serve_e2e.py runs, and `--multi-turn` starts two graphs of two copies each, too slow here."""
+here, only that each command gets through and prints its table. `bench serve` needs a server:
+tests/e2e/test_bench_serve_e2e.py runs it against the session's."""
 
 import argparse
 from pathlib import Path
@@ -52,7 +51,7 @@ def keep_torch_threads():
     torch.set_num_threads(before)  # the benchmarks set this process's intra-op threads
 
 
-def _bench_runs(checkpoints: dict[str, Path], url: str | None) -> dict[str, list[list[str]]]:
+def _bench_runs(checkpoints: dict[str, Path]) -> dict[str, list[list[str]]]:
     """Each bench subcommand's runs: `engine` once per --size it accepts, on that size's checkpoint."""
     one_thread = ["--threads", "1"]
     sizes = _choices("bench", "engine", option="--size")
@@ -67,13 +66,9 @@ def _bench_runs(checkpoints: dict[str, Path], url: str | None) -> dict[str, list
         "vision": [
             ["--checkpoint", str(checkpoints["qwen3_5-vl-bench"]), *one_thread, "--images", "1"]
             + ["--image-size", "64x48"]
-        ],  # fmt: skip
+        ],
         "drafts": [[*one_thread, "--max-tokens", "4", "--concurrency", "2", "--repeats", "1"]],
         "slide": [[*one_thread, "--facts", "1", "--prompt-tokens", "8", "--decode-tokens", "2", "--concurrency", "1"]],
-        "serve": [
-            ["--url", f"{url}/v1", "--rounds", "1", "--concurrency", "2", "--max-tokens", "2"]
-            + ["--prompt-tokens", "4"]
-        ],  # fmt: skip
     }
 
 
@@ -86,22 +81,18 @@ TABLE_LINES = {
     "vision": "greedy first tokens",
     "drafts": "n-gram, batch 1",
     "slide": "pocket / none:",
-    "serve": "graph over HTTP",
 }
 
 
 def test_every_bench_subcommand_has_a_smoke_run() -> None:
-    assert sorted(_choices("bench")) == sorted(TABLE_LINES)
+    assert sorted(_choices("bench")) == sorted([*TABLE_LINES, "serve"])  # serve: tests/e2e/test_bench_serve_e2e.py
 
 
-@pytest.mark.parametrize(
-    "command", [pytest.param(c, marks=[pytest.mark.e2e] if c == "serve" else []) for c in sorted(TABLE_LINES)]
-)
+@pytest.mark.parametrize("command", sorted(TABLE_LINES))
 def test_each_bench_subcommand_runs_at_its_smallest_settings(
-    command: str, checkpoints: dict[str, Path], request: pytest.FixtureRequest, capsys: pytest.CaptureFixture
+    command: str, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
-    url = request.getfixturevalue("glm_base_url") if command == "serve" else None  # the session's Serve app
-    for argv in _bench_runs(checkpoints, url)[command]:
+    for argv in _bench_runs(checkpoints)[command]:
         assert main(["bench", command, *argv]) == 0, argv
         out = capsys.readouterr().out
         assert TABLE_LINES[command] in out, out
