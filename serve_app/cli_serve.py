@@ -9,12 +9,13 @@ replica or rank process is left behind.
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -30,6 +31,7 @@ from serve_app.listen_checks import exposure_warning, port_taken, raise_open_fil
 from serve_app.settings import Setting, settings, type_label, value_label
 
 APP_NAME = "tensorfold"
+RAY_PROBE_S = 2.0  # how long a stop waits for Ray's GCS to answer before it stops without a drain
 log = logging.getLogger("tensorfold.cli")
 
 
@@ -169,11 +171,16 @@ def serve_blocking(args: AppArgs, auth: AuthSettings, entry: HttpEntry = "ingres
     from ray import serve
 
     stop.install()  # after ray.init, which installs its own SIGTERM handler (exit without Serve's shutdown)
+    ray_answers = True
     try:
         url = run_graph(args, entry, APP_NAME, auth)
         stop.serving = True
         print(f"tensorfold: serving {args.served_name} at {url} ({entry} answers HTTP)", flush=True)
         stop.wait_for_stop(_reload_keys)
+        ray_answers = _ray_answers()
+        if not ray_answers:  # a drain or Serve's shutdown would wait a minute on it before Ray ends this process
+            print(f"tensorfold: {stop.received}, but Ray no longer answers: exiting without a drain", file=sys.stderr)
+            return 1
         print(f"tensorfold: {stop.received}, draining for up to {args.drain_grace_s:g} s", flush=True)
         _drain(args.drain_grace_s)
         print("tensorfold: shutting down", flush=True)
@@ -185,7 +192,7 @@ def serve_blocking(args: AppArgs, auth: AuthSettings, entry: HttpEntry = "ingres
         print(f"tensorfold: the server did not start: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        _shutdown(serve, ray)
+        _shutdown(serve, ray, ray_answers)
 
 
 def _reload_keys() -> None:
@@ -208,12 +215,39 @@ def _drain(grace_s: float) -> None:
         print(f"tensorfold: the drain failed: {exc}", file=sys.stderr, flush=True)
 
 
-def _shutdown(serve: Any, ray: Any) -> None:
+def _ray_answers(timeout_s: float = RAY_PROBE_S) -> bool:
+    """Whether this command's Ray still answers: its GCS (gone when someone killed it, or `ray stop`)."""
+    from ray._private.worker import global_worker  # the driver's own client: a new one waits a minute to connect
+    from ray.exceptions import RpcError
+
+    try:
+        global_worker.gcs_client.check_alive([], timeout=timeout_s)
+    except RpcError:
+        return False
+    return True
+
+
+def _shutdown(serve: Any, ray: Any, ray_answers: bool = True) -> None:
     """Serve first (replicas and rank actors stop), then the local Ray processes this command started."""
+    if not ray_answers:
+        _exit_without_ray()
     try:
         serve.shutdown()
     finally:
         ray.shutdown()
+
+
+def _exit_without_ray() -> NoReturn:
+    """Ray's own exit would wait a minute on the GCS too. What is left of Ray here serves nothing, and it holds
+    SIGTERM (serve_app/launch.py): it goes with SIGKILL, then this process exits at once."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def run(namespace: argparse.Namespace) -> int:

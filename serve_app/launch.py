@@ -6,11 +6,17 @@ HTTP reaches the Ingress deployment one of two ways (`HttpEntry`):
   server on host:port itself. Serve still starts its own proxy in this mode; it listens on a free port.
 - "proxy": Serve's HTTP proxy listens on host:port and hands each request to the Ingress replica, as under
   `serve run configs/glm.yaml` (whose controller settings come from the YAML, not from here).
+
+A Ray started here keeps SIGTERM and SIGINT blocked in every process it runs (`stop_signals_held`), so a
+stop that signals every process at once reaches this process alone (docs/operations.md#a-planned-stop-sigterm).
 """
 
 import os
+import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 from deployments.config import AuthSettings
@@ -33,8 +39,27 @@ def init_ray(entry: HttpEntry, port: int, **ray_init_options: object) -> None:
     from serve_app.serve_env import cluster_runtime_env
 
     runtime_env = cluster_runtime_env(port if entry == "ingress" else None)
-    # "local": a Ray of its own, never the cluster a `ray start` last recorded (Ray's default for None)
-    ray.init(address=address or "local", namespace="serve", runtime_env=runtime_env, **ray_init_options)
+    with stop_signals_held():
+        # "local": a Ray of its own, never the cluster a `ray start` last recorded (Ray's default for None)
+        ray.init(address=address or "local", namespace="serve", runtime_env=runtime_env, **ray_init_options)
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT blocked while Ray starts its processes, which inherit the mask across fork and exec
+    (its workers and their children through the raylet): a supervisor that signals every process at once
+    (systemd's KillMode=control-group, a process-group kill, pkill) then stops only this one, which drains
+    and shuts Serve and Ray down in order. Signalled themselves, the raylet and the GCS went first: the
+    node's death ended every replica at once, cutting the streams, or the driver waited a minute on a GCS
+    that had stopped answering. A signal sent meanwhile reaches this process when Ray has started."""
+    if not hasattr(signal, "pthread_sigmask"):  # no POSIX signal masks (Windows): nothing to hold
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def run_graph(args: AppArgs, entry: HttpEntry, app_name: str, auth: AuthSettings | None = None) -> str:

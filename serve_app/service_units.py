@@ -65,6 +65,9 @@ def systemd_unit(spec: ServiceSpec) -> str:
         "RestartSec=5",
         f"TimeoutStopSec={STOP_TIMEOUT_S}",
         "KillSignal=SIGTERM",
+        # SIGTERM to the server alone, which drains and stops Ray itself; SIGKILL to whatever is left once it
+        # exits. (It holds out against a signal to every process too: docs/service.md.)
+        "KillMode=mixed",
         f"LimitNOFILE={OPEN_FILES}",
         "UMask=0077",
         "NoNewPrivileges=yes",

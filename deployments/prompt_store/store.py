@@ -79,7 +79,8 @@ class PromptStoreFiles:
                 log.warning("prompt store: deleting a damaged piece: %s", exc)
                 path.unlink(missing_ok=True)
                 continue
-            entry.add(Piece(path, header.parent, header.hashes, path.stat().st_size, path.stat().st_mtime))
+            info = path.stat()  # once: a start-up over many pieces pays one call per piece
+            entry.add(Piece(path, header.parent, header.hashes, info.st_size, info.st_mtime))
         self._index_states(entry)
         return entry
 

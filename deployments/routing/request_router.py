@@ -6,8 +6,12 @@ every `routing_stats_period_s`); between two reports the router also remembers w
 where, so a conversation's next turn finds its replica before the next report. The request's block names
 are computed here once and sent in the request's routed copy (`EngineRequest.routed`: the request itself is
 immutable), and the engine's prefix match reuses them.
+
+A request counts in flight at the replica chosen for it from that choice until Serve reports it completed,
+or until it leaves before it was sent (cancelled while it waited for a replica): docs/routing.md.
 """
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -44,8 +48,16 @@ class _ReplicaMemory:
     reported_load: int = 0
     reported_at: float = 0.0  # when that digest was parsed here
     routed_keys: dict[bytes, float] = field(default_factory=dict)  # prompt keys sent there -> when
-    in_flight: int = 0
+    in_flight: int = 0  # the _Choice objects that name it
     routed: int = 0
+
+
+@dataclass(eq=False)  # compared by identity: two attempts at one replica are two counts
+class _Choice:
+    """One routing attempt of a request, counted in flight at `replica_id` (a retry is another attempt)."""
+
+    replica_id: str
+    sent: bool = False  # Serve's choice returned: it sends the request and reports it completed once
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -62,7 +74,8 @@ class PrefixAffinityRouter(RequestRouter):
         self._knobs = RoutingKnobs(balance_abs=balance_abs, balance_rel=balance_rel, min_match=min_match)
         self._stats_period_s = stats_period_s
         self._memory: dict[str, _ReplicaMemory] = {}
-        self._sent: dict[str, str] = {}  # internal request id -> replica id, until it completes
+        self._choosing: dict[asyncio.Future, _Choice] = {}  # an attempt's future -> its choice, until it settles
+        self._choices: dict[str, list[_Choice]] = {}  # internal request id -> its counted attempts
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -87,10 +100,36 @@ class PrefixAffinityRouter(RequestRouter):
         self._record(pending_request, decision.replica_id, keys, now)
         return [[chosen]]
 
+    async def _choose_replica_for_request(
+        self, pending_request: PendingRequest, *, is_retry: bool = False
+    ) -> RunningReplica:
+        """Serve's wait for a replica (one attempt). Returned, the request is sent without another await and
+        completes once (`on_request_completed`); raised (the caller cancelled while it waited, even after the
+        choice was made), it was never sent, and nothing else would take its count back."""
+        try:
+            replica = await super()._choose_replica_for_request(pending_request, is_retry=is_retry)
+        except BaseException:
+            choice = self._choosing.pop(pending_request.future, None)
+            if choice is not None:
+                self._release(pending_request.metadata.internal_request_id, choice)
+            raise
+        choice = self._choosing.pop(pending_request.future, None)
+        if choice is not None:
+            self._move(choice, replica.replica_id.unique_id)  # the replica Serve picked from those offered
+            choice.sent = True
+        return replica
+
     def on_request_completed(self, replica_id: object, internal_request_id: str) -> None:
-        replica = self._sent.pop(internal_request_id, None)
-        if replica is not None and replica in self._memory:
-            self._memory[replica].in_flight = max(0, self._memory[replica].in_flight - 1)
+        """Serve's word that one sent attempt ended (replied, failed, rejected or cancelled)."""
+        sent = [c for c in self._choices.get(internal_request_id, ()) if c.sent]
+        unique_id = getattr(replica_id, "unique_id", None)
+        choice = next((c for c in sent if c.replica_id == unique_id), sent[0] if sent else None)
+        if choice is not None:
+            self._release(internal_request_id, choice)
+
+    def in_flight(self) -> dict[str, int]:
+        """The requests counted in flight, by replica id (what the balance rule reads)."""
+        return {replica: memory.in_flight for replica, memory in self._memory.items()}
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -135,20 +174,43 @@ class PrefixAffinityRouter(RequestRouter):
     def _record(self, pending: PendingRequest | None, replica_id: str, keys: list[bytes], now: float) -> None:
         memory = self._memory[replica_id]
         if pending is not None:
-            internal_id = pending.metadata.internal_request_id
-            previous = self._sent.get(internal_id)
-            if previous is None or previous != replica_id:  # a retry that moved: the old count goes back
-                if previous in self._memory:
-                    self._memory[previous].in_flight = max(0, self._memory[previous].in_flight - 1)
-                memory.in_flight += 1
-                memory.routed += 1
-            self._sent[internal_id] = replica_id
+            self._count(pending, replica_id)
         for key in keys:
             memory.routed_keys.pop(key, None)  # re-inserted: the dict's order stays oldest first
             memory.routed_keys[key] = now
         if len(memory.routed_keys) > ROUTED_KEYS_CAP:  # oldest first out (dicts keep insertion order)
             for key in list(memory.routed_keys)[: len(memory.routed_keys) - ROUTED_KEYS_CAP]:
                 del memory.routed_keys[key]
+
+    def _count(self, pending: PendingRequest, replica_id: str) -> None:
+        """This attempt in flight at `replica_id`: counted at its first choice, moved if a later one differs."""
+        choice = self._choosing.get(pending.future)
+        if choice is None:
+            choice = self._choosing[pending.future] = _Choice(replica_id)
+            self._choices.setdefault(pending.metadata.internal_request_id, []).append(choice)
+            self._add(replica_id, 1)
+        self._move(choice, replica_id)
+
+    def _move(self, choice: _Choice, replica_id: str) -> None:
+        if choice.replica_id != replica_id:
+            self._add(choice.replica_id, -1)
+            choice.replica_id = replica_id
+            self._add(replica_id, 1)
+
+    def _release(self, internal_request_id: str, choice: _Choice) -> None:
+        choices = self._choices.get(internal_request_id, [])
+        if choice in choices:
+            choices.remove(choice)
+            self._add(choice.replica_id, -1)
+        if not choices:
+            self._choices.pop(internal_request_id, None)
+
+    def _add(self, replica_id: str, count: int) -> None:
+        """In flight and routed (counted per choice) at a replica this router still knows."""
+        memory = self._memory.get(replica_id)
+        if memory is not None:
+            memory.in_flight += count
+            memory.routed += max(count, 0)
 
 
 def _engine_request(pending: PendingRequest | None) -> EngineRequest | ImprintQuery | None:

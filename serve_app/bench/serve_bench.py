@@ -133,6 +133,15 @@ async def _run_http(
         return await _timed_rounds(label, lambda p, n: _http_stream(session, url, model, p, n), rounds, max_tokens)
 
 
+async def _served_model(url: str) -> str:
+    """The model a running server answers to, the first its /v1/models lists (--model names the in-process side,
+    and a server may serve it under another name)."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/models") as response:
+            response.raise_for_status()
+            return (await response.json())["data"][0]["id"]
+
+
 async def _run_in_process(
     model_dir: str,
     rounds: list[list[list[int]]],
@@ -205,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
             app_args = app_args.model_copy(update={name: getattr(args, name)})
     model_dir = str(app_args.model_dir)
     if args.url:
-        graphs = [asyncio.run(_run_http(args.url.rstrip("/"), app_args.served_name, rounds, args.max_tokens))]
+        url = args.url.rstrip("/")
+        graphs = [asyncio.run(_run_http(url, asyncio.run(_served_model(url)), rounds, args.max_tokens))]
     else:
         entries = HTTP_ENTRIES if args.http_entry == "both" else (args.http_entry,)
         graphs = [_run_graph_here(app_args, entry, rounds, args.max_tokens) for entry in entries]

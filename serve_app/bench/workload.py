@@ -53,23 +53,10 @@ class StepTally:
 
 
 def bench_checkpoint(scratch: Path, size: str = "bench", dtype: str = "bfloat16") -> Path:
-    """A random checkpoint (bf16 by default): Qwen3 "qwen3-190m" with the real Qwen3 tokenizer, or a 32k
-    model vocabulary over a ~512-id trained Qwen tokenizer: Qwen3 "bench", the Qwen3.5-shaped "qwen3_5-200m",
-    or "qwen3_5-vl-bench", that one with a vision tower (its tokenizer holds the vision markers)."""
-    from serve_app.fixtures.archs import VISION_ARCHS, tokenizer_family
-    from serve_app.fixtures.checkpoints import BENCH_SHAPES, QWEN3_VOCAB, build_random_checkpoint
-    from serve_app.fixtures.tokenizer_builder import build_tokenizer, copy_qwen3_tokenizer, use_tokenizer_end_token
-    from serve_app.fixtures.vision import use_vision_tokens
+    """The random checkpoint a benchmark's `--size` names (bf16 by default), as `tensorfold fixture checkpoint`
+    writes it (serve_app/fixtures/sized.py); "tiny" is the tests' Qwen3 with the benchmarks' 32k vocabulary."""
+    from serve_app.fixtures.archs import SIZE_ARCHS
+    from serve_app.fixtures.sized import WIDE_VOCAB, write_checkpoint
 
-    arch = BENCH_SHAPES[size][0] if size in BENCH_SHAPES else "qwen3"  # "tiny": the tests' Qwen3
-    out = scratch / f"{size}-{arch}"
-    if size == "qwen3-190m":
-        copy_qwen3_tokenizer(out)
-        build_random_checkpoint(arch, out, size=size, dtype=dtype, vocab_size=QWEN3_VOCAB)
-        return use_tokenizer_end_token(out)
-    build_random_checkpoint(arch, out, size=size, dtype=dtype, vocab_size=32768)
-    build_tokenizer(out, family=tokenizer_family(arch))
-    if arch in VISION_ARCHS:
-        use_vision_tokens(out, size)
-    # The random config's end id 1 is the `"` byte of this tokenizer: JSON could never write a string.
-    return use_tokenizer_end_token(out)
+    arch = SIZE_ARCHS[size] or "qwen3"
+    return write_checkpoint(scratch / f"{size}-{arch}", arch, size, dtype, vocab=WIDE_VOCAB)

@@ -1,13 +1,16 @@
 """The docs cannot go stale silently: every repository path README.md and docs/*.md name exists (and every
 module they name by its tail, `chat_run.py` or `openai/routes.py`, is some file's), every link between the
-pages lands on a page and heading that exist, every docs page is linked from the README, and the README
-stays a front door (under README_MAX_LINES lines)."""
+pages lands on a page and heading that exist, every docs page is linked from the README, the README stays a
+front door (under README_MAX_LINES lines), and every fenced block names its language (the bash ones run in
+tests/e2e/test_doc_commands_e2e.py)."""
 
 import functools
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.support.doc_blocks import all_blocks
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted((REPO / "docs").rglob("*.md"))
@@ -148,3 +151,12 @@ def test_anchors_are_githubs() -> None:
     assert slug("2. One chat completion, in request order") == "2-one-chat-completion-in-request-order"
     assert slug("Routing: prefix affinity against Serve's default") == "routing-prefix-affinity-against-serves-default"
     assert slug("`--learn` alone") == "--learn-alone"
+
+
+def test_every_fenced_block_names_its_language() -> None:
+    """So no command slips out of tests/e2e/test_doc_commands_e2e.py unlabelled (```bash, ```text, ```yaml...)."""
+    assert not [block.name for block in all_blocks() if not block.language]
+
+
+def test_only_bash_blocks_say_why_the_tests_do_not_run_them() -> None:
+    assert not [block.name for block in all_blocks() if block.skip is not None and not block.is_bash]

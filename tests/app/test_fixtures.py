@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from deployments.tokenizer import load_tokenizer  # noqa: E402
 from serve_app.fixtures import tokenizer_builder  # noqa: E402
+from serve_app.fixtures.checkpoints import BENCH_SHAPES, TINY, mrope_parameters  # noqa: E402
 from serve_app.fixtures.tiny_glm import BUILTIN_DIR, TEMPLATE_PATH  # noqa: E402
 from serve_app.fixtures.tiny_glm.corpus import COMPLETIONS, CONVERSATIONS, TOOLS  # noqa: E402
 from serve_app.fixtures.tokenizer_builder import FAMILIES, build_tokenizer  # noqa: E402
@@ -332,3 +333,21 @@ def test_vision_checkpoint_names_its_markers_and_preprocessing(tmp_path: Path) -
     # 3 channels x 2 frames x 4 x 4 values (Python rounds 6.5 to even)
     assert patches["image_grid_thw"].tolist() == [[1, 10, 12]]
     assert patches["pixel_values"].shape == (120, 96)
+
+
+SHAPES = {
+    **{f"tiny {arch}": shape for arch, shape in TINY.items()},
+    **{s: shape for s, (_, shape) in BENCH_SHAPES.items()},
+}
+
+
+@pytest.mark.parametrize("name", [n for n, s in SHAPES.items() if "mrope_section" in str(s)])
+def test_every_shape_s_mrope_sections_split_its_rotary_pairs(name: str) -> None:
+    text = SHAPES[name].get("text_config", SHAPES[name])
+    rope = text["rope_parameters"]
+    pairs = int(text["head_dim"] * rope["partial_rotary_factor"]) // 2
+    assert sum(rope["mrope_section"]) == pairs, rope  # what the loader checks (layers/rotary.py)
+
+
+def test_mrope_sections_split_as_qwen3_5_s_own() -> None:
+    assert mrope_parameters(256, 1e7)["mrope_section"] == [11, 11, 10]  # Qwen3.5's head of 256, 32 pairs

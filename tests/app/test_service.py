@@ -57,6 +57,19 @@ def test_unit_passes_systemd_verify(unit_of, key_file: Path) -> None:
 
 
 @needs_systemd_analyze
+def test_a_stop_signals_the_server_alone_then_kills_what_is_left(unit_of) -> None:
+    """KillMode=mixed: SIGTERM to the main process (it drains and stops Ray), SIGKILL to the rest once it exits;
+    systemd's own parser accepts the line (a misspelt mode is a verify warning)."""
+    unit = unit_of()
+    assert re.findall(r"^KillMode=(.*)$", unit.read_text(), flags=re.M) == ["mixed"]
+    result = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    unit.write_text(unit.read_text().replace("KillMode=mixed", "KillMode=mixd"))
+    refused = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True)
+    assert "kill mode" in refused.stderr, refused.stderr  # the check above would have seen a bad mode
+
+
+@needs_systemd_analyze
 def test_unit_security_exposure_is_low(unit_of) -> None:
     unit = unit_of()
     result = subprocess.run([ANALYZE, "security", "--offline=yes", str(unit)], capture_output=True, text=True)
@@ -66,7 +79,8 @@ def test_unit_security_exposure_is_low(unit_of) -> None:
 
 def test_unit_restarts_on_failure_outlasts_the_drain_and_keeps_gpus(unit_of) -> None:
     text = unit_of().read_text()
-    for line in ("Restart=on-failure", "LimitNOFILE=65536", "NoNewPrivileges=yes", "ProtectSystem=strict"):
+    lines = ("Restart=on-failure", "LimitNOFILE=65536", "NoNewPrivileges=yes", "ProtectSystem=strict", "KillMode=mixed")
+    for line in lines:
         assert line in text.splitlines()
     assert int(re.search(r"TimeoutStopSec=(\d+)", text).group(1)) >= 30  # drain, then the store's 20 s flush
     assert "PrivateDevices" not in text and "DevicePolicy" not in text  # /dev/nvidia* stay visible

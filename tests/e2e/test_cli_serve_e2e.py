@@ -7,8 +7,10 @@ The session's other e2e modules reach their apps through Serve's proxy, as `serv
 the only one on the direct path, so it checks the behaviour that depends on who owns the socket: who
 listens, streamed and whole replies agreeing, refusals before work, and a client walking away.
 
-The last two tests stop things: an engine process killed (health turns 503 at once, a request meanwhile is
-refused cleanly, and Serve replaces the replica) and SIGTERM with eight streams in flight (the drain).
+The last tests stop things: an engine process killed (health turns 503 at once, a request meanwhile is
+refused cleanly, and Serve replaces the replica), SIGTERM with eight streams in flight (the drain), and the
+server restarted on the same port, then stopped by SIGTERM to every one of its processes at once, as
+systemd's KillMode=control-group or a process-group kill stops it.
 
 It also watches the loading window as a client sees it: the port opens while the Scheduler replica is still
 loading the model (a few seconds, on tiny-glm too: the engine's own process imports torch and loads the
@@ -16,6 +18,7 @@ checkpoint, the Ingress replica only builds its routes). From the moment the por
 /health and /v1/models and sends a chat request each round until /health answers 200.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -49,6 +53,7 @@ USER = [{"role": "user", "content": "What is the capital of France?"}]
 START_TIMEOUT_S = 300  # a fresh Ray cluster and the graph, on a 2-core machine beside the session's cluster
 POLL_S = 0.2  # between two rounds of the loading watch
 ENV_KEY = "tf-env-key-7f3a9c"  # a key given through TENSORFOLD_API_KEY to the restarted server
+AUTHORIZED = {"Authorization": f"Bearer {ENV_KEY}"}
 LOADING_REQUEST = {"model": "tiny", "messages": USER, "max_tokens": 16, "temperature": 0}
 DRAIN_S = 2.0  # the server's drain grace: the long streams of the SIGTERM test outlast it
 STOP_BUDGET_S = 30.0  # SIGTERM to exit: the drain's grace, the store's last writes, Serve and Ray stopping
@@ -69,6 +74,7 @@ class Server:
     port: int
     lines: list[str] = field(default_factory=list)  # everything it printed (Ray forwards replica logs)
     loading: LoadingWindow = field(default_factory=LoadingWindow)
+    time_wait_at_start: int = 0  # its port's TIME_WAIT sockets as it was launched (a restart's)
 
     @property
     def base(self) -> str:
@@ -125,8 +131,9 @@ def _launch(port: int, watch: bool = True, **env_vars: str) -> Server:
     flags = ["builtin:tiny-glm", "--name", "tiny", "--port", str(port), "--parallel", "4", "--engine-threads", "1"]
     flags += ["--drain-timeout", str(DRAIN_S)]
     command = service_command(flags, env)  # what `tensorfold service install` would run
+    time_wait = time_wait_on(port) if Path("/proc/net/tcp").exists() else 0
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    running = Server(process, port)
+    running = Server(process, port, time_wait_at_start=time_wait)
     ready = threading.Event()
     threading.Thread(target=_collect, args=(running, ready), daemon=True).start()
     try:
@@ -151,6 +158,18 @@ def _stop(server: Server) -> None:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     running = _launch(free_port())
+    try:
+        yield running
+    finally:
+        _stop(running)
+
+
+@pytest.fixture(scope="module")
+def restarted(server: Server) -> Iterator[Server]:
+    """A supervisor's restart right after the drained stop (test_sigterm_drains_...), on the same port and now
+    with TENSORFOLD_API_KEY set; the module's last test stops it."""
+    assert server.process.poll() is not None, "the drained stop comes first"
+    running = _launch(server.port, watch=False, TENSORFOLD_API_KEY=ENV_KEY)
     try:
         yield running
     finally:
@@ -312,8 +331,8 @@ class StreamEnd:
     body: dict | None = None  # a request refused before its stream opened
 
 
-def _stream(base: str, body: dict, first_token: threading.Semaphore) -> StreamEnd:
-    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120) as reply:
+def _stream(base: str, body: dict, first_token: threading.Semaphore, headers: dict | None = None) -> StreamEnd:
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers, timeout=120) as reply:
         if reply.status_code != 200:
             reply.read()
             return StreamEnd(reply.status_code, body=reply.json())
@@ -376,18 +395,50 @@ def test_sigterm_drains_the_streams_refuses_new_work_and_exits_quietly(server: S
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the socket table from Linux's /proc")
-def test_a_restart_on_the_same_port_serves_at_once_and_keeps_the_env_key_out_of_ray(server: Server) -> None:
+def test_a_restart_on_the_same_port_serves_at_once_and_keeps_the_env_key_out_of_ray(restarted: Server) -> None:
     """Right after the drained stop above (its TIME_WAIT sockets still on the port), a supervisor's restart, now with
     TENSORFOLD_API_KEY set: it serves, asks for the key, and no Ray process's environment holds the key."""
-    assert server.process.poll() is not None and time_wait_on(server.port) >= 3
-    restarted = _launch(server.port, watch=False, TENSORFOLD_API_KEY=ENV_KEY)
-    try:
-        assert httpx.get(f"{restarted.base}/v1/models", timeout=30).status_code == 401
-        authorized = {"Authorization": f"Bearer {ENV_KEY}"}
-        assert httpx.get(f"{restarted.base}/v1/models", headers=authorized, timeout=30).status_code == 200
-        cli, *ray_processes = process_tree(restarted.process.pid)
-        assert any(ENV_KEY in value for value in cli.environ().values())  # the reading works: the CLI was given it
-        holding = [p.cmdline()[:1] for p in ray_processes if any(ENV_KEY in v for v in p.environ().values())]
-        assert len(ray_processes) >= 8 and not holding, holding
-    finally:
-        _stop(restarted)
+    assert restarted.time_wait_at_start >= 3
+    assert httpx.get(f"{restarted.base}/v1/models", timeout=30).status_code == 401
+    assert httpx.get(f"{restarted.base}/v1/models", headers=AUTHORIZED, timeout=30).status_code == 200
+    cli, *ray_processes = process_tree(restarted.process.pid)
+    assert any(ENV_KEY in value for value in cli.environ().values())  # the reading works: the CLI was given it
+    holding = [p.cmdline()[:1] for p in ray_processes if any(ENV_KEY in v for v in p.environ().values())]
+    assert len(ray_processes) >= 8 and not holding, holding
+
+
+def _running(processes: list[psutil.Process]) -> list[int]:
+    """The pids still running (a zombie has exited: only its parent has not collected its status yet)."""
+    running = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process.pid)
+    return running
+
+
+def test_sigterm_to_every_process_at_once_drains_the_streams_and_the_whole_tree_exits(restarted: Server) -> None:
+    """As systemd's KillMode=control-group, a process-group kill or `pkill` stop a server: SIGTERM to every
+    process of it together (Ray's GCS, raylet and workers, the engine's own process). Ray's processes hold the
+    signal (serve_app/launch.py), so the command drains as on a planned stop: four streams in flight each end
+    with [DONE], and every process is gone within the stop budget. (Signalled too, Ray's raylet and GCS went
+    first: the streams were cut, or the command waited a minute on a GCS that had stopped.)"""
+    body = {"model": "tiny", "messages": USER, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    first_token = threading.Semaphore(0)
+    with ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(_stream, restarted.base, body, first_token, AUTHORIZED) for _ in range(4)]
+        for _ in range(4):  # the engine's four lanes all stream
+            assert first_token.acquire(timeout=60)
+        tree = process_tree(restarted.process.pid)
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        ends = [stream.result(timeout=60) for stream in streams]
+    assert all(end.status == 200 and _ended_with_error(end) for end in ends), ends  # [DONE] after the error event
+    assert restarted.process.wait(timeout=STOP_BUDGET_S) == 0, "".join(restarted.lines[-40:])
+    while _running(tree) and time.monotonic() - stopped < STOP_BUDGET_S:
+        time.sleep(0.1)
+    assert not _running(tree), _running(tree)
+    output = "".join(restarted.lines)
+    assert "SIGTERM, draining" in output and "drained: 0 request(s) finished, 4 ended" in output, output[-4000:]

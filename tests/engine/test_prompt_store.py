@@ -40,6 +40,25 @@ def test_pieces_survive_a_reopen_and_are_checked(tmp_path: Path) -> None:
     assert rows.token_ids == [list(range(i, i + 4)) for i in range(0, 16, 4)]
 
 
+def test_a_reopen_stats_each_piece_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = PromptStoreFiles(tmp_path, BIG)
+    store.open_set("s")
+    for seed in range(3):
+        store.write(_piece("s", [seed * 100 + i for i in range(8)], seed=seed))
+    stats: list[str] = []
+    real_stat = Path.stat
+
+    def counted(path: Path, *args, **kwargs) -> os.stat_result:
+        if path.suffix == ".piece":
+            stats.append(path.name)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", counted)
+    reopened = PromptStoreFiles(tmp_path, BIG)
+    assert len(reopened.open_set("s").blocks) == 6
+    assert len(stats) == 3 and len(set(stats)) == 3, stats  # size and age from one call per piece
+
+
 def test_a_damaged_piece_is_deleted_with_the_states_that_need_it(tmp_path: Path) -> None:
     store = PromptStoreFiles(tmp_path, BIG)
     store.open_set("s")
