@@ -160,3 +160,11 @@ def test_every_fenced_block_names_its_language() -> None:
 
 def test_only_bash_blocks_say_why_the_tests_do_not_run_them() -> None:
     assert not [block.name for block in all_blocks() if block.skip is not None and not block.is_bash]
+
+
+def test_every_test_folder_is_named_in_the_readme_and_the_structure_page() -> None:
+    folders = sorted(path.name for path in (REPO / "tests").iterdir() if path.is_dir() and path.name != "__pycache__")
+    readme_row = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `tests/`"))
+    structure = (REPO / "docs" / "structure.md").read_text()
+    assert [name for name in folders if f"`{name}`" not in readme_row] == []
+    assert [name for name in folders if f"`tests/{name}/`" not in structure] == []
