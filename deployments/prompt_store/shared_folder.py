@@ -1,4 +1,7 @@
-"""A learn folder several nodes' stores write to (`learn_shared`, shared storage): a store's index holds what
+"""A learn folder several nodes' stores write to (`learn_shared`, shared storage): blocks another node wrote
+are found there before a prompt prefills.
+
+A store's index holds what
 the folder held when it was opened and what the store wrote since, so a block it lacks is looked for in the
 folder before the prompt prefills. Pieces are named by their first block, and a store that did not know
 another's piece may rewrite a longer run of the same chain under the same name: both are checked.

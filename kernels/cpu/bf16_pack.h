@@ -1,5 +1,7 @@
 // Packing a bfloat16 weight W [N, K] once at load for a GEMM kernel, and reading rows of it back out (the
-// tied embedding reads the lm_head's pack). The including source defines its layout first:
+// tied embedding reads the lm_head's pack).
+//
+// The including source defines its layout first:
 //   static inline int64_t pack_index(int64_t nt, int64_t kt, int p, int j, int h, int64_t n_tiles,
 //                                    int64_t k_tiles)
 // where element (row nt*16 + j, column kt*32 + 2p + h) of W lies in the pack, then includes this file.

@@ -1,5 +1,6 @@
-// The pair-major pack of a bfloat16 weight W [N, K] that the avx512 and avx2 (and NEON) GEMMs read: groups
-// of GROUP_N tiles of 16 columns, each group K-major, and in each 32-wide K step pair-major, the group's
+// The pair-major pack of a bfloat16 weight W [N, K] that the avx512 and avx2 (and NEON) GEMMs read.
+//
+// Groups of GROUP_N tiles of 16 columns, each group K-major, and in each 32-wide K step pair-major, the group's
 // tiles side by side: [kt][p][tile][16 n][2]. One pair of K of one tile is 64 bytes: a 16-lane vector of
 // (even, odd) bfloat16 pairs. Every load of a block walks forward through memory (tiles 1 KiB apart read
 // together stream at a third of the bandwidth).

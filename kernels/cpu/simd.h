@@ -1,6 +1,9 @@
-// The one SIMD header of the CPU kernels: a 16-lane float vector (vf16), a 16-lane int32 vector (vi16) and
-// a lane predicate (vmask16), with loads and stores from float32, bfloat16 or float16 arrays, tail handling,
-// rounding to the element type and exp. Two backends compile from it:
+// The one SIMD header of the CPU kernels: 16-lane float and int32 vectors and lane predicates, over an
+// AVX-512 backend and a portable one (AVX2, ARM NEON).
+//
+// A 16-lane float vector (vf16), a 16-lane int32 vector (vi16) and a lane predicate (vmask16), with loads
+// and stores from float32, bfloat16 or float16 arrays, tail handling, rounding to the element type and exp.
+// Two backends compile from it:
 //   - AVX-512 (the amx and avx512 levels): one zmm register per vector, __mmask16 predicates;
 //   - portable (the avx2 level, and ARM NEON): GCC/Clang vector extensions over the machine's own width
 //     (two 8-float halves on AVX2, four 4-float quarters on NEON), FMA and float16 conversions by intrinsics.

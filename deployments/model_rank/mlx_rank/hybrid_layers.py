@@ -1,6 +1,8 @@
-"""MLX twins of the hybrid families' other layers: the float32-scaled RMSNorms (Nemotron-H's, and Qwen3-Next /
-Qwen3.5's zero-centred (1 + weight) one), gated full attention, the sigmoid-gated shared expert, Nemotron-H's
-relu^2 MLP and latent MoE, and its blocks. Same tensors and order of operations as deployments/model_rank/layers.
+"""MLX twins of the hybrid families' layers besides the recurrent ones, with the same tensors and order of
+operations as deployments/model_rank/layers.
+
+The float32-scaled RMSNorms (Nemotron-H's, and Qwen3-Next / Qwen3.5's zero-centred (1 + weight) one), gated
+full attention, the sigmoid-gated shared expert, Nemotron-H's relu^2 MLP and latent MoE, and its blocks.
 """
 
 from collections.abc import Callable

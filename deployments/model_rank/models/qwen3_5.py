@@ -1,4 +1,7 @@
-"""Qwen3.5, dense and MoE: `qwen3_5` / `qwen3_5_moe` are the language model of transformers'
+"""Qwen3.5, dense and MoE (`qwen3_5`, `qwen3_5_moe` and their `_text` checkpoints): the hybrid stack of
+models/qwen3_next.py with split Gated DeltaNet projections, mRoPE, and a vision tower beside it.
+
+`qwen3_5` / `qwen3_5_moe` are the language model of transformers'
 Qwen3_5(Moe)ForConditionalGeneration (config.json's `text_config`, weights under `model.language_model.*`,
 the vision tower `model.visual.*` read only with vision on: models/qwen3_5_vision.py); `qwen3_5_text` /
 `qwen3_5_moe_text` the text model saved
