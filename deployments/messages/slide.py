@@ -66,6 +66,9 @@ class SlideGraph:
     model: str  # the checkpoint's identity (docs/slide.md, Files)
     pocket: PocketFigures
     facts: list[SlideFact]
+    # Facts the pocket can still take: its free neurons (held by no fact in the graph, and zero in the current
+    # version: a cleared graph's neurons keep what they learned) per fact, as adding a fact allocates them.
+    room: int
     busy: str = ""  # the learn or delete running now ("" when none)
 
 

@@ -33,11 +33,6 @@ from deployments.slide.links import SlideLinks
 Started = tuple[Change, AsyncIterator[SlideEvent]]  # a change holding the lock, and its events (not begun)
 
 
-def free_facts(graph: SlideGraph) -> int:
-    pocket = graph.pocket
-    return pocket.capacity - -(-pocket.neurons_used // pocket.neurons_per_fact)
-
-
 class SlideRoom:
     def __init__(self, links: SlideLinks, settings: SlideSettings) -> None:
         self.ctx = SlideContext(links, settings)
@@ -92,9 +87,10 @@ class SlideRoom:
         window and the lock is held (400s, 503 first)."""
         change = Change(self.ctx, self.engine, request.owner, f"learn {request.owner}")
         graph = await self.engine.graph()
-        free = free_facts(graph)
-        if len(request.facts) > free:
-            message = f"facts: the pocket has room for {free} more facts, and this body gives {len(request.facts)}"
+        if len(request.facts) > graph.room:
+            message = (
+                f"facts: the pocket has room for {graph.room} more facts, and this body gives {len(request.facts)}"
+            )
             raise bad_request(message, "facts", "pocket_full")
         facts = await pending_facts(change, request.facts)
         change.learned = await learned_questions(self.ctx, graph.facts)

@@ -256,6 +256,23 @@ def test_clearing_the_graph_keeps_the_weights(client: TestClient) -> None:
     assert content(ask(client, question["question"], 32)) == question["answer"]
 
 
+def test_a_cleared_graphs_neurons_still_take_the_pockets_room(client: TestClient) -> None:
+    """The graph is empty, yet the weights kept what they learned: those neurons are not free, so the room is
+    the neurons neither a fact holds nor weights fill, per fact (not the capacity less the graph's facts)."""
+    body = graph(client)
+    pocket = body["pocket"]
+    assert body["facts"] == [] and pocket["neurons_used"] == 0 and pocket["nonzero_neurons"] > 0
+    per_fact = pocket["neurons_per_fact"]
+    room = (pocket["capacity"] * per_fact - pocket["nonzero_neurons"]) // per_fact
+    assert room < CAPACITY
+    reply = client.post("/v1/slide/learn", json={"facts": [FACTS[0]] * (room + 1)})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "pocket_full" and error["param"] == "facts"
+    assert f"room for {room} more facts" in error["message"]
+    assert graph(client)["facts"] == [] and graph(client)["busy"] == ""
+
+
 def test_a_learn_whose_reader_leaves_releases_the_lock_and_fails_its_fact(backend: LocalBackend) -> None:
     """Closing a learn's stream after its first event (a client that left) ends the change in the Slide
     room: the lock is let go on the engine and the fact being learned is left failed, holding nothing."""

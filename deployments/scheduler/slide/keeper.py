@@ -169,7 +169,8 @@ class SlideKeeper:
             nonzero_neurons=int(nonzero.sum()),
         )
         busy = self.what if self._locked() else ""
-        return SlideGraph(self.files.folder.name, figures, copy.deepcopy(self.fact_graph.facts), busy)
+        facts = copy.deepcopy(self.fact_graph.facts)
+        return SlideGraph(self.files.folder.name, figures, facts, self.fact_graph.room(nonzero), busy)
 
     def _locked(self) -> bool:
         return bool(self.owner) and time.monotonic() < self.lease_until
