@@ -4,7 +4,8 @@ No `from __future__ import annotations` here: Serve reads the builder's paramete
 to validate the YAML's `args` into AppArgs; with postponed annotations it would pass a plain dict.
 
 Layout: Ingress -> Renderer, Ingress -> Scheduler (one replica per model copy), Ingress ->
-ResponseStore (one replica: stored Responses, shared by every Ingress replica). At
+ResponseStore (one replica: stored Responses, shared by every Ingress replica), and with `--slide` Ingress ->
+Slide (one replica: living weights' workflows) -> Renderer and Scheduler. At
 tensor-parallel size N > 1 each Scheduler replica gets a placement group of N + 1 bundles: bundle 0 holds
 the replica itself, bundle i + 1 rank i's actor (deployments/model_rank/deployment.py places the ranks
 there and asks each rank's CPUs from TENSORFOLD_RANK_CPUS, which the replica's environment sets from
@@ -26,7 +27,7 @@ from ray.serve.schema import LoggingConfig
 
 from deployments.chat_format.rendering import RendererOptions
 from deployments.chat_format.template_file import load_template_file
-from deployments.config import DEFAULT_MAX_BODY_BYTES, AuthSettings
+from deployments.config import DEFAULT_MAX_BODY_BYTES, AuthSettings, SlideSettings
 from deployments.ingress.deployment import Ingress
 from deployments.ingress.http.keys import ENV_VAR as API_KEY_ENV
 from deployments.ingress.http.keys import auth_settings
@@ -38,12 +39,14 @@ from deployments.response_store.deployment import ResponseStoreDeployment
 from deployments.routing.request_router import PrefixAffinityRouter
 from deployments.scheduler.deployment import Scheduler
 from deployments.scheduler.engine.disk_states import STOP_WRITES_S
+from deployments.slide.deployment import Slide
 from serve_app.args import AppArgs
 from serve_app.ray_network import check_ray_network
 from serve_app.serve_env import direct_ingress_env, replica_env
 
 log = logging.getLogger("tensorfold.app")
 STORE_CPUS = 0.05  # the ResponseStore only copies stored replies in and out
+SLIDE_CPUS = 0.05  # the Slide room mostly waits on the Scheduler replicas (rendering is the Renderer's)
 # Serve's per-call access line is off: Ingress logs every request itself (method, path, status, key label,
 # time: deployments/ingress/http/auth.py) and its finish line, and the internal calls' lines were only noise,
 # at a log record's cost on every request and stream.
@@ -186,4 +189,17 @@ def build_graph(args: AppArgs, ingress_node_ip: str | None = None, auth: AuthSet
         **stop_options(args),
     )
     responses = responses.bind()
-    return ingress.bind(renderer, scheduler, settings, responses)
+    slide = slide_room(args, renderer, scheduler, engine_config) if args.slide else None
+    return ingress.bind(renderer, scheduler, settings, responses, slide)
+
+
+def slide_room(args: AppArgs, renderer: Application, scheduler: Application, engine: SlideSettings) -> Application:
+    """The Slide deployment (`--slide` only: without it the routes answer 501 and the graph starts one process
+    fewer), over the same Renderer and Scheduler, with the engine's slide settings."""
+    settings = SlideSettings.model_validate(engine.model_dump(include=set(SlideSettings.model_fields)))
+    slide = Slide.options(
+        ray_actor_options=actor_options(SLIDE_CPUS, args.max_body_bytes, args.front_resources),
+        logging_config=QUIET,
+        **stop_options(args),
+    )
+    return slide.bind(renderer, scheduler, settings)

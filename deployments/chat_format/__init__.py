@@ -1,4 +1,4 @@
-"""Chat formats, shared by the Renderer and Ingress: templates, think markup, tool-call markups, reply parsing.
+"""Chat formats, shared by the Renderer, Ingress and the Slide room: templates, think markup, tool-call markups, reply parsing.
 
 Rendering (the Renderer deployment, deployments/renderer/, wraps PromptRenderer and nothing more):
 - template.py: ChatTemplate, a chat template compiled in jinja2's sandbox, rendering what transformers does.
@@ -16,8 +16,9 @@ Markup, one source each:
   carries the family's name from the Renderer to Ingress.
 - tool_calls.py: ParsedCall and the typing of argument values, shared by the families.
 
-Replies (Ingress):
+Replies (Ingress, and the Slide room's questions):
 - reply_parser.py: ReplyParser/ReplyStream, a reply's text to reasoning, content and calls, whole or streamed.
+- reply_reader.py: ReplyReader, one reply's parsing state (whether an end token ended it), whole or streamed.
 - forced_calls.py: `tool_choice` "required" or a named function as a grammar over the family's calls.
 
 Adding a tool-call family: write markups/<family>.py with a ToolMarkup subclass and put an instance in

@@ -1,7 +1,7 @@
 """The Ingress room: the graph's HTTP surface, one FastAPI app per replica.
 
-deployment.py  the Ray Serve deployment: builds the app over handles to the Renderer, Scheduler and
-               ResponseStore deployments, and reloads the API keys when asked.
+deployment.py  the Ray Serve deployment: builds the app over handles to the Renderer, Scheduler,
+               ResponseStore and (with --slide) Slide deployments, and reloads the API keys when asked.
 app.py         the FastAPI app: every family's routers over one ServingContext, the request bodies
                /openapi.json documents, the error handlers, auth and the body limit.
 
@@ -19,6 +19,8 @@ streams). Families import the shared modules below them, never each other.
   ops/         the operators' routes: /v1/models, /health, /memory, /metrics, /dashboard and /stats,
                /tokenize and /detokenize, the imprint routes (health.py, memory.py, metrics.py and
                dashboard.py build their bodies)
+  slide/       /v1/slide (--slide): the routes, bodies and framing; each learn or delete is the Slide
+               room's (deployments/slide/), streamed back as typed events
 
 Shared modules, what several families use (each imports only those listed after it):
   chat_run.py           the one chat handler: render a ChatCompletionRequest, build and start its request
@@ -26,8 +28,8 @@ Shared modules, what several families use (each imports only those listed after 
                         after the think block
   engine_request.py     a validated body, its prompt ids and what the reply asks to the one EngineRequest
   generation.py         one request's generation: start (refusals first), stream, finish, the finish log
+                        (the stream read by deployments/engine_client/engine_reply.py)
   context.py            what every route of a replica shares: backend, settings, the engine's facts
-  reply_reader.py       a chat reply's text as reasoning, content and tool calls, whole or streamed
   chat_request.py       the typed chat completion body every chat-shaped family runs as
   request_fields.py     the typed fields chat and completions share, and the fields they refuse
   tool_checks.py        function tool definitions checked as each family's vendor checks them

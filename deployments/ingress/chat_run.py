@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deployments.chat_format.reply_parser import ReplyParser
+from deployments.chat_format.reply_reader import ReplyReader
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import ReplyAsks, engine_request, thinking_controls
 from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import refusal_error
 from deployments.ingress.http.sse import counting_departures
-from deployments.ingress.reply_reader import ReplyReader
 from deployments.ingress.structured_fields import reply_grammar
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt
 from deployments.messages.replies import Refusal

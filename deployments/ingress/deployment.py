@@ -1,7 +1,8 @@
 """The Ingress deployment: the HTTP surface of the graph (FastAPI, built per replica).
 
 The FastAPI app is built after the constructor (`__serve_build_asgi_app__`), so its routes close over
-this replica's handles to the Renderer, Scheduler and ResponseStore deployments instead of living on the class.
+this replica's handles to the Renderer, Scheduler, ResponseStore and (with `--slide`) Slide deployments
+instead of living on the class.
 """
 
 from fastapi import FastAPI
@@ -26,10 +27,11 @@ class Ingress:
         scheduler: DeploymentHandle,
         settings: IngressSettings,
         responses: DeploymentHandle,
+        slide: DeploymentHandle | None = None,
     ) -> None:
         configure_logging()  # the finish log
         configure_serve_sockets()  # before Serve binds this replica's gRPC server and HTTP port
-        self._backend = GraphBackend(renderer, scheduler, responses)
+        self._backend = GraphBackend(renderer, scheduler, responses, slide)
         self._settings = settings
         self._keys = KeyStore(settings.auth)  # reached by reload_keys as well as by the app's auth
         self._drain = Drain()  # reached by drain as well as by the app's middleware and /health

@@ -1,7 +1,6 @@
 """From a validated route body and its prompt ids to the one internal EngineRequest, built whole in one call
 (it is immutable: the router's additions come as a copy, deployments/routing/request_router.py)."""
 
-import uuid
 from dataclasses import dataclass, field
 
 from deployments.ingress.http.errors import bad_request
@@ -10,11 +9,6 @@ from deployments.ingress.request_fields import GenerationFields
 from deployments.messages.images import ImageInput
 from deployments.messages.render import ReplyFormat, TokenizerCard
 from deployments.messages.requests import EngineRequest, GrammarSpec, SamplingParams, ThinkingControls
-
-
-def new_request_id(prefix: str) -> str:
-    """The client-visible reply id (`chatcmpl-...`, `cmpl-...`), also the engine's request id."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def sampling_params(fields: GenerationFields) -> SamplingParams:

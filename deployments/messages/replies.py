@@ -15,6 +15,11 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # generation failed; `EngineChunk.error` says why
 
 
+# The error a planned stop ends every request with (Ingress's drain asks each Scheduler replica to): a reply
+# ended by it before its first token is a 503, which the client may send again.
+SHUTTING_DOWN = "the server is shutting down"
+
+
 @dataclass
 class LogprobRow:
     """One reply token under the raw target distribution at temperature 1 (before any sampling cut)."""

@@ -7,10 +7,16 @@ immutable, built whole in one call; the router's additions (`prompt_hashes`, `ro
 
 import enum
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 
 from deployments.messages.images import ImageInput
 from deployments.messages.prefix import PromptHashes
+
+
+def new_request_id(prefix: str) -> str:
+    """The client-visible reply id (`chatcmpl-...`, `cmpl-...`), also the engine's request id."""
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class Priority(str, enum.Enum):
@@ -99,7 +105,7 @@ class EngineRequest:
     # often finished here before the client left); the engine then counts no disconnection for its abort.
     streamed: bool = False
     # Living weights (docs/slide.md): the pocket version the reply is computed with; None: the version current
-    # when the engine admits it. Ingress names one only for a learn's or delete's checks.
+    # when the engine admits it. The Slide room names one only for a learn's or delete's checks.
     pocket_version: int | None = None
     # Living weights: the rank keeps this prompt's last-layer rows under this key for training (set by the
     # engine for its own capture requests); like prompt_logprobs, the whole prompt is computed.

@@ -1,11 +1,12 @@
-"""Living weights (`--slide`, docs/slide.md): what Ingress and the Scheduler say to each other about the pocket.
+"""Living weights (`--slide`, docs/slide.md): what the Slide room and the Scheduler say to each other about the
+pocket.
 
 The pocket is a set of extra neurons beside the last decoder layer's MLP, `capacity x neurons_per_fact` in
 all; each fact owns `neurons_per_fact` of them. A pocket version is the whole pocket's weights at one moment:
 every reply is computed with one version (the one current when it was admitted, or the one its request
 names), and every Scheduler replica and tensor-parallel rank holds the same versions.
 
-Ingress runs a learn or a delete as a series of typed engine calls (`SlideCall`), each sent to every
+The Slide room runs a learn or a delete as a series of typed engine calls (`SlideCall`), each sent to every
 Scheduler replica, or to the one `replica` named (training runs on one copy; its result is staged on all of
 them); the engine makes `PocketCall`s on every tensor-parallel rank.
 """
@@ -65,6 +66,9 @@ class SlideGraph:
     model: str  # the checkpoint's identity (docs/slide.md, Files)
     pocket: PocketFigures
     facts: list[SlideFact]
+    # Facts the pocket can still take: its free neurons (held by no fact in the graph, and zero in the current
+    # version: a cleared graph's neurons keep what they learned) per fact, as adding a fact allocates them.
+    room: int
     busy: str = ""  # the learn or delete running now ("" when none)
 
 
@@ -134,7 +138,7 @@ class TrainReport:
     silent: bool  # no quiet row fired at the latest judgement
 
 
-# ---- Ingress to every Scheduler replica: the engine calls of a learn or a delete ---------------------------
+# ---- the Slide room to every Scheduler replica: the engine calls of a learn or a delete ------------------------
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import contextvars
 
 from ray.serve import context as serve_context
 
-from deployments.ingress.backend import fan_out
+from deployments.engine_client.fan_out import fan_out
 
 LABEL = contextvars.ContextVar("label", default="")
 

@@ -236,7 +236,7 @@ def test_the_document_lists_the_statuses_a_route_answers(client: TestClient) -> 
 
 
 def test_the_document_describes_each_slide_event(backend: LocalBackend) -> None:
-    from deployments.ingress.slide.framing import SlideEvent, sse_named
+    from deployments.ingress.slide.framing import NamedEvent, sse_named
 
     settings = IngressSettings(served_name="tiny", model_ids=["tiny"], slide=True)
     spec = TestClient(build_api(backend, settings)).get("/openapi.json").json()
@@ -251,7 +251,7 @@ def test_the_document_describes_each_slide_event(backend: LocalBackend) -> None:
         assert data["contentMediaType"] == "application/json" and data["contentSchema"]["required"] == ["type"]
         assert "fact" in names and "error" in names and data["contentSchema"]["properties"]["type"]["enum"] == names
         assert content["application/json"]["schema"]["properties"]["object"] == {"const": kind}
-        sent = sse_named(SlideEvent("fact", {"id": 1})).decode()  # what a stream writes, read as the document says
+        sent = sse_named(NamedEvent("fact", {"id": 1})).decode()  # what a stream writes, read as the document says
         name, payload = (line.split(": ", 1)[1] for line in sent.strip().split("\n"))
         assert name in names and json.loads(payload)["type"] == name
 

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from deployments.engine_client.engine_reply import GenerationFailed
 from deployments.ingress.context import IngressSettings
-from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import APIError
 from deployments.ingress.openai.framing import ChatFramer, ReplyMeta, json_body_of, stream_body
 from deployments.ingress.ops.health import health_body

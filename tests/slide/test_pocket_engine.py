@@ -8,7 +8,6 @@ import pytest
 
 from deployments.chat_format.rendering import PromptRenderer
 from deployments.config import EngineConfig
-from deployments.ingress.slide.locality import LOCALITY_PROMPTS
 from deployments.messages.calls import Reply
 from deployments.messages.engine_process import CallEnvelope, Inbox
 from deployments.messages.render import ChatRenderRequest
@@ -29,6 +28,7 @@ from deployments.messages.slide import (
     ZeroFact,
 )
 from deployments.scheduler.engine.core import Engine
+from deployments.slide.locality import LOCALITY_PROMPTS
 from serve_app.fixtures.tiny_glm.corpus import CONVERSATIONS
 from tests.conftest import BUILTIN_TINY_GLM as TINY_GLM
 

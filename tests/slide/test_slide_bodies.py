@@ -12,9 +12,11 @@ from deployments.chat_format.rendering import PromptRenderer
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from deployments.ingress.http.errors import APIError
-from deployments.ingress.slide.extraction import parse_facts
-from deployments.ingress.slide.framing import SlideEvent, events_body, sse_named
+from deployments.ingress.slide.framing import NamedEvent, events_body, named, sse_named
 from deployments.ingress.slide.models import MAX_FACTS, fact_id, parse_learn
+from deployments.messages.slide import SlideFact, SlideQuestion
+from deployments.messages.slide_changes import CheckFigures, FactEvent, FailedEvent, ForgotEvent, LearnedEvent
+from deployments.slide.extraction import parse_facts
 from serve_app.args import AppArgs
 from serve_app.local_backend import LocalBackend
 
@@ -98,7 +100,7 @@ def test_an_extraction_reply_is_read_or_refused_with_its_reason() -> None:
 
 
 def test_events_are_named_server_sent_events_or_one_body() -> None:
-    event = SlideEvent("learning", {"id": 3, "step": 2, "loss": 0.5, "right": 1, "rows": 2})
+    event = NamedEvent("learning", {"id": 3, "step": 2, "loss": 0.5, "right": 1, "rows": 2})
     frame = sse_named(event).decode()
     assert frame.startswith("event: learning\ndata: ") and frame.endswith("\n\n")
     assert json.loads(frame.split("data: ", 1)[1]) == {
@@ -111,8 +113,43 @@ def test_events_are_named_server_sent_events_or_one_body() -> None:
     }
 
     async def two() -> object:
-        yield SlideEvent("fact", {"id": 1})
-        yield SlideEvent("learned", {"id": 1})
+        yield NamedEvent("fact", {"id": 1})
+        yield NamedEvent("learned", {"id": 1})
 
     body = asyncio.run(events_body("slide.learn", two()))
     assert body == {"object": "slide.learn", "events": [{"type": "fact", "id": 1}, {"type": "learned", "id": 1}]}
+
+
+def test_a_room_event_is_named_with_its_fields_in_order_and_unset_ones_left_out() -> None:
+    """The Slide room's typed events reach the client as docs/slide.md shows them: every field in order, a
+    nested figure as an object, and an optional field only where it is set."""
+    checked = CheckFigures(questions=1, answered=1, facts=0, facts_kept=0, locality=40, locality_kept=40)
+    learned = named(LearnedEvent(1, 2, True, checked, 57, 3.8))
+    assert learned.name == "learned" and list(learned.data) == ["id", "version", "saved", "checked", "steps", "seconds"]
+    assert learned.data["checked"] == {
+        "questions": 1,
+        "answered": 1,
+        "facts": 0,
+        "facts_kept": 0,
+        "locality": 40,
+        "locality_kept": 40,
+    }
+    assert named(FailedEvent(id=None, reason="no facts to learn")).body() == {
+        "type": "failed",
+        "id": None,
+        "reason": "no facts to learn",
+    }
+    full = named(FailedEvent(id=None, text="a fact", reason="the pocket is full"))
+    assert list(full.data) == ["id", "text", "reason"]
+    dropped = named(FailedEvent(id=3, reason="r", version=4, checked=checked))
+    assert list(dropped.data) == ["id", "reason", "version", "checked"]
+    fact = SlideFact(5, "a fact", [SlideQuestion("q", "a")], state="learning", neurons=[0, 1])
+    frame = json.loads(sse_named(named(FactEvent(fact))).decode().split("data: ", 1)[1])
+    assert frame["type"] == "fact" and frame["id"] == 5 and frame["questions"] == [{"question": "q", "answer": "a"}]
+    assert named(ForgotEvent(5, True, "deleted", 6)).body() == {
+        "type": "forgot",
+        "id": 5,
+        "deleted": True,
+        "state": "deleted",
+        "version": 6,
+    }

@@ -17,8 +17,9 @@ from fastapi.testclient import TestClient
 
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
-from deployments.ingress.slide.locality import LOCALITY_PROMPTS
-from deployments.messages.slide import BeginChange, EndChange, SetFactState
+from deployments.messages.slide import BeginChange, EndChange, SetFactState, SlideGraph
+from deployments.messages.slide_changes import ChangeStarted, FactBody, FactEvent, LearnFacts
+from deployments.slide.locality import LOCALITY_PROMPTS
 from serve_app.local_backend import LocalBackend
 from tests.support.local_app import local_backend
 
@@ -253,6 +254,46 @@ def test_clearing_the_graph_keeps_the_weights(client: TestClient) -> None:
     assert graph(client)["facts"] == []
     question = FACTS[1]["questions"][0]
     assert content(ask(client, question["question"], 32)) == question["answer"]
+
+
+def test_a_cleared_graphs_neurons_still_take_the_pockets_room(client: TestClient) -> None:
+    """The graph is empty, yet the weights kept what they learned: those neurons are not free, so the room is
+    the neurons neither a fact holds nor weights fill, per fact (not the capacity less the graph's facts)."""
+    body = graph(client)
+    pocket = body["pocket"]
+    assert body["facts"] == [] and pocket["neurons_used"] == 0 and pocket["nonzero_neurons"] > 0
+    per_fact = pocket["neurons_per_fact"]
+    room = (pocket["capacity"] * per_fact - pocket["nonzero_neurons"]) // per_fact
+    assert room < CAPACITY
+    reply = client.post("/v1/slide/learn", json={"facts": [FACTS[0]] * (room + 1)})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "pocket_full" and error["param"] == "facts"
+    assert f"room for {room} more facts" in error["message"]
+    assert graph(client)["facts"] == [] and graph(client)["busy"] == ""
+
+
+def test_a_learn_whose_reader_leaves_releases_the_lock_and_fails_its_fact(backend: LocalBackend) -> None:
+    """Closing a learn's stream after its first event (a client that left) ends the change in the Slide
+    room: the lock is let go on the engine and the fact being learned is left failed, holding nothing."""
+    import asyncio
+
+    async def leave_after_the_fact() -> tuple[int, SlideGraph]:
+        stream = backend.slide_change(LearnFacts("a-leaving-client", [FactBody.model_validate(FACTS[0])]))
+        items = stream.__aiter__()
+        assert isinstance(await anext(items), ChangeStarted)
+        fact = await anext(items)
+        assert isinstance(fact, FactEvent) and (await backend.slide_graph()).busy  # type: ignore[union-attr]
+        await stream.close()
+        after = await backend.slide_graph()
+        assert isinstance(after, SlideGraph)
+        return fact.fact.id, after
+
+    fact_id, after = asyncio.run(leave_after_the_fact())
+    assert after.busy == ""
+    left = next(f for f in after.facts if f.id == fact_id)
+    assert left.state == "failed" and left.reason == "the learn stopped before its checks ended"
+    assert after.pocket.neurons_used == 0
 
 
 def test_openapi_documents_the_routes_and_their_statuses(client: TestClient) -> None:

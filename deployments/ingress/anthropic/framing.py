@@ -14,8 +14,8 @@ from typing import Any
 
 from deployments.chat_format.reply_parser import ReplyDelta
 from deployments.chat_format.tool_calls import ParsedCall
+from deployments.engine_client.engine_reply import GenerationFailed
 from deployments.ingress.chat_run import ChatRun
-from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.usage import ReplySummary
 
 

@@ -7,12 +7,12 @@ the client sent; a failure after a stream opened is an `error` event.
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deployments.engine_client.engine_reply import GenerationFailed
 from deployments.ingress.anthropic.framing import MessagesFramer
 from deployments.ingress.anthropic.models import CountTokensRequest, MessagesRequest
 from deployments.ingress.anthropic.translate import messages_chat, prompt_request
 from deployments.ingress.chat_run import counted_stream, render_chat_body, start_chat
 from deployments.ingress.context import ServingContext
-from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.http.errors import APIError, anthropic_response, refusal_error
 from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE

@@ -10,8 +10,8 @@ from deployments.ingress.context import ServingContext
 from deployments.ingress.decisions.framing import decisions_body
 from deployments.ingress.decisions.models import DecisionRequest, parse_decisions
 from deployments.ingress.decisions.serving import decide
-from deployments.ingress.engine_request import new_request_id
 from deployments.ingress.http.route import Arrival, json_route
+from deployments.messages.requests import new_request_id
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {"/v1/decisions": DecisionRequest}
 

@@ -11,11 +11,12 @@ raw next-token log-probabilities of its labels and generates nothing.
 
 from dataclasses import dataclass
 
-from deployments.ingress.backend import fan_out
+from deployments.engine_client.engine_reply import GenerationFailed
+from deployments.engine_client.fan_out import fan_out
 from deployments.ingress.context import ServingContext
 from deployments.ingress.decisions.models import DecisionRequest, Question
 from deployments.ingress.decisions.prompt import QuestionPrompt, question_prompt
-from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import bad_request, server_error
 from deployments.ingress.http.request_labels import current_key_label
 from deployments.ingress.http.route import Arrival

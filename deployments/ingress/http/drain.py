@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deployments.ingress.http.limits import path_error, route_path
+from deployments.messages.replies import SHUTTING_DOWN
 
-SHUTTING_DOWN = "the server is shutting down"
 RETRY_AFTER_S = 5  # what a refused client is told to wait: another server (or this one restarted) takes it
 ENDING_WAIT_S = 5.0  # after the replicas were told to end their requests: for the error events to be written
 POLL_S = 0.05

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.chat_format.reply_parser import ReplyDelta
+from deployments.chat_format.reply_reader import ReplyReader
 from deployments.chat_format.tool_calls import ParsedCall
-from deployments.ingress.reply_reader import ReplyReader
 
 
 def _call_id() -> str:

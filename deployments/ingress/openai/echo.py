@@ -15,8 +15,8 @@ prompt's text (and rows) as its first chunk, before the reply's. Chat routes ref
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.engine_client.engine_reply import GenerationFailed
 from deployments.ingress.backend import Backend
-from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.openai.logprobs import TokenTexts, joined_legacy, legacy_alternatives, legacy_body, token_bytes
 from deployments.messages.replies import PromptLogprobRow
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.chat_format.reply_parser import ReplyParser
-from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.engine_client.engine_reply import GenerationFailed
+from deployments.ingress.generation import Generation
 from deployments.ingress.http.sse import sse_done, sse_error, sse_event
 from deployments.ingress.openai.chat_reply import ChatReply
 from deployments.ingress.openai.echo import EchoedPrompt

@@ -13,11 +13,11 @@ from pydantic import BaseModel
 
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
-from deployments.ingress.engine_request import new_request_id
 from deployments.ingress.http.route import Arrival, json_route
 from deployments.ingress.http.sse import streamed_reply
 from deployments.ingress.openai.models import CompletionRequest, asks_for_chat, read_chat_body, read_completions_body
 from deployments.ingress.openai.serving import run_chat, run_completion
+from deployments.messages.requests import new_request_id
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,

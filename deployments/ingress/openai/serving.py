@@ -6,11 +6,12 @@ logs it as `refused <id>`, and the Generation logs `finished` or `ended`.
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deployments.engine_client.engine_reply import GenerationFailed
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.chat_run import counted_stream, start_chat, tokenize_prompt
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import ReplyAsks, check_token_ids, engine_request
-from deployments.ingress.generation import Generation, GenerationFailed
+from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import server_error
 from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE

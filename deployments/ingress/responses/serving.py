@@ -10,9 +10,9 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deployments.engine_client.engine_reply import GenerationFailed
 from deployments.ingress.chat_run import ChatRun, counted_stream, start_chat
 from deployments.ingress.context import ServingContext
-from deployments.ingress.generation import GenerationFailed
 from deployments.ingress.http.errors import APIError, server_error
 from deployments.ingress.http.route import Arrival
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE

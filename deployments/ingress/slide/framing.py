@@ -1,17 +1,18 @@
-"""The /v1/slide bodies and events (docs/slide.md, Events): facts and the graph as JSON, each event as a
-named server-sent event (`event: <name>`, then `data:` its JSON, which also carries `"type": <name>`), or
-all of a change's events in one JSON body when the request says `"stream": false`."""
+"""The /v1/slide bodies and events (docs/slide.md, Events): facts and the graph as JSON, each event the Slide
+room streams as a named server-sent event (`event: <name>`, then `data:` its JSON, which also carries
+`"type": <name>`), or all of a change's events in one JSON body when the request says `"stream": false`."""
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 from deployments.messages.slide import SlideFact, SlideGraph
+from deployments.messages.slide_changes import FactEvent, SlideEvent
 
 
 @dataclass
-class SlideEvent:
+class NamedEvent:
     """One step of a learn or a delete, as the client sees it."""
 
     name: str  # fact, learning, learned, failed; fact, checking, zeroed, checked, forgot; error
@@ -45,12 +46,26 @@ def graph_json(graph: SlideGraph) -> dict[str, Any]:
     }
 
 
-def sse_named(event: SlideEvent) -> bytes:
+def named(event: SlideEvent) -> NamedEvent:
+    """A room's event as the client reads it: its fields in order (a nested figure as an object), less those
+    that default to None and are None (messages/slide_changes.py)."""
+    if isinstance(event, FactEvent):
+        return NamedEvent(event.name, fact_json(event.fact))
+    data: dict[str, Any] = {}
+    for item in fields(event):
+        value = getattr(event, item.name)
+        if value is None and item.default is None:
+            continue
+        data[item.name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+    return NamedEvent(event.name, data)
+
+
+def sse_named(event: NamedEvent) -> bytes:
     data = json.dumps(event.body(), ensure_ascii=False, separators=(",", ":"))
     return f"event: {event.name}\ndata: {data}\n\n".encode()
 
 
-async def sse_stream(events: AsyncIterator[SlideEvent]) -> AsyncIterator[bytes]:
+async def sse_stream(events: AsyncIterator[NamedEvent]) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             yield sse_named(event)
@@ -58,6 +73,6 @@ async def sse_stream(events: AsyncIterator[SlideEvent]) -> AsyncIterator[bytes]:
         await events.aclose()  # type: ignore[attr-defined]  # a client that left: the change ends its lock
 
 
-async def events_body(kind: str, events: AsyncIterator[SlideEvent]) -> dict[str, Any]:
+async def events_body(kind: str, events: AsyncIterator[NamedEvent]) -> dict[str, Any]:
     """`"stream": false`: every event, in order, in one body."""
     return {"object": kind, "events": [event.body() async for event in events]}

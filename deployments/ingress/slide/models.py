@@ -1,8 +1,9 @@
 """The /v1/slide bodies, validated to 400s whose `param` names the client's field (docs/slide.md, Bodies).
 
 A learn body gives either `text` (the served model extracts its facts) or `facts` (each with its questions
-and expected answers), never both. Unknown top-level fields are ignored as on the other routes; unknown
-fact or question fields are refused, since a misspelt `answer` would silently change what is learned.
+and expected answers, deployments/messages/slide_changes.py's `FactBody`), never both. Unknown top-level
+fields are ignored as on the other routes; unknown fact or question fields are refused, since a misspelt
+`answer` would silently change what is learned.
 """
 
 from typing import Annotated, Any
@@ -11,51 +12,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from deployments.ingress.http.errors import APIError, bad_request
 from deployments.ingress.sampling_fields import bool_field
+from deployments.messages.slide_changes import MAX_FIELD_CHARS, FactBody, filled
 
 MAX_FACTS = 64  # facts one body may give: each is a training run and a round of checks
-MAX_QUESTIONS = 8  # questions one fact may carry
 MAX_TEXT_CHARS = 20_000  # a learn text (its extraction prompt must also fit the window)
-MAX_FIELD_CHARS = 2_000  # a fact, a question, an answer or a delete's reason
 MAX_ID_DIGITS = 18  # fact ids count up from 1; any id of 18 digits or fewer fits a signed 64-bit integer
-
-
-def _filled(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty or only whitespace")
-    return value
-
-
-Filled = Annotated[str, Field(max_length=MAX_FIELD_CHARS)]
-
-
-class QuestionBody(BaseModel):
-    """A question about a fact and the answer a greedy reply must give (compared stripped)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: Filled
-    answer: Filled
-
-    _question = field_validator("question")(_filled)
-    _answer = field_validator("answer")(_filled)
-
-
-class FactBody(BaseModel):
-    """One fact to learn: its text and the questions that check it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: Filled
-    questions: list[QuestionBody]
-
-    _text = field_validator("text")(_filled)
-
-    @field_validator("questions")
-    @classmethod
-    def _questions(cls, questions: list[QuestionBody]) -> list[QuestionBody]:
-        if not 1 <= len(questions) <= MAX_QUESTIONS:
-            raise ValueError(f"a fact needs 1 to {MAX_QUESTIONS} questions, got {len(questions)}")
-        return questions
 
 
 class LearnRequest(BaseModel):
@@ -71,7 +32,7 @@ class LearnRequest(BaseModel):
     @field_validator("text")
     @classmethod
     def _text(cls, text: str | None) -> str | None:
-        return None if text is None else _filled(text)
+        return None if text is None else filled(text)
 
     @field_validator("facts")
     @classmethod

@@ -9,14 +9,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from deployments.ingress.context import ServingContext
-from deployments.ingress.engine_request import new_request_id
 from deployments.ingress.http.errors import APIError, json_body
+from deployments.ingress.http.request_labels import current_key_label
 from deployments.ingress.http.route import Arrival, json_route, refusal
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE, streamed_reply
-from deployments.ingress.slide.calls import SlideEngine
-from deployments.ingress.slide.framing import SlideEvent, events_body, graph_json, sse_stream
-from deployments.ingress.slide.models import ForgetRequest, LearnRequest, parse_forget, parse_learn
-from deployments.ingress.slide.serving import clear_graph, start_forget, start_learn
+from deployments.ingress.slide.framing import NamedEvent, events_body, graph_json, sse_stream
+from deployments.ingress.slide.models import ForgetRequest, LearnRequest, fact_id, parse_forget, parse_learn
+from deployments.ingress.slide.serving import clear_graph, read_graph, start_change
+from deployments.messages.requests import new_request_id
+from deployments.messages.slide_changes import ForgetFact, LearnFacts, LearnText, SlideChange
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {"/v1/slide/learn": LearnRequest, "/v1/slide/fact/{id}": ForgetRequest}
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
@@ -61,7 +62,7 @@ def _respond(exc: APIError) -> JSONResponse:
     return exc.response()  # a 503 adds its Retry-After
 
 
-def _answer(kind: str, events: AsyncIterator[SlideEvent], streamed: bool) -> Response:
+def _answer(kind: str, events: AsyncIterator[NamedEvent], streamed: bool) -> Response:
     if streamed:
         return StreamingResponse(sse_stream(events), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
     return _JSONEvents(kind, events)
@@ -72,7 +73,7 @@ class _JSONEvents(Response):
 
     media_type = "application/json"
 
-    def __init__(self, kind: str, events: AsyncIterator[SlideEvent]) -> None:
+    def __init__(self, kind: str, events: AsyncIterator[NamedEvent]) -> None:
         super().__init__()
         self._kind, self._events = kind, events
 
@@ -82,6 +83,12 @@ class _JSONEvents(Response):
         finally:
             await self._events.aclose()  # type: ignore[attr-defined]
         await reply(scope, receive, send)
+
+
+def _learn(fields: LearnRequest, owner: str) -> SlideChange:
+    if fields.facts is not None:
+        return LearnFacts(owner, list(fields.facts))
+    return LearnText(owner, fields.text or "", current_key_label())
 
 
 async def _optional_body(http: Request) -> dict[str, Any]:
@@ -103,13 +110,12 @@ def slide_router(ctx: ServingContext) -> APIRouter:
     @json_route(parse_learn, lambda body: new_request_id("slidelearn"), _respond)
     async def slide_learn(fields: LearnRequest, arrival: Arrival) -> Response:
         """Learn the facts of a text, or the facts given: fact, learning, learned or failed events."""
-        return _answer("slide.learn", await start_learn(ctx, fields, arrival.request_id), fields.streamed)
+        return _answer("slide.learn", await start_change(ctx, _learn(fields, arrival.request_id)), fields.streamed)
 
     @router.get("/v1/slide/graph", responses=_OFF)
     async def slide_graph() -> JSONResponse:
         """Every fact (state, neurons, questions and expected answers, reason) and the pocket."""
-        await ctx.facts()  # waits for the model while it loads (503 past ready_wait_s)
-        return JSONResponse(graph_json(await SlideEngine(ctx.backend).graph()))
+        return JSONResponse(graph_json(await read_graph(ctx)))
 
     @router.delete("/v1/slide/graph", responses={**_OFF, **_BUSY})
     async def slide_clear() -> JSONResponse:
@@ -126,7 +132,8 @@ def slide_router(ctx: ServingContext) -> APIRouter:
         request_id = new_request_id("slidedelete")
         try:
             fields = parse_forget(await _optional_body(http))
-            events = await start_forget(ctx, id, fields, request_id)
+            forget = ForgetFact(request_id, fact_id(id), fields.reason)
+            events = await start_change(ctx, forget)
         except APIError as exc:
             return refusal(request_id, exc, _respond)
         return _answer("slide.delete", events, fields.streamed)

@@ -325,7 +325,7 @@ class Engine:
         return self.disk.imprint(query)
 
     def slide(self, call: SlideCall[Any]) -> object:
-        """A living-weights call from Ingress (docs/slide.md)."""
+        """A living-weights call from the Slide room (docs/slide.md)."""
         if self.living is None:
             raise ValueError("this server runs without slide")
         return self.living.answer(call)

@@ -1,5 +1,5 @@
 """The engine's living weights (docs/slide.md): the pocket's versions, the fact graph, the files, the one
-learn or delete running, and the training run; `answer` answers Ingress's typed `SlideCall`s.
+learn or delete running, and the training run; `answer` answers the Slide room's typed `SlideCall`s.
 
 Versions: 0 is the empty pocket. Training reserves the next number; `stage` puts a version on the ranks;
 `commit` makes it current (new requests use it) and writes it. A version stays on the ranks while it is
@@ -169,7 +169,8 @@ class SlideKeeper:
             nonzero_neurons=int(nonzero.sum()),
         )
         busy = self.what if self._locked() else ""
-        return SlideGraph(self.files.folder.name, figures, copy.deepcopy(self.fact_graph.facts), busy)
+        facts = copy.deepcopy(self.fact_graph.facts)
+        return SlideGraph(self.files.folder.name, figures, facts, self.fact_graph.room(nonzero), busy)
 
     def _locked(self) -> bool:
         return bool(self.owner) and time.monotonic() < self.lease_until

@@ -3,18 +3,15 @@ so any served model answers in the shape below (whether its facts are good is th
 then decide what is learned)."""
 
 import json
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import TypeAdapter, ValidationError
 
-from deployments.ingress.chat_request import chat_request
-from deployments.ingress.chat_run import render_chat_body, start_chat
-from deployments.ingress.context import ServingContext
-from deployments.ingress.engine_request import new_request_id
-from deployments.ingress.http.errors import APIError, bad_request
-from deployments.ingress.slide.asking import THINKING_OFF
-from deployments.ingress.slide.models import MAX_QUESTIONS, FactBody
+from deployments.messages.replies import Refusal
+from deployments.messages.requests import GrammarSpec
+from deployments.messages.slide_changes import MAX_QUESTIONS, FactBody
+from deployments.slide.asking import Prompt, greedy_request, rendered, reply_to
+from deployments.slide.context import SlideContext, SlideRefused, bad_request
 
 EXTRACT_TOKENS = 1024  # the longest extraction reply (less where the window leaves less)
 MAX_EXTRACTED = 8  # facts one text may yield
@@ -54,30 +51,20 @@ class Extracted:
     reason: str | None = None
 
 
-def _fields(text: str, max_tokens: int | None):  # type: ignore[no-untyped-def]
-    return chat_request(
-        messages=[{"role": "user", "content": INSTRUCTION + text}],
-        response_format={"type": "json_schema", "json_schema": {"name": "facts", "schema": SCHEMA}},
-        temperature=0,
-        max_tokens=max_tokens,
-        chat_template_kwargs=dict(THINKING_OFF),
-    )
-
-
-async def extraction_prompt_length(ctx: ServingContext, text: str) -> int:
-    """The extraction prompt's tokens (a text too long for the window is a 400 naming `text`, before any work)."""
-    try:
-        tokens = len((await render_chat_body(ctx, _fields(text, None))).prompt_token_ids)
-    except APIError as exc:  # the prompt's refusal names `messages`: the client sent `text`
-        raise APIError(exc.status, f"text: {exc.message}", exc.type, "text", exc.code) from None
-    window = (await ctx.facts()).window
-    if tokens >= window:
+async def extraction_prompt(ctx: SlideContext, text: str) -> Prompt:
+    """The extraction prompt for `text` (one refused, or too long for the window to leave room for the
+    facts, is a 400 naming `text`, before any work)."""
+    prompt = await rendered(ctx, INSTRUCTION + text)
+    if isinstance(prompt, Refusal):  # the Renderer's refusal names `messages`: the client sent `text`
+        raise SlideRefused(replace(prompt, message=f"text: {prompt.message}", param="text"))
+    window = await ctx.window()
+    if len(prompt.ids) >= window:
         message = (
-            f"text: the extraction prompt for this text has {tokens} tokens, filling this server's {window}-token "
-            "window with no room for the facts; send a shorter text, or the facts themselves"
+            f"text: the extraction prompt for this text has {len(prompt.ids)} tokens, filling this server's "
+            f"{window}-token window with no room for the facts; send a shorter text, or the facts themselves"
         )
         raise bad_request(message, "text", "context_length_exceeded")
-    return tokens
+    return prompt
 
 
 def parse_facts(content: str, finish: str) -> Extracted:
@@ -97,12 +84,9 @@ def parse_facts(content: str, finish: str) -> Extracted:
     return Extracted(facts) if facts else Extracted([], "the model found no facts in the text")
 
 
-async def extract_facts(ctx: ServingContext, text: str, prompt_tokens: int) -> Extracted:
-    """The served model's facts for `text`: its greedy reply under the schema, parsed."""
-    window = (await ctx.facts()).window
-    fields = _fields(text, max(1, min(EXTRACT_TOKENS, window - prompt_tokens)))
-    run = await start_chat(ctx, fields, new_request_id("slideextract"), time.time())
-    text_out, _ = await run.generation.collect()
-    finish = run.generation.finish_reason or "stop"
-    content = run.reader().whole(text_out, finish, run.generation.token_ids).content
-    return parse_facts(content, finish)
+async def extract_facts(ctx: SlideContext, prompt: Prompt, key_label: str) -> Extracted:
+    """The served model's facts for the text `prompt` asks about: its greedy reply under the schema, parsed."""
+    grammar = GrammarSpec("json_schema", json.dumps(SCHEMA))
+    request = await greedy_request(ctx, "slideextract", prompt, EXTRACT_TOKENS, key_label=key_label, grammar=grammar)
+    reply = await reply_to(ctx, request, prompt)
+    return parse_facts(reply.content, reply.finish)

@@ -8,10 +8,11 @@ staged version equal the ones it got before, up to LOCALITY_REPLY_TOKENS.
 
 from dataclasses import dataclass, field
 
-from deployments.ingress.context import ServingContext
-from deployments.ingress.slide.asking import Prompt, Reply, ask_all, render_prompt
-from deployments.ingress.slide.locality import LOCALITY_PROMPTS, LOCALITY_REPLY_TOKENS
 from deployments.messages.slide import SlideExample, SlideFact, SlideQuestion
+from deployments.messages.slide_changes import CheckFigures
+from deployments.slide.asking import Prompt, Reply, ask_all, render_prompt
+from deployments.slide.context import SlideContext
+from deployments.slide.locality import LOCALITY_PROMPTS, LOCALITY_REPLY_TOKENS
 
 ANSWER_SLACK_TOKENS = 8  # a check's reply may run this far past the answer's length (to see it go wrong)
 
@@ -51,20 +52,20 @@ class Locality:
 
 
 async def fact_questions(
-    ctx: ServingContext, fact_id: int, pairs: list[SlideQuestion], param: str = "facts"
+    ctx: SlideContext, fact_id: int, pairs: list[SlideQuestion], param: str = "facts"
 ) -> list[Question]:
     """A fact's questions rendered and its answers tokenised (the end token is the engine's first EOS id);
     a question the template or window refuses is a 400 naming `param.questions[i].question`."""
-    end_id = (await ctx.backend.card()).eos_token_ids[0]
+    end_id = (await ctx.links.card()).eos_token_ids[0]
     questions = []
     for index, item in enumerate(pairs):
         prompt = await render_prompt(ctx, item.question, f"{param}.questions[{index}].question")
-        answer_ids = await ctx.backend.tokenize(item.answer.strip(), False) + [end_id]
+        answer_ids = await ctx.links.tokenize(item.answer.strip(), False) + [end_id]
         questions.append(Question(fact_id, item.question, item.answer, prompt, answer_ids))
     return questions
 
 
-async def learned_questions(ctx: ServingContext, facts: list[SlideFact], leaving_out: int = 0) -> list[Question]:
+async def learned_questions(ctx: SlideContext, facts: list[SlideFact], leaving_out: int = 0) -> list[Question]:
     """Every learned fact's questions (but `leaving_out`'s): what a change must leave answering."""
     questions: list[Question] = []
     for fact in facts:
@@ -73,7 +74,7 @@ async def learned_questions(ctx: ServingContext, facts: list[SlideFact], leaving
     return questions
 
 
-async def locality_baseline(ctx: ServingContext) -> list[Locality]:
+async def locality_baseline(ctx: SlideContext) -> list[Locality]:
     """Every locality prompt with the reply it gets now (at the current version)."""
     prompts = [
         await render_prompt(ctx, text, "locality", thinking_off)
@@ -122,19 +123,19 @@ class Verdict:
     locality_kept: int
     reason: str | None
 
-    def figures(self) -> dict[str, object]:
-        return {
-            "questions": self.questions,
-            "answered": self.answered,
-            "facts": self.others.facts,
-            "facts_kept": self.others.kept,
-            "locality": self.locality,
-            "locality_kept": self.locality_kept,
-        }
+    def figures(self) -> CheckFigures:
+        return CheckFigures(
+            questions=self.questions,
+            answered=self.answered,
+            facts=self.others.facts,
+            facts_kept=self.others.kept,
+            locality=self.locality,
+            locality_kept=self.locality_kept,
+        )
 
 
 async def judge(
-    ctx: ServingContext, version: int, own: list[Question], others: list[Question], baseline: list[Locality]
+    ctx: SlideContext, version: int, own: list[Question], others: list[Question], baseline: list[Locality]
 ) -> Verdict:
     """Ask the fact's questions, every other fact's and the locality set at `version`, all at once."""
     asked = [(q.prompt, q.reply_limit) for q in own + others] + [(b.prompt, LOCALITY_REPLY_TOKENS) for b in baseline]

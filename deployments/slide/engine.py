@@ -1,4 +1,5 @@
-"""The typed engine calls of a learn or a delete (`SlideCall`, messages/slide.py), spoken to every Scheduler replica at once.
+"""The typed engine calls of a learn or a delete (`SlideCall`, messages/slide.py), spoken to every Scheduler
+replica at once.
 
 Every replica holds the same pocket versions and the same graph, so a call that changes them goes to all
 of them and their answers must agree; training runs on one replica (the first by name) and its result is
@@ -7,11 +8,8 @@ staged on all. The learn/delete lock is held on every replica by one owner, or o
 
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse
-
-from deployments.ingress.backend import Backend
-from deployments.ingress.http.errors import APIError
 from deployments.messages.calls import Reply
+from deployments.messages.replies import Refusal
 from deployments.messages.slide import (
     AddFact,
     BeginChange,
@@ -32,59 +30,53 @@ from deployments.messages.slide import (
     TrainProgress,
     ZeroFact,
 )
+from deployments.messages.slide_changes import BUSY_CODE
+from deployments.slide.context import SlideRefused, not_serving
+from deployments.slide.links import SlideLinks
 
-RETRY_AFTER_S = 5  # a learn or a delete usually ends within seconds
 
-
-class SlideBusy(APIError):
-    """503: a learn or delete holds the lock (the reply carries Retry-After)."""
-
-    def __init__(self, running: str) -> None:
-        message = f"a living-weights change is running ({running}); send this again when it ends"
-        super().__init__(503, message, "server_error", None, "slide_busy")
-
-    def response(self) -> JSONResponse:
-        reply = super().response()
-        reply.headers["Retry-After"] = str(RETRY_AFTER_S)
-        return reply
+def busy(running: str) -> SlideRefused:
+    """503: a learn or delete holds the lock (the route adds Retry-After)."""
+    message = f"a living-weights change is running ({running}); send this again when it ends"
+    return SlideRefused(Refusal(message, status=503, type="server_error", code=BUSY_CODE))
 
 
 @dataclass
 class SlideEngine:
-    """Ingress's side of the slide calls (docs/slide.md): each method is one typed `SlideCall`."""
+    """The room's side of the slide calls (docs/slide.md): each method is one typed `SlideCall`."""
 
-    backend: Backend
+    links: SlideLinks
 
     async def _all(self, call: SlideCall[Reply]) -> list[Reply]:
-        answers = await self.backend.slide(call)
+        answers = await self.links.slide(call)
         if not answers:
-            raise APIError(503, "the model is not serving: no Scheduler replica answered", "server_error")
+            raise not_serving()
         return answers
 
     async def _one(self, call: SlideCall[Reply]) -> Reply:
-        answers = await self.backend.slide(call)
+        answers = await self.links.slide(call)
         if not answers:
             raise RuntimeError(f"the Scheduler replica {call.replica} did not answer {type(call).__name__}")
         return answers[0]
 
     async def trainer(self) -> str:
         """The replica that trains (and zeroes): the first by name."""
-        names = sorted(status.replica for status in await self.backend.replicas())
+        names = sorted(status.replica for status in await self.links.replicas())
         if not names:
-            raise APIError(503, "the model is not serving: no Scheduler replica answered", "server_error")
+            raise not_serving()
         return names[0]
 
     async def graph(self) -> SlideGraph:
         return (await self._all(ReadGraph()))[0]
 
     async def begin(self, owner: str, what: str) -> None:
-        """Take (or renew) the lock on every replica; SlideBusy when any holds it for another change."""
+        """Take (or renew) the lock on every replica; refused (busy) when any holds it for another change."""
         answers = await self._all(BeginChange(owner, what))
         refused = next((a for a in answers if a), "")
         if refused:
             if len(answers) > len([a for a in answers if a]):
                 await self.end(owner)  # the replicas that said yes let go again
-            raise SlideBusy(refused)
+            raise busy(refused)
 
     async def end(self, owner: str) -> None:
         await self._all(EndChange(owner))
