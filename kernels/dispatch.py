@@ -1,6 +1,7 @@
-"""What the model layers call: each function takes the arguments of the torch code it replaces and runs
-the Triton kernel when its tensors are on CUDA (and Triton imports), else the CPU's native kernel where one
-takes the call (kernels/cpu_*.py: batch-invariant; RoPE, argmax and the causal conv with torch's bits), else
+"""What the model layers call: Triton on CUDA, a native CPU kernel where one takes the call, else torch.
+
+Each function takes the arguments of the torch code it replaces and runs the Triton kernel when its tensors
+are on CUDA (and Triton imports), else the CPU's native kernel where one takes the call (kernels/cpu_*.py: batch-invariant; RoPE, argmax and the causal conv with torch's bits), else
 the plain-torch path, which computes exactly what the layers computed before.
 
 `TENSORFOLD_KERNELS` picks the path: `auto` (default, as above), `torch` (always torch: a kill switch on

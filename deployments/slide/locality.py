@@ -1,5 +1,6 @@
-"""The locality set: short everyday prompts unrelated to any fact, each with thinking off and as the template
-has it. A learn keeps the pocket's new neurons silent on them (with the replies they get now), and its checks
+"""The locality set: short everyday prompts unrelated to any fact, whose replies no learn may change.
+
+Each is asked with thinking off and as the template has it. A learn keeps the pocket's new neurons silent on them (with the replies they get now), and its checks
 refuse a version that changes any reply. Some are shaped like the questions facts get asked, so that a
 neuron learns its own question, not the shape of every question."""
 
