@@ -18,7 +18,6 @@ Markup, one source each:
 
 Replies (Ingress, and the Slide room's questions):
 - reply_parser.py: ReplyParser/ReplyStream, a reply's text to reasoning, content and calls, whole or streamed.
-- reply_reader.py: ReplyReader, one reply's parsing state (whether an end token ended it), whole or streamed.
 - forced_calls.py: `tool_choice` "required" or a named function as a grammar over the family's calls.
 
 Adding a tool-call family: write markups/<family>.py with a ToolMarkup subclass and put an instance in

@@ -24,23 +24,22 @@ streams). Families import the shared modules below them, never each other.
 
 Shared modules, what several families use (each imports only those listed after it):
   chat_run.py           the one chat handler: render a ChatCompletionRequest, build and start its request
-  structured_fields.py  the grammar a chat reply runs under once rendered: a forced tool call's, gated
-                        after the think block
+                        (the grammar a reply runs under once rendered: a forced call's, gated after thinking)
   engine_request.py     a validated body, its prompt ids and what the reply asks to the one EngineRequest
   generation.py         one request's generation: start (refusals first), stream, finish, the finish log
                         (the stream read by deployments/engine_client/engine_reply.py)
   context.py            what every route of a replica shares: backend, settings, the engine's facts
   chat_request.py       the typed chat completion body every chat-shaped family runs as
-  request_fields.py     the typed fields chat and completions share, and the fields they refuse
+  request_fields.py     the typed fields chat and completions share (logprobs included), and the fields
+                        and combinations they refuse
   tool_checks.py        function tool definitions checked as each family's vendor checks them
   readiness.py          whether a Scheduler replica answers yet
   backend.py            what the routes need from the rest of the graph (Serve handles, or in-process)
-  http/                 auth and keys, body limits, error envelopes, the route skeleton, SSE, the finish
-                        log, the request bodies in /openapi.json
+  http/                 auth and keys, body limits, error envelopes, the route skeleton and key label, SSE,
+                        the finish log and escaping, the request bodies in /openapi.json
   usage.py              a finished reply's figures: usage, the runtime block, the token digest
   sampling_fields.py    validators for the numeric and flag fields
   grammar_fields.py     structured-output fields, typed: checked and compiled to one grammar at parse time
-  logprob_fields.py     the logprob fields, typed, and the combinations they refuse, at parse time
   field_paths.py        where a refusal points: a validator's path below its field, joined to the field's
                         place in the body (`tools[2].function.parameters`)
 

@@ -13,8 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from deployments.chat_format.effort import check_effort
 from deployments.ingress.field_paths import FieldError
 from deployments.ingress.http.errors import parse_body
-from deployments.ingress.logprob_fields import chat_logprobs, refuse_combinations, top_count
-from deployments.ingress.request_fields import GenerationFields
+from deployments.ingress.request_fields import GenerationFields, chat_logprobs, refuse_combinations, top_count
 from deployments.ingress.sampling_fields import bool_field, int_field
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")

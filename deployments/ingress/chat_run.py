@@ -1,4 +1,5 @@
-"""The one chat handler every chat-shaped API family runs: render, build the request, start it.
+"""The one chat handler every chat-shaped API family runs: render, build the request (with the grammar the
+reply runs under once rendered: the body's, or a forced tool call's gated after thinking), start it.
 
 Chat completions parse the client's body into a ChatCompletionRequest; Messages and Responses build one
 from their own typed bodies (deployments/ingress/chat_request.py). Either way the prompt, the EngineRequest
@@ -6,20 +7,19 @@ and hence the reply tokens are the ones the equivalent chat completion gets; onl
 """
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from deployments.chat_format.reply_parser import ReplyParser
-from deployments.chat_format.reply_reader import ReplyReader
+from deployments.chat_format.reply_parser import ReplyParser, ReplyReader
 from deployments.ingress.chat_request import ChatCompletionRequest
 from deployments.ingress.context import ServingContext
 from deployments.ingress.engine_request import ReplyAsks, engine_request, thinking_controls
 from deployments.ingress.generation import Generation
-from deployments.ingress.http.errors import refusal_error
+from deployments.ingress.http.errors import bad_request, refusal_error
 from deployments.ingress.http.sse import counting_departures
-from deployments.ingress.structured_fields import reply_grammar
-from deployments.messages.render import ChatRenderRequest, RenderedPrompt
+from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat
 from deployments.messages.replies import Refusal
+from deployments.messages.requests import GrammarSpec
 from deployments.messages.window import text_chars, text_past_window
 
 
@@ -119,3 +119,35 @@ async def start_chat(
     end_token_ids = set(card.eos_token_ids) | set(fields.stop_token_ids)
     await generation.start()
     return ChatRun(fields, generation, parser, end_token_ids, rendered.prompt_token_ids)
+
+
+def gate_after_thinking(spec: GrammarSpec, reply: ReplyFormat) -> GrammarSpec:
+    """With thinking on, the grammar starts after the think closer (the reply may open a block first)."""
+    if reply.think_closer_id is None or reply.enable_thinking is False:
+        return spec
+    opener = None if reply.prompt_opens_thinking else reply.think_opener_id
+    return replace(
+        spec,
+        think_closer_id=reply.think_closer_id,
+        starts_in_think=reply.prompt_opens_thinking,
+        think_opener_id=opener,
+    )
+
+
+def forced_tool_grammar(fields: ChatCompletionRequest, reply: ReplyFormat) -> GrammarSpec:
+    """`tool_choice: "required"` or a named function as a grammar over the template's call markup (the body's
+    model checked the choice against the tools; the markup is known once the template is)."""
+    from deployments.chat_format.forced_calls import forced_call_ebnf  # imports xgrammar, as grammar_fields does
+
+    tools: Any = fields.offered_tools
+    try:
+        source = forced_call_ebnf(tools, reply.tool_format, parallel=fields.parallel_tool_calls is not False)
+    except Exception as exc:  # no markup, or a parameter schema xgrammar cannot take
+        raise bad_request(f"tool_choice: a call cannot be forced: {exc}", "tool_choice") from None
+    return GrammarSpec("ebnf", source, param="tool_choice")
+
+
+def reply_grammar(fields: ChatCompletionRequest, reply: ReplyFormat) -> GrammarSpec | None:
+    """The grammar the reply runs under (None: unconstrained)."""
+    grammar = forced_tool_grammar(fields, reply) if fields.forces_call else fields.grammar
+    return None if grammar is None else gate_after_thinking(grammar, reply)

@@ -4,7 +4,7 @@
 from dataclasses import dataclass, field
 
 from deployments.ingress.http.errors import bad_request
-from deployments.ingress.http.request_labels import current_key_label
+from deployments.ingress.http.route import current_key_label
 from deployments.ingress.request_fields import GenerationFields
 from deployments.messages.images import ImageInput
 from deployments.messages.render import ReplyFormat, TokenizerCard

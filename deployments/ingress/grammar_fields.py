@@ -5,7 +5,7 @@ Each field's validator checks its shape (a 400 naming the path inside it, `respo
 the body's model then asks `requested_grammar` for the one GrammarSpec they add up to: at most one field per
 request, and a grammar xgrammar parses without a tokenizer, so a malformed or uncompilable grammar is refused
 before any work. Choice lists become an EBNF alternation of JSON-escaped literals, so any string is matched
-exactly. What needs the rendered prompt is in deployments/ingress/structured_fields.py; the Scheduler compiles
+exactly. What needs the rendered prompt is in deployments/ingress/chat_run.py; the Scheduler compiles
 the grammar for its vocabulary (cached) when it admits the request.
 """
 

@@ -7,7 +7,8 @@ silently dropped, because ignoring them would change what the client gets. Those
 sent, before it is parsed (`refuse_unsupported`), so they answer ahead of any malformed field.
 
 Structured output (deployments/ingress/grammar_fields.py) is typed and checked here too: its fields' shapes,
-one field at most, a grammar that compiles. Each family adds its logprob fields (logprob_fields.py).
+one field at most, a grammar that compiles. Each family adds its logprob fields, typed here too with the
+combinations they refuse (`chat_logprobs`, `top_count`, `refuse_combinations`).
 """
 
 from typing import Annotated, Any
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.ingress.field_paths import FieldError
 from deployments.ingress.grammar_fields import (
     GRAMMAR_FIELDS,
     GuidedChoice,
@@ -45,7 +47,7 @@ from deployments.ingress.sampling_fields import (
 from deployments.messages.requests import GrammarSpec, Priority
 
 _UNSUPPORTED = (  # field -> why; refused when present with a value that asks for something
-    # logprobs and top_logprobs: deployments.ingress.logprob_fields; structured output: structured_fields;
+    # logprobs and top_logprobs: below; structured output: grammar_fields, and chat_run for a forced call;
     # prompt_logprobs and echo: completions only (deployments.ingress.openai.models refuses them on chat)
     ("suffix", "suffix is not supported"),
 )
@@ -172,3 +174,45 @@ class GenerationFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+MAX_TOP = 20
+
+
+def _top(name: str) -> Any:
+    def check(value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP:
+            raise ValueError(f"{name} must be an integer from 0 through {MAX_TOP}")
+        return value
+
+    return check
+
+
+def top_count(name: str) -> Any:
+    """The type of a count of best tokens per row, 0 through MAX_TOP, or null."""
+    schema = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP}, {"type": "null"}], "default": None}
+    return Annotated[int | None, BeforeValidator(_top(name)), WithJsonSchema(schema)]
+
+
+def chat_logprobs(wanted: bool | None, top: int | None) -> int | None:
+    """Alternatives per row for a chat body's `logprobs` and `top_logprobs` (None: no logprobs)."""
+    if not wanted:
+        if top not in (None, 0):
+            raise FieldError("top_logprobs", "needs logprobs: true")
+        return None
+    return 0 if top is None else top
+
+
+def refuse_combinations(grammar: bool, tools: Any, stop: Any, thinking_budget: Any) -> None:
+    """The refusals for logprobs with a grammar (forced tool calls included), tools, stop strings or a
+    thinking budget, naming the field that rules them out."""
+    for present, param, what in (
+        (grammar, "logprobs", "structured output"),
+        (bool(tools), "tools", "tools"),
+        (bool(stop), "stop", "stop strings"),
+        (bool(thinking_budget), "thinking_budget", "a thinking budget"),
+    ):
+        if present:
+            raise FieldError(param, f"logprobs cannot be combined with {what}")

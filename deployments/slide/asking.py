@@ -3,14 +3,13 @@ off, greedy decoding, at a named pocket version (None: the current one); the rep
 completion's message shows.
 
 With thinking off the template's reply opens no think block, so a request here needs neither the engine's
-watch over one nor a grammar gated after one (deployments/ingress/structured_fields.py gates a chat's).
+watch over one nor a grammar gated after one (deployments/ingress/chat_run.py gates a chat's).
 """
 
 import asyncio
 from dataclasses import dataclass
 
-from deployments.chat_format.reply_parser import ReplyParser
-from deployments.chat_format.reply_reader import ReplyReader
+from deployments.chat_format.reply_parser import ReplyParser, ReplyReader
 from deployments.engine_client.engine_reply import EngineReply
 from deployments.engine_client.fan_out import fan_out
 from deployments.messages.render import ChatRenderRequest, ReplyFormat

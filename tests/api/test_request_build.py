@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from deployments.ingress.chat_run import gate_after_thinking
 from deployments.ingress.engine_request import ReplyAsks, engine_request
 from deployments.ingress.openai.models import read_chat_body
-from deployments.ingress.structured_fields import gate_after_thinking
 from deployments.messages.render import ReplyFormat, TokenizerCard
 from deployments.messages.requests import EngineRequest, GrammarSpec, ImprintQuery
 from deployments.messages.window import (
@@ -56,6 +56,7 @@ def test_the_router_sends_a_routed_copy_and_leaves_the_request_as_built(sent: En
         args=[sent, "other"],
         routing_context=SimpleNamespace(should_backoff=False),
         metadata=SimpleNamespace(internal_request_id="i1"),
+        future=object(),  # what the router counts an attempt by
     )
     (chosen,) = asyncio.run(_router().choose_replicas(replicas, pending))  # type: ignore[arg-type]
     routed = pending.args[0]

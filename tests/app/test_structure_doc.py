@@ -29,3 +29,13 @@ def test_the_files_a_package_docstring_names_exist() -> None:
             if not (folder / name).exists() and not list(folder.rglob(name)):
                 stale.append(f"{init.relative_to(REPO)} names {name}")
     assert stale == []
+
+
+def test_the_request_walks_trace_count_is_the_one_measured(served_model: str) -> None:
+    """docs/structure.md's "One chat completion" states how many files one streamed chat runs code in."""
+    from tests.support.request_trace import traced_files
+
+    stated = re.search(r"over the real routes, renderer and engine, counts (\d+) files", PAGE.read_text())
+    assert stated is not None
+    files = traced_files(served_model)
+    assert len(files) == int(stated.group(1)), "update docs/structure.md's count: " + ", ".join(files)

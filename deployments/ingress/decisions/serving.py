@@ -18,8 +18,7 @@ from deployments.ingress.decisions.models import DecisionRequest, Question
 from deployments.ingress.decisions.prompt import QuestionPrompt, question_prompt
 from deployments.ingress.generation import Generation
 from deployments.ingress.http.errors import bad_request, server_error
-from deployments.ingress.http.request_labels import current_key_label
-from deployments.ingress.http.route import Arrival
+from deployments.ingress.http.route import Arrival, current_key_label
 from deployments.messages.render import ChatRenderRequest, ReplyFormat
 from deployments.messages.replies import Refusal, RequestStats
 from deployments.messages.requests import EngineRequest, SamplingParams

@@ -4,7 +4,7 @@ With keys configured every path needs one (default deny, so a route added later 
 except `/health` and `/` (answered as `{"status":"ok"}` only) and, with `--metrics-open`, `/metrics`
 and `/v1/metrics`. The accepted key's label is put on the request state (`request.state.key_label`)
 for the request log and the metrics' label; the key and its digest never leave this module. The access
-line escapes what the client sent (http/log_text.py) and shows a failure's 500 too.
+line escapes what the client sent (`escaped`, http/finish_log.py) and shows a failure's 500 too.
 """
 
 import logging
@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deployments.ingress.http.finish_log import escaped
 from deployments.ingress.http.key_store import KeyStore
 from deployments.ingress.http.limits import path_error, route_path
-from deployments.ingress.http.log_text import escaped
 
 log = logging.getLogger("tensorfold.access")
 HEALTH_PATHS = ("/health", "/")

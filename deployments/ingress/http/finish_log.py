@@ -1,16 +1,20 @@
-"""The finish log (docs/api.md): one line per completed, refused or ended request, naming the client reply id.
+"""The finish log (docs/api.md): one line per completed, refused or ended request, naming the client reply id;
+and every logged client text made safe for a log line.
 
 - completed: `finished <id> prompt=.. cached=.. thinking=.. effort=.. tokens=.. sha=.. finish=.. rounds=..
   drafts=accepted/drafted` (`-` when the reply was not drafted) (plus ttft and decode rate, which operators ask for first, and the replica that served it
   with the router's reason);
 - refused:   `refused <id>: <message>`;
 - ended:     `ended <id> reason=client-left|error: <message> prompt=.. tokens=.. elapsed=..s`.
+
+Client-controlled text (a decoded path, a method, a model name, a value quoted in a refusal) can carry
+`%0A` / `%0D` (a forged log line) or `%1b` (a terminal escape): `escaped` writes every character
+`str.isprintable` refuses as its Python escape, and a backslash as two, in this log and the access log.
 """
 
 import logging
 import time
 
-from deployments.ingress.http.log_text import LOGGED_CHARS, escaped
 from deployments.ingress.usage import ReplySummary
 
 log = logging.getLogger("tensorfold.requests")
@@ -51,3 +55,26 @@ def log_ended(request_id: str, reason: str, prompt_tokens: int, tokens: int, arr
     elapsed = max(0.0, time.time() - arrival_time)
     reason = escaped(reason, LOGGED_CHARS)  # an error's text may quote the client
     log.info("ended %s reason=%s prompt=%d tokens=%d elapsed=%.3fs", request_id, reason, prompt_tokens, tokens, elapsed)
+
+
+LOGGED_CHARS = 1000  # of a refusal's message: enough to read why; a quoted 16 MiB value stays out of the log
+
+
+def escaped(text: str, limit: int | None = None) -> str:
+    """`text` with every unprintable character escaped, cut to `limit` characters first (None: whole)."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(_escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if ch == "\\":
+        return "\\\\"
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -1,4 +1,5 @@
-"""The skeleton of every route that reads a JSON body: arrival, reply id, body, run, refusal, in one place.
+"""The skeleton of every route that reads a JSON body: arrival, reply id, body, run, refusal, in one place;
+and the request's API-key label, for per-key counts.
 
 Arrival: stamp the wall clock (the request's `created` and its latency start) and note the caller's key
 label for per-key metrics. The reply id is minted next (from the body, where its shape decides the id's
@@ -6,11 +7,14 @@ kind); the body is read as JSON, its `model` checked against the ids this server
 `model_not_found` otherwise, as OpenAI and vLLM answer; a body without one means the served model), and
 it is parsed once into the route's typed model. Refusal: an APIError raised before the reply is sent is
 logged as `refused <id>` and answered in the route's own error format. A route that only answers from its
-body (counting, tokenizing) has no reply id and logs nothing: `json_query`.
+body (counting, tokenizing) has no reply id and logs nothing: `json_query`. Auth puts the key's label
+(never the key) on `request.state.key_label`; arrival copies it into a context variable, so the
+EngineRequest built deeper in the same task carries it (`current_key_label`).
 """
 
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -19,7 +23,6 @@ from fastapi.responses import JSONResponse, Response
 
 from deployments.ingress.http.errors import APIError, json_body
 from deployments.ingress.http.finish_log import log_refused
-from deployments.ingress.http.request_labels import capture_key_label
 
 Body = TypeVar("Body")
 ErrorFormat = Callable[[APIError], JSONResponse]  # the route's own envelope (OpenAI's by default)
@@ -104,3 +107,16 @@ def json_query(
         return _named(endpoint, run)
 
     return decorate
+
+
+NO_KEY = "none"
+_key_label: ContextVar[str] = ContextVar("tensorfold_key_label", default=NO_KEY)
+
+
+def capture_key_label(http: Request) -> None:
+    label = getattr(http.state, "key_label", None)
+    _key_label.set(label if isinstance(label, str) and label else NO_KEY)
+
+
+def current_key_label() -> str:
+    return _key_label.get()

@@ -8,8 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.chat_format.reply_parser import ReplyDelta
-from deployments.chat_format.reply_reader import ReplyReader
+from deployments.chat_format.reply_parser import ReplyDelta, ReplyReader
 from deployments.chat_format.tool_calls import ParsedCall
 
 

@@ -5,7 +5,7 @@ legacy object (tokens, token_logprobs, top_logprobs, text_offset); a token's leg
 its bytes complete, so the tokens join to the text and text_offset counts characters.
 A stream sends each row with the chunk whose text completes that token; with thinking on, rows cover the
 answer only (none for the think block, its closer or the blanks after it). The request fields and the
-combinations they refuse: deployments/ingress/logprob_fields.py.
+combinations they refuse: deployments/ingress/request_fields.py.
 """
 
 import codecs

@@ -14,8 +14,7 @@ from pydantic.json_schema import SkipJsonSchema
 from deployments.ingress.chat_request import MESSAGES_SCHEMA, ChatCompletionRequest
 from deployments.ingress.field_paths import FieldError
 from deployments.ingress.http.errors import bad_request, parse_body
-from deployments.ingress.logprob_fields import refuse_combinations, top_count
-from deployments.ingress.request_fields import GenerationFields, refuse_unsupported
+from deployments.ingress.request_fields import GenerationFields, refuse_combinations, refuse_unsupported, top_count
 from deployments.ingress.sampling_fields import bool_field, int_field
 from deployments.ingress.tool_checks import CHAT, check_tools
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.ingress.http.errors import APIError, bad_request
-from deployments.ingress.http.log_text import LOGGED_CHARS, escaped
+from deployments.ingress.http.finish_log import LOGGED_CHARS, escaped
 from deployments.ingress.tool_checks import RESPONSES, check_tools
 
 log = logging.getLogger("tensorfold.ingress")

@@ -10,8 +10,7 @@ from pydantic import BaseModel
 
 from deployments.ingress.context import ServingContext
 from deployments.ingress.http.errors import APIError, json_body
-from deployments.ingress.http.request_labels import current_key_label
-from deployments.ingress.http.route import Arrival, json_route, refusal
+from deployments.ingress.http.route import Arrival, current_key_label, json_route, refusal
 from deployments.ingress.http.sse import SSE_HEADERS, SSE_MEDIA_TYPE, streamed_reply
 from deployments.ingress.slide.framing import NamedEvent, events_body, graph_json, sse_stream
 from deployments.ingress.slide.models import ForgetRequest, LearnRequest, fact_id, parse_forget, parse_learn

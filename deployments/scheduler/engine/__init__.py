@@ -14,8 +14,8 @@ request meets them:
 - `stepping.py`: one step: plan, execute on the ranks, apply what it drew through `Requests`.
 - `reply_writer.py`: each drawn token into the reply (`thinking.py`: a forced think close; `grammar.py`:
   the constraint and its mask; `text_output.py`: text and stop strings), and the reply's end, reported.
-- `snapshots.py`: what the loop reports besides replies (info, memory figures, the router's digest);
-  `stats.py`: the live rates. `completion.py`: one reply folded whole, for `generate`.
+- `snapshots.py`: what the loop reports besides replies (info with the live rates, memory figures, the
+  router's digest). `completion.py`: one reply folded whole, for `generate`.
 - `disk_states.py`: states written to the disk store while idle, the imprint routes' answers
   (`disk_types.py`: the KV rows' reads and writes and the resume plan they use).
 - `memory.py`: sizing the KV pool at startup.

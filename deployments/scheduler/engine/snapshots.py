@@ -1,5 +1,5 @@
-"""What the engine reports besides replies: the info snapshot (/health, /metrics, the finish log), this
-process's memory figures, and the digest of its cached blocks for the prefix-affinity router.
+"""What the engine reports besides replies: the info snapshot (/health, /metrics, the finish log) with its
+live rates, this process's memory figures, and the digest of its cached blocks for the prefix-affinity router.
 
 Each turn of the loop (`Engine.run_once`) asks `Snapshots.take` whether to send them: the info when the
 engine goes idle, when a request finished (its caller then finds it counted), else at most every
@@ -7,6 +7,7 @@ INFO_INTERVAL_S; the digest when the blocks changed, at most every DIGEST_INTERV
 """
 
 import time
+from collections import deque
 from dataclasses import replace
 
 from deployments.messages.counters import EngineCounters
@@ -18,11 +19,43 @@ from deployments.scheduler.engine.disk_states import DiskStates
 from deployments.scheduler.engine.kv_blocks import BlockManager
 from deployments.scheduler.engine.requests import Requests
 from deployments.scheduler.engine.state_slots import StateSlots
-from deployments.scheduler.engine.stats import LiveRates
 from deployments.scheduler.memory_report import memory_figures_of
 
 INFO_INTERVAL_S = 0.05  # snapshots (counters, histograms) cost a pickle: not one per step under load
 DIGEST_INTERVAL_S = 0.25  # the router reads digests every second or so: rebuilding one per step is waste
+
+
+class LiveRates:
+    """Decode tokens in the last 2 s over 2; the last prompt pass's rate, shown for 2 s after it."""
+
+    def __init__(self) -> None:
+        self._decoded: deque[tuple[float, int]] = deque()
+        self._prefill_rate = 0.0
+        self._prefill_at = 0.0
+
+    def decoded(self, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._decoded.append((now, tokens))
+        self._trim(now)
+
+    def prefill_pass(self, tokens: int, seconds: float, now: float | None = None) -> None:
+        self._prefill_at = time.monotonic() if now is None else now
+        self._prefill_rate = tokens / seconds if seconds > 0 else 0.0
+
+    def _trim(self, now: float) -> None:
+        while self._decoded and self._decoded[0][0] < now - RATE_WINDOW_SECONDS:
+            self._decoded.popleft()
+
+    def decode_rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        recent = [n for t, n in list(self._decoded) if t >= now - RATE_WINDOW_SECONDS]
+        return round(sum(recent) / RATE_WINDOW_SECONDS, 1)
+
+    def prefill_rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        if now - self._prefill_at > RATE_WINDOW_SECONDS:
+            return 0.0
+        return round(self._prefill_rate, 1)
 
 
 class Snapshots:
@@ -86,3 +119,6 @@ class Snapshots:
         if self.disk is not None:  # what the node's disk store holds counts as a partial match
             digest.disk_keys = self.disk.disk_keys()
         return digest
+
+
+RATE_WINDOW_SECONDS = 2.0

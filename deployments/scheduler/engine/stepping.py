@@ -19,8 +19,8 @@ from deployments.scheduler.engine.planner import PlannedStep, Planner
 from deployments.scheduler.engine.reply_writer import ReplyWriter
 from deployments.scheduler.engine.requests import Finish, Requests
 from deployments.scheduler.engine.sequence import Sequence
+from deployments.scheduler.engine.snapshots import LiveRates
 from deployments.scheduler.engine.state_slots import StateSlots
-from deployments.scheduler.engine.stats import LiveRates
 
 log = logging.getLogger("tensorfold.engine")
 
