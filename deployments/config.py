@@ -59,7 +59,8 @@ class EngineSettings(Section):
         default=None, ge=16, description="cap on the context window, in tokens; unset: the model's"
     )
     parallel: int | Literal["auto"] = Field(
-        default="auto", description="lanes: sequences served at once per model copy: N, or auto (as many as full windows fit)"
+        default="auto",
+        description="lanes: sequences served at once per model copy: N, or auto (as many as full windows fit)",
     )
     block_size: Annotated[int, NO_FLAG] = Field(
         default=16, ge=1, description="tokens per KV-cache block (the prefix cache's and the router's unit)"
@@ -111,6 +112,13 @@ class EngineSettings(Section):
         default=None,
         ge=1,
         description="intra-op threads of the forward pass; unset: the node's cores less Ingress's and the Renderer's",
+    )
+    # On CUDA, decode steps replay graphs captured at startup (docs/engine.md, The step on a GPU); this turns
+    # them off (vLLM's name). On CPU every step is eager anyway: there is nothing to capture.
+    enforce_eager: bool = Field(
+        default=False,
+        description="on a CUDA device, launch every step's kernels eagerly: no decode CUDA graphs are "
+        "captured at startup (one per batch-size bucket up to the lanes)",
     )
     # Hybrid models: besides the end of every prompt pass and reply, a long prompt's recurrent states join
     # the prefix cache at least this often (each snapshot costs a state slot: docs/engine.md, Hybrid models).
