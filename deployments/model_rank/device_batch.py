@@ -138,6 +138,7 @@ class DeviceBatches:
         longs = self.longs.send(fixed_longs, into=static.longs) + self.longs.send(other_longs)
         return longs, self.ints.send(fixed_ints, into=static.ints) + self.ints.send(other_ints)
 
+    @torch.inference_mode(False)  # the graphs' inputs, written every step
     def static_step(self, rows: int, hybrid: bool, max_row_len: int) -> StaticStep:
         """Buffers for graphs of up to `rows` one-token sequences (the layouts of `build`'s fixed parts)."""
         _, longs = aligned_offsets([rows] * 3)

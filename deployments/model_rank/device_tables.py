@@ -35,6 +35,8 @@ def _agreeing(row: list[int], table: list[int]) -> int:
 
 
 class DeviceBlockTables:
+    # The table is kept across steps: allocated as a normal tensor, written inside and outside inference mode.
+    @torch.inference_mode(False)
     def __init__(self, device: torch.device, width: int, sink_block: int, rows: int = 8) -> None:
         self.device = device
         self.width = -(-max(width, 1) // ALIGN) * ALIGN
@@ -51,9 +53,8 @@ class DeviceBlockTables:
             self._widen(max(map(len, tables)))
         delta, taken = TableDelta(), {SINK_ROW}
         for position, table in enumerate(tables):
-            row = self._row_for(position, table, taken)
+            row, kept = self._row_for(position, table, taken)
             taken.add(row)
-            kept = _agreeing(self.mirror[row], table)
             delta.rows.append(row)
             delta.index.extend(range(row * self.width + kept, row * self.width + len(table)))
             delta.values.extend(table[kept:])
@@ -76,21 +77,25 @@ class DeviceBlockTables:
             out = torch.empty(rows.shape[0], self.width, dtype=torch.int32, device=self.device)
         return torch.index_select(self.table, 0, rows, out=out)
 
-    def _row_for(self, position: int, table: list[int], taken: set[int]) -> int:
-        """The row holding this table's start: the position's row last step, else the longest agreeing row,
-        else the least recently used free row (the table grows by a row when none is free)."""
+    def _row_for(self, position: int, table: list[int], taken: set[int]) -> tuple[int, int]:
+        """The row holding this table's start and how many entries it holds already: the position's row last
+        step, else the longest agreeing row, else the least recently used free row (the table grows by a row
+        when none is free)."""
         hint = self.last[position] if position < len(self.last) else None
-        if hint is not None and hint not in taken and table and _agreeing(self.mirror[hint], table) > 0:
-            return hint
+        if hint is not None and hint not in taken and table:
+            kept = _agreeing(self.mirror[hint], table)
+            if kept:
+                return hint, kept
         free = [row for row in range(len(self.mirror)) if row not in taken]
         if table:
             agreeing = [(_agreeing(self.mirror[row], table), row) for row in free if self.mirror[row][:1] == table[:1]]
             if agreeing:
-                return max(agreeing)[1]
-        if not free:
-            return self._grow()
-        return min(free, key=lambda row: self.used[row])
+                kept, row = max(agreeing)
+                return row, kept
+        row = self._grow() if not free else min(free, key=lambda row: self.used[row])
+        return row, _agreeing(self.mirror[row], table)
 
+    @torch.inference_mode(False)
     def _grow(self) -> int:
         """Double the rows; returns the first new one."""
         first = self.table.shape[0]
@@ -100,6 +105,7 @@ class DeviceBlockTables:
         self.used += [0] * first
         return first
 
+    @torch.inference_mode(False)
     def _widen(self, entries: int) -> None:
         """Room for a longer table (the rows' entries are kept)."""
         width = -(-entries // ALIGN) * ALIGN

@@ -145,6 +145,7 @@ class ModelRunner:
         longest = -(-self.model.config.max_position_embeddings // self.block_size) + 1
         return DeviceBatches(self.device, self.block_size, limits, min(self.num_blocks, longest), self.sink)
 
+    @torch.inference_mode()
     def warm_up(self, lanes: int, capture: Capture | None = None) -> None:
         """Before the first request: on CUDA, compile every kernel for the shapes steps take and capture the
         decode graphs for up to `lanes` sequences (with `cuda_graphs`, and not with a pocket, whose rows

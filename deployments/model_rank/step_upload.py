@@ -78,6 +78,7 @@ class StagedUpload:
             slot = self.slots[index] = self._new_slot(length)
         return slot
 
+    @torch.inference_mode(False)  # kept across steps: written inside and outside inference mode alike
     def _new_slot(self, length: int) -> _Slot:
         self.capacity = max(self.capacity, 1 << max(0, length - 1).bit_length())
         pinned = self.device.type == "cuda"
