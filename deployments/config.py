@@ -121,6 +121,13 @@ class EngineSettings(Section):
         "same whatever shares its step) or cublas (faster, but gives up batch invariance: a reply may change "
         "with the requests beside it)",
     )
+    # On CUDA, decode steps replay graphs captured at startup (docs/engine.md, The step on a GPU); this turns
+    # them off (vLLM's name). On CPU every step is eager anyway: there is nothing to capture.
+    enforce_eager: bool = Field(
+        default=False,
+        description="on a CUDA device, launch every step's kernels eagerly: no decode CUDA graphs are "
+        "captured at startup (one per batch-size bucket up to the lanes)",
+    )
     # Hybrid models: besides the end of every prompt pass and reply, a long prompt's recurrent states join
     # the prefix cache at least this often (each snapshot costs a state slot: docs/engine.md, Hybrid models).
     state_snapshot_tokens: Annotated[int, NO_FLAG] = Field(

@@ -41,7 +41,7 @@ from kernels import (
 from kernels._triton import HAS_TRITON
 from kernels.activation import silu
 from kernels.paged_decode_attention import paged_decode_attention
-from kernels.paged_meta import DECODE_MAX_QUERY, PagedMeta, build_paged_meta
+from kernels.paged_meta import ALL_ROWS, DECODE_MAX_QUERY, PagedMeta, build_paged_meta
 from kernels.paged_prefill_attention import paged_prefill_attention
 from kernels.recurrent_scan import ScanRows
 from kernels.scan_meta import ScanMeta, build_scan_meta
@@ -57,6 +57,7 @@ class StepLayout(Protocol):
     context_lens: list[int]
     block_tables: list[list[int]]
     slot_mapping: torch.Tensor
+    paged: dict[int, PagedMeta]  # the step's metadata per row limit, built before the layers (may be empty)
 
 
 _MODES: dict[str, str] = {}  # TENSORFOLD_KERNELS as set -> its mode (asked several times per layer and step)
@@ -107,7 +108,10 @@ _META: dict[int, tuple[weakref.ref, torch.Tensor, PagedMeta]] = {}
 
 
 def step_meta(batch: StepLayout, block_size: int, device: torch.device, row_query_limit: int) -> PagedMeta:
-    """The batch's kernel metadata, built once per step (keyed on the batch object and its slot mapping)."""
+    """The batch's kernel metadata: what its runner built before the layers, else built here once per step
+    (keyed on the batch object and its slot mapping) for batches made by hand."""
+    if row_query_limit in batch.paged:
+        return batch.paged[row_query_limit]
     hit = _META.get(row_query_limit)
     if hit is not None and hit[0]() is batch and hit[1] is batch.slot_mapping:
         return hit[2]
@@ -130,6 +134,12 @@ def scan_meta(rows: ScanRows, step_rows: torch.Tensor) -> ScanMeta:
     meta = build_scan_meta(rows, step_rows.shape[0], step_rows.device)
     _SCAN[:] = [(*key, meta)]
     return meta
+
+
+def use_scan_meta(rows: ScanRows, meta: ScanMeta) -> None:
+    """A step's recurrent metadata built before its layers (deployments/model_rank/device_batch.py): the
+    layers' calls over these rows find it instead of building it in the first of them."""
+    _SCAN[:] = [(rows, meta.total_rows, meta.starts.device, meta)]
 
 
 def write_cache(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -177,7 +187,7 @@ def mla_attention(
         return mla_decode.mla_attention_torch(
             q_nope, q_rot, latent_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale, expand, v_dim
         )
-    meta = step_meta(batch, latent_cache.shape[1], q_nope.device, row_query_limit=2**31 - 1)
+    meta = step_meta(batch, latent_cache.shape[1], q_nope.device, ALL_ROWS)
     return mla_decode.mla_attention_triton(q_nope, q_rot, latent_cache, meta, scale, kv_b_weight, v_dim)
 
 
@@ -251,7 +261,14 @@ def apply_mrope(
     through `apply_rotary` at `positions` (the temporal row), so a text row (three equal positions) gets
     its bits on every device; rows whose positions differ (image placeholders) are redone by the table."""
     q_out, k_out = apply_rotary(positions, q, k, inv_freq, attention_scaling, False)
-    rows = (three != three[0]).any(dim=0).nonzero().squeeze(1)
+    image = (three != three[0]).any(dim=0)  # [T]
+    if backend(q, k) == "triton":
+        # Every row's table, each row then picked on the device: no host read of which rows are images.
+        # (CUDA's elementwise kernels give a row the same bits wherever it sits; CPU's vector loops do not.)
+        cos, sin = rotary.mrope_cos_sin(three, axes, inv_freq, attention_scaling, q.dtype)  # [T, 1, rot]
+        q_image, k_image = rotary.rotate_with_table(q, k, cos, sin)
+        return torch.where(image[:, None, None], q_image, q_out), torch.where(image[:, None, None], k_image, k_out)
+    rows = image.nonzero().squeeze(1)
     if rows.numel():
         cos, sin = rotary.mrope_cos_sin(three[:, rows], axes, inv_freq, attention_scaling, q.dtype)  # [n, 1, rot]
         q_image, k_image = rotary.rotate_with_table(q[rows], k[rows], cos, sin)
@@ -279,14 +296,17 @@ def moe_experts(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    gate_proj: torch.Tensor,
+    gate_proj: torch.Tensor | None,
     up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
 ) -> torch.Tensor:
-    """Replaces Experts.forward: x [T, H], weights/ids [T, k] -> [T, H]; `linear` is used by the torch path."""
-    if backend(x, gate_proj) == "triton":
+    """Replaces Experts.forward: x [T, H], weights/ids [T, k] -> [T, H]; `linear` is used by the torch path.
+    `gate_proj` None: relu^2 experts without a gate (layers/latent_moe.py)."""
+    if backend(x, up_proj) == "triton":
         return fused_moe.fused_moe(x, weights, ids, gate_proj, up_proj, down_proj)
+    if gate_proj is None:
+        return fused_moe.relu2_moe_torch(x, weights, ids, up_proj, down_proj, linear)
     return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear)
 
 

@@ -1,10 +1,12 @@
 """Fused MoE experts: the routed (token, expert) pairs as one grouped GEMM pass per projection.
 
 Pairs are sorted by expert and each expert's run padded to BLOCK_M, so a program's BLOCK_M rows share
-one expert's weights. Pass 1 computes silu(x W_gate^T) * (x W_up^T) for those rows; pass 2 multiplies by
-W_down^T and the routing weight and writes each pair's row to its own slot; a last pass sums a token's
-k slots in slot order. No atomics anywhere: a token's result does not depend on the other tokens
-(batch invariance), only on its own routing.
+one expert's weights. Pass 1 computes silu(x W_gate^T) * (x W_up^T) for those rows (or, for experts
+without a gate, Nemotron-H's relu(x W_up^T)^2); pass 2 multiplies by W_down^T and the routing weight and
+writes each pair's row to its own slot; a last pass sums a token's k slots in slot order. No atomics
+anywhere: a token's result does not depend on the other tokens (batch invariance), only on its own
+routing. Nothing reads the device from the host either (the sort is device-side), so a step holding it
+needs no sync and a CUDA graph can hold it.
 """
 
 from collections.abc import Callable
@@ -50,6 +52,7 @@ def _gate_up_kernel(
     stride_ui,
     stride_ip,
     TOP_K: tl.constexpr,
+    GATED: tl.constexpr,  # False: relu(x W_up^T)^2, gate_ptr unread
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -71,13 +74,18 @@ def _gate_up_kernel(
         k_ok = kk < hidden
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + kk[None, :], mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & col_ok[None, :]
-        w_gate = tl.load(
-            gate_ptr + expert * stride_ge + cols[None, :] * stride_gi + kk[:, None], mask=w_mask, other=0.0
-        )
+        if GATED:
+            w_gate = tl.load(
+                gate_ptr + expert * stride_ge + cols[None, :] * stride_gi + kk[:, None], mask=w_mask, other=0.0
+            )
+            acc_gate = tl.dot(a, w_gate, acc_gate, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         w_up = tl.load(up_ptr + expert * stride_ue + cols[None, :] * stride_ui + kk[:, None], mask=w_mask, other=0.0)
-        acc_gate = tl.dot(a, w_gate, acc_gate, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
-    hidden_act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+    if GATED:
+        hidden_act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+    else:
+        relu = tl.maximum(acc_up, 0.0)
+        hidden_act = relu * relu  # relu(up)^2
     dst = inter_ptr + pairs.to(tl.int64)[:, None] * stride_ip + cols[None, :]
     tl.store(dst, hidden_act.to(inter_ptr.dtype.element_ty), mask=pair_ok[:, None] & col_ok[None, :])
 
@@ -155,7 +163,8 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     num_pairs = ids.numel()
     flat = ids.flatten()  # [P]
     order = torch.argsort(flat, stable=True)  # pairs in expert order, token order within an expert
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    # Counted by scatter: bincount reads the largest id back to the host first, a sync on CUDA.
+    counts = torch.zeros(num_experts, dtype=flat.dtype, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     first = torch.cumsum(counts, 0) - counts  # each expert's first position in `order`
@@ -196,15 +205,43 @@ def fused_moe_torch(
     return total
 
 
+def relu2_moe_torch(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    linear: Linear,
+) -> torch.Tensor:
+    """Experts without a gate (Nemotron-H): x [T, D], weights (float32) / ids [T, k], up [E, I, D], down [E, D, I]
+    -> [T, D] in x's dtype. Each pair's weighted output is kept in float32, as transformers accumulates."""
+    wide = torch.promote_types(x.dtype, torch.float32)  # float32 (float64 for a float64 reference)
+    slots = torch.zeros(x.shape[0], ids.shape[1], x.shape[1], dtype=wide, device=x.device)  # [T, k, D]
+    for expert in torch.unique(ids).tolist():
+        tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
+        hidden = torch.square(F.relu(linear(x[tokens], up_proj[expert])))  # [n, I]
+        out = linear(hidden, down_proj[expert])  # [n, D]
+        slots[tokens, slot] = out * weights[tokens, slot, None]
+    total = slots[:, 0]
+    for j in range(1, ids.shape[1]):
+        total = total + slots[:, j]  # fixed per-token order
+    return total.to(x.dtype)
+
+
 def _check(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate: torch.Tensor | None,
+    up: torch.Tensor,
+    down: torch.Tensor,
 ) -> None:
-    if x.dim() != 2 or gate.dim() != 3 or up.shape != gate.shape or down.dim() != 3:
+    if x.dim() != 2 or up.dim() != 3 or (gate is not None and gate.shape != up.shape) or down.dim() != 3:
         raise ValueError(
             f"expected x [T, H], gate/up [E, I, H], down [E, H, I]; got {tuple(x.shape)}, "
-            f"{tuple(gate.shape)}, {tuple(up.shape)}, {tuple(down.shape)}"
+            f"{None if gate is None else tuple(gate.shape)}, {tuple(up.shape)}, {tuple(down.shape)}"
         )
-    num_experts, inter, hidden = gate.shape
+    num_experts, inter, hidden = up.shape
     check_dim("x", x, 1, hidden, "features")
     check_dim("down_proj", down, 0, num_experts, "experts")
     check_dim("down_proj", down, 1, hidden, "output features")
@@ -214,28 +251,30 @@ def _check(
             f"ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be [T, k] for T = {x.shape[0]}"
         )
     check_dtype("x", x, FLOAT_DTYPES)
-    check_same_dtype("x, gate_proj, up_proj and down_proj", x, gate, up, down)
+    projections = [("up_proj", up), ("down_proj", down), *([] if gate is None else [("gate_proj", gate)])]
+    check_same_dtype("x and the expert projections", x, *(t for _, t in projections))
     check_dtype("ids", ids, (torch.int64, torch.int32))
-    for name, t in (("x", x), ("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+    for name, t in (("x", x), *projections):
         check_last_contiguous(name, t)
-    check_device(
-        ("x", x), ("weights", weights), ("ids", ids), ("gate_proj", gate), ("up_proj", up), ("down_proj", down)
-    )
+    check_device(("x", x), ("weights", weights), ("ids", ids), *projections)
 
 
 def fused_moe(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    gate_proj: torch.Tensor,
+    gate_proj: torch.Tensor | None,
     up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     block_m: int = BLOCK_M,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Triton experts: same arguments and result as fused_moe_torch (without `linear`): [T, H] (into `out`)."""
+    """Triton experts: same arguments and result as fused_moe_torch (without `linear`): [T, H] (into `out`);
+    `gate_proj` None: relu^2 experts, as relu2_moe_torch (each pair's weighted row kept in float32)."""
     _check(x, weights, ids, gate_proj, up_proj, down_proj)
-    num_experts, inter, hidden = gate_proj.shape
+    num_experts, inter, hidden = up_proj.shape
+    gated = gate_proj is not None
+    gate = gate_proj if gate_proj is not None else up_proj  # an unread stand-in without a gate
     tokens, top_k = ids.shape
     num_pairs = tokens * top_k
     out = output_buffer(out, "out", (tokens, hidden), x.dtype, x.device)
@@ -244,11 +283,11 @@ def fused_moe(
     pairs, block_expert = sort_by_expert(ids, num_experts, block_m)
     route_w = weights.reshape(-1).to(torch.float32)  # [P]
     inter_rows = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)  # [P, I]
-    pair_out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)  # [P, H]
+    pair_out = torch.empty(num_pairs, hidden, dtype=x.dtype if gated else torch.float32, device=x.device)  # [P, H]
     precision = dot_precision(x.dtype)
     _gate_up_kernel[(block_expert.numel(), cdiv(inter, BLOCK_N))](
         x,
-        gate_proj,
+        gate,
         up_proj,
         inter_rows,
         pairs,
@@ -258,12 +297,13 @@ def fused_moe(
         hidden,
         inter,
         x.stride(0),
-        gate_proj.stride(0),
-        gate_proj.stride(1),
+        gate.stride(0),
+        gate.stride(1),
         up_proj.stride(0),
         up_proj.stride(1),
         inter_rows.stride(0),
         TOP_K=top_k,
+        GATED=gated,
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,

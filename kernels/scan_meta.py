@@ -4,14 +4,17 @@ helpers those kernels share.
 Each kernel runs one program per sequence (and head, and tile): it reads the sequence's rows, state slot
 and captures from here. Captures are indexed by flat row (compressed rows: the slots row t's states are
 copied to are `capture_slots[capture_offsets[t]:capture_offsets[t + 1]]`), so a program looks up each of
-its rows in two loads whatever the number of captures. Built once per step (dispatch caches it).
+its rows in two loads whatever the number of captures. Built once per step, before the layers: a runner
+sends it with the rest of its step (deployments/model_rank/device_batch.py); `build_scan_meta` builds it alone.
 """
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from kernels._triton import jit, tl
+from kernels.paged_meta import pack
 from kernels.recurrent_scan import ScanRows
 
 
@@ -42,27 +45,27 @@ def _check_rows(rows: ScanRows, total_rows: int) -> None:
         raise ValueError("ScanRows: a capture targets a slot a sequence of the step runs in")
 
 
-def build_scan_meta(rows: ScanRows, total_rows: int, device: torch.device) -> ScanMeta:
-    """`rows` over a step of `total_rows` flat rows, on `device`."""
+def scan_layout(rows: ScanRows, total_rows: int) -> list[list[int]]:
+    """ScanMeta's parts on the host (starts, ends, slots, capture offsets, capture slots), rows checked."""
     _check_rows(rows, total_rows)
     ordered = sorted(rows.captures, key=lambda capture: capture[0])  # stable: a row's slots keep their order
-    counts = torch.zeros(total_rows + 1, dtype=torch.int64)
-    if ordered:
-        counts[1:] = torch.bincount(torch.tensor([row for row, _ in ordered]), minlength=total_rows)
-    offsets = counts.cumsum(0)
+    counts = [0] * (total_rows + 1)
+    for row, _ in ordered:
+        counts[row + 1] += 1
+    offsets = list(itertools.accumulate(counts))
     capture_slots = [slot for _, slot in ordered] or [0]
-    n = len(rows.starts)
-    host = torch.cat(
-        [
-            torch.tensor([*rows.starts, *rows.ends, *rows.slots], dtype=torch.int64),
-            offsets,
-            torch.tensor(capture_slots, dtype=torch.int64),
-        ]
-    ).to(torch.int32)
-    flat = host.to(device)
-    bounds = [n, n, n, total_rows + 1, len(capture_slots)]
-    starts, ends, slots, capture_offsets, capture_slots_t = flat.split(bounds)
-    return ScanMeta(n, total_rows, starts, ends, slots, capture_offsets, capture_slots_t)
+    return [list(rows.starts), list(rows.ends), list(rows.slots), offsets, capture_slots]
+
+
+def scan_meta_from(total_rows: int, parts: list[torch.Tensor]) -> ScanMeta:
+    """`scan_layout`'s parts as device tensors (int32), in order."""
+    starts, ends, slots, capture_offsets, capture_slots = parts
+    return ScanMeta(int(starts.shape[0]), total_rows, starts, ends, slots, capture_offsets, capture_slots)
+
+
+def build_scan_meta(rows: ScanRows, total_rows: int, device: torch.device) -> ScanMeta:
+    """`rows` over a step of `total_rows` flat rows, on `device` (one host-to-device copy)."""
+    return scan_meta_from(total_rows, pack(scan_layout(rows, total_rows), torch.int32, device))
 
 
 @jit

@@ -1,7 +1,20 @@
-"""A Scheduler replica's memory snapshot for GET /memory: per replica, per rank (read by Ingress)."""
+"""Memory as the ranks measure it: each rank's reading for the engine's planning, and a Scheduler replica's
+snapshot for GET /memory, per replica and per rank (read by Ingress)."""
 
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What one rank measured of the memory its device offers (docs/engine.md, Memory): the engine sizes
+    its pool from every rank's reading and never reads a device itself."""
+
+    available_bytes: int  # what the pool may come out of, before the reserve
+    total_bytes: int
+    unified: bool  # host memory (CPU, or a GPU sharing RAM): the reserve rule differs, a host's ranks share it
+    host: str = ""  # the node the rank runs on
+    device: str = "cpu"  # what was read: "cuda:0", "cpu", "mlx"
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""The ModelRank Ray actor: one tensor-parallel shard of the model, its KV cache and its forward pass."""
+"""The ModelRank Ray actor: one tensor-parallel shard of the model, its KV cache and its forward pass.
+
+A rank joins its group when started, reports what memory its device has, and loads when the engine says
+so (executor.py): the Scheduler replica plans from the ranks' readings and never touches their devices.
+"""
 
 import os
 import socket
@@ -10,10 +14,12 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deployments.config import EngineConfig
+from deployments.messages.memory import MemoryReading
 from deployments.messages.slide import PocketCall
 from deployments.messages.step import StepOutput, StepPlan
+from deployments.model_rank.device_memory import read_memory
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.runner import ModelRunner, RunnerInfo
+from deployments.model_rank.runner import ModelRunner, RunnerInfo, resolve_device
 from deployments.model_rank.threads import use_engine_threads
 from kernels import dispatch
 
@@ -34,7 +40,8 @@ class ModelRank:
             port = probe.getsockname()[1]
         return f"tcp://{host}:{port}"
 
-    def join_and_load(self, init_method: str) -> None:
+    def join(self, init_method: str) -> None:
+        """Join the group (NCCL on GPUs, gloo on CPU) and take this rank's share of the cores."""
         import torch
         import torch.distributed as dist
 
@@ -50,6 +57,12 @@ class ModelRank:
         # Ranks of one copy share their node (STRICT_PACK by default): each takes its share of the cores.
         use_engine_threads(self.config.engine_threads, self.config.reserved_cpus, self.config.tensor_parallel_size)
         dispatch.use_cuda_matmul(self.config.cuda_matmul)
+
+    def memory(self) -> MemoryReading:
+        """What this rank's device has available now (before loading, and after)."""
+        return read_memory(resolve_device(self.config.device) if self.runner is None else self.runner.device)
+
+    def load(self) -> None:
         self.runner = ModelRunner(
             self.config.model,
             self.config.dtype,
@@ -58,7 +71,12 @@ class ModelRank:
             mtp=self.config.wants_mtp,
             vision=self.config.vision,
             pocket_neurons=self.config.pocket_neurons,
+            cuda_graphs=not self.config.enforce_eager,
         )
+
+    def warm_up(self, lanes: int) -> None:
+        assert self.runner is not None
+        self.runner.warm_up(lanes)
 
     def info(self) -> RunnerInfo:
         assert self.runner is not None
@@ -108,10 +126,10 @@ def _rank_options(config: EngineConfig, index: int) -> dict:
 
 
 def start_rank_actors(config: EngineConfig) -> list:
-    """Start and load every rank of one model copy; returns their actor handles, rank order."""
+    """Start every rank of one model copy and join their group (nothing loaded yet); their handles, rank order."""
     world = config.tensor_parallel_size
     remote_cls = ray.remote(ModelRank)
     ranks = [remote_cls.options(**_rank_options(config, index)).remote(config, index, world) for index in range(world)]
     init_method = ray.get(ranks[0].address.remote())
-    ray.get([rank.join_and_load.remote(init_method) for rank in ranks])
+    ray.get([rank.join.remote(init_method) for rank in ranks])
     return ranks

@@ -3,6 +3,11 @@
 At size 1 there is no Ray call per step. At size N the replica starts N ModelRank actors in its placement
 group (one bundle each after the replica's own), joins them in one torch.distributed group, and sends each
 step's plan to all of them; every rank draws the same tokens, and rank 0's are used.
+
+An executor starts its ranks without loading: the engine first asks each rank what memory its device has
+(`memory`), refuses a checkpoint that would not fit, then has them `load`; it sizes the pool from the
+ranks' readings after loading, and `warm_up` compiles the kernels and captures the decode graphs. The
+replica itself never reads a device (docs/engine.md, Memory).
 """
 
 import functools
@@ -12,19 +17,27 @@ import numpy as np
 
 from deployments.config import EngineConfig
 from deployments.messages.calls import Reply
+from deployments.messages.memory import MemoryReading
 from deployments.messages.slide import PocketCall
 from deployments.messages.step import StepOutput, StepPlan
 from deployments.model_rank.backend import resolve_backend
+from deployments.model_rank.device_memory import read_memory, read_mlx_memory
 from deployments.model_rank.forward_batch import ParallelContext
-from deployments.model_rank.runner import ModelRunner, RunnerInfo
+from deployments.model_rank.runner import ModelRunner, RunnerInfo, resolve_device
 from deployments.model_rank.threads import use_engine_threads
 from kernels import dispatch
 
 
 class Executor(Protocol):
+    def memory(self) -> list[MemoryReading]: ...  # each rank's reading of its device, rank order
+
+    def load(self) -> None: ...  # every rank loads its shard of the weights
+
     def info(self) -> RunnerInfo: ...
 
     def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None: ...
+
+    def warm_up(self, lanes: int) -> None: ...  # compile the kernels, capture the decode graphs (CUDA)
 
     def execute(self, plan: StepPlan) -> StepOutput: ...
 
@@ -47,8 +60,16 @@ class Executor(Protocol):
 
 class InProcessExecutor:
     def __init__(self, config: EngineConfig) -> None:
+        self.config = config
         self.threads = use_engine_threads(config.engine_threads, config.reserved_cpus)
         dispatch.use_cuda_matmul(config.cuda_matmul)
+        self.runner: ModelRunner  # set by `load`
+
+    def memory(self) -> list[MemoryReading]:
+        return [read_memory(resolve_device(self.config.device))]
+
+    def load(self) -> None:
+        config = self.config
         self.runner = ModelRunner(
             config.model,
             config.dtype,
@@ -57,7 +78,11 @@ class InProcessExecutor:
             mtp=config.wants_mtp,
             vision=config.vision,
             pocket_neurons=config.pocket_neurons,
+            cuda_graphs=not config.enforce_eager,
         )
+
+    def warm_up(self, lanes: int) -> None:
+        self.runner.warm_up(lanes)
 
     def info(self) -> RunnerInfo:
         return self.runner.info()
@@ -104,6 +129,15 @@ class RayRanksExecutor:
 
     def _all(self, method: str, *args: object) -> list:
         return self._ray.get([getattr(rank, method).remote(*args) for rank in self.ranks])
+
+    def memory(self) -> list[MemoryReading]:
+        return self._all("memory")
+
+    def load(self) -> None:
+        self._all("load")
+
+    def warm_up(self, lanes: int) -> None:
+        self._all("warm_up", lanes)
 
     def info(self) -> RunnerInfo:
         return self._all("info")[0]
@@ -159,11 +193,21 @@ class MlxExecutor(InProcessExecutor):
     """The MLX rank, in the replica's process (an MLX rank holds the whole model)."""
 
     def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    def memory(self) -> list[MemoryReading]:
+        return [read_mlx_memory()]
+
+    def load(self) -> None:
         from deployments.model_rank.mlx_rank.runner import MlxRunner
 
+        config = self.config
         self.runner = MlxRunner(  # type: ignore[assignment]
             config.model, config.dtype, mtp=config.wants_mtp, vision=config.vision
         )
+
+    def warm_up(self, lanes: int) -> None:
+        pass  # MLX compiles nothing ahead and has no graphs to capture
 
 
 def make_executor(config: EngineConfig) -> Executor:

@@ -1,12 +1,17 @@
 """The contract between the runner and the model code: one step's tensors and the KV cache layout.
 
-The runner builds a `ForwardBatch` from the scheduler's step plan; model files read it only through their
-attention layers. Sequences are laid out one after another in the flat token dimension T.
+The runner builds a `ForwardBatch` from the scheduler's step plan (deployments/model_rank/device_batch.py);
+model files read it only through their attention layers. Sequences are laid out one after another in the
+flat token dimension T.
 """
 
 from dataclasses import dataclass, field
 
 import torch
+
+from kernels.paged_meta import PagedMeta
+from kernels.recurrent_scan import ScanRows
+from kernels.scan_meta import ScanMeta
 
 
 @dataclass
@@ -34,6 +39,12 @@ class ForwardBatch:
     mrope_positions: torch.Tensor | None = None
     image_rows: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
+    # The kernels' device metadata, built before the layers so that no layer copies to the device: the
+    # attention layout per row limit (kernels/paged_meta.py) and a hybrid step's recurrent rows
+    # (kernels/scan_meta.py). Empty in batches made by hand: attention then builds its own once per step.
+    paged: dict[int, PagedMeta] = field(default_factory=dict)
+    scan_rows: ScanRows | None = None
+    scan: ScanMeta | None = None
 
     @property
     def num_tokens(self) -> int:

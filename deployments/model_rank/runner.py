@@ -1,9 +1,12 @@
 """The model runner: turns a StepPlan into tensors, runs the forward pass and draws the keyed tokens.
 
 One runner per rank. At tensor-parallel size 1 it lives inside the Scheduler replica; above that each
-ModelRank actor holds one and every rank runs the same plan.
+ModelRank actor holds one and every rank runs the same plan. A step's tensors are built on the device
+before the layers (device_batch.py); on CUDA, decode steps replay graphs captured at startup
+(decode_graphs.py), and the step's one host read is the sampled ids (docs/engine.md, The step on a GPU).
 """
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,13 +17,17 @@ import torch
 from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.slide import PocketCall
 from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
-from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
+from deployments.model_rank.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs
+from deployments.model_rank.device_batch import DeviceBatches, Sink, run_forward
+from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.image_embeds import ImageEmbeddings
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.pocket_ops import PocketOps, row_spans
 from deployments.model_rank.sampler import sample_rows
 from deployments.model_rank.step_rows import StepRows, prompt_logprob_rows, step_rows
+from deployments.model_rank.warm_up import warm_kernels
+from kernels.paged_meta import ALL_ROWS, DECODE_MAX_QUERY, round_row_len
 
 
 @dataclass
@@ -66,9 +73,11 @@ class ModelRunner:
         mtp: bool = False,
         vision: bool = False,
         pocket_neurons: int = 0,
+        cuda_graphs: bool = True,
     ) -> None:
         """`mtp`: draft with the checkpoint's MTP layer, if it has one; `vision`: load its vision tower;
-        `pocket_neurons`: living weights' pocket beside the last layer's MLP (docs/slide.md), 0: none."""
+        `pocket_neurons`: living weights' pocket beside the last layer's MLP (docs/slide.md), 0: none;
+        `cuda_graphs`: replay decode steps as CUDA graphs on a CUDA device."""
         self.device = resolve_device(device)
         if self.device.type == "cuda" and parallel.is_parallel:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -83,6 +92,8 @@ class ModelRunner:
         self.state_pools: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.drafter: MtpDrafter | None = None
         self.slide = None if not pocket_neurons else PocketOps(self.model, pocket_neurons, self.device)
+        self.cuda_graphs = cuda_graphs
+        self.graphs: DecodeGraphs | None = None
 
     def info(self) -> RunnerInfo:
         cfg = self.model.config
@@ -109,21 +120,52 @@ class ModelRunner:
         )
 
     def allocate_kv(self, num_blocks: int, block_size: int, num_state_slots: int = 0) -> None:
-        """The paged KV pool, and a hybrid model's state slots (zeroed)."""
+        """The paged KV pool, and a hybrid model's state slots (zeroed), each with one more block and slot
+        than asked: the sink, where padding and warm-up rows write (the engine never hands it out)."""
         dtype = self.model.config.dtype
+        self.sink = Sink(block=num_blocks, slot=num_state_slots if self.state_specs else -1)
         if self.state_specs:
-            self.state_pools = [s.allocate(num_state_slots, dtype, self.device) for s in self.state_specs]
+            self.state_pools = [s.allocate(num_state_slots + 1, dtype, self.device) for s in self.state_specs]
             self.model.bind_state_pools(self.state_pools)
-        caches = [spec.allocate(num_blocks, block_size, dtype, self.device) for spec in self.specs]
+        caches = [spec.allocate(num_blocks + 1, block_size, dtype, self.device) for spec in self.specs]
         self.model.bind_kv_caches(caches)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.batches = self.device_batches(self.specs)
         if self.mtp_on:
             # Rows a step never wrote (a prefix adopted before MTP saw it) only make poorer drafts.
-            mtp_caches = [s.allocate(num_blocks, block_size, dtype, self.device) for s in self.mtp_specs]
+            mtp_caches = [s.allocate(num_blocks + 1, block_size, dtype, self.device) for s in self.mtp_specs]
             self.model.bind_mtp_kv_caches(mtp_caches)  # type: ignore[operator]
             caches = [*caches, *mtp_caches]
             self.drafter = MtpDrafter(TorchMtpOps(self, self.model.mtp), block_size)  # type: ignore[arg-type]
         self.caches = [tensor for cache in caches for tensor in cache]  # every layer's tensors, in order
-        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def device_batches(self, specs: list[LayerCacheSpec]) -> DeviceBatches:
+        """A builder of step batches for layers with these caches: its tables fit the longest sequence."""
+        limits = tuple(sorted({ALL_ROWS if spec.kind == "latent" else DECODE_MAX_QUERY for spec in specs}))
+        longest = -(-self.model.config.max_position_embeddings // self.block_size) + 1
+        return DeviceBatches(self.device, self.block_size, limits, min(self.num_blocks, longest), self.sink)
+
+    @torch.inference_mode()
+    def warm_up(self, lanes: int, capture: Capture | None = None) -> None:
+        """Before the first request: on CUDA, compile every kernel for the shapes steps take and capture the
+        decode graphs for up to `lanes` sequences (with `cuda_graphs`, and not with a pocket, whose rows
+        change per step). `capture` runs the graphs' bookkeeping elsewhere (EagerReplay: tests on CPU)."""
+        if capture is None:
+            if self.device.type != "cuda":
+                return
+            warm_kernels(self, lanes)
+            if not self.cuda_graphs or self.slide is not None:
+                return
+            capture = CudaGraphCapture()
+        longest_row = round_row_len(self.batches.tables.width * self.block_size)
+        static = self.batches.static_step(lanes, bool(self.state_specs), longest_row)
+        reset = self._reset_sink if self.state_specs else None
+        self.graphs = DecodeGraphs(self.model.forward, self.batches, lanes, static, capture, reset)
+
+    def _reset_sink(self) -> None:
+        for pool in self.state_pools:
+            for tensor in pool:
+                tensor[self.sink.slot].zero_()
 
     def read_block_rows(self, block_ids: list[int]) -> np.ndarray:
         """The KV rows of these blocks as bytes: [n, block_bytes], every cache tensor's block in order."""
@@ -158,23 +200,20 @@ class ModelRunner:
             start += width
 
     def forward_batch(self, rows: StepRows) -> ForwardBatch:
-        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        """The step's batch on the device (device_batch.py), with its image rows' embeddings."""
+        batch = self.batches.build(rows)
         images = self.images.gather(rows.image_rows)
-        return ForwardBatch(
-            input_ids=as_long(rows.input_ids),
-            positions=as_long(rows.positions),
-            query_lens=rows.query_lens,
-            context_lens=rows.context_lens,
-            block_tables=rows.block_tables,
-            slot_mapping=as_long(rows.slots),
-            logits_indices=as_long(rows.logits_rows),
-            block_size=self.block_size,
-            state_slots=rows.state_slots,
-            state_captures=rows.state_captures,
-            mrope_positions=as_long(rows.mrope_positions) if rows.mrope_positions else None,
-            image_rows=None if images is None else images[0],
-            image_embeds=None if images is None else images[1],
-        )
+        if images is not None:
+            batch.image_rows, batch.image_embeds = images
+        return batch
+
+    def forward(self, rows: StepRows) -> tuple[ForwardBatch, torch.Tensor]:
+        """The step's batch and its hidden states [T, H] (a graph's [bucket, H] for a graph step: the rows
+        past the step's are padding)."""
+        if self.graphs is not None and self.slide is None and self.graphs.holds(rows):
+            return self.graphs.run(rows)
+        batch = self.forward_batch(rows)
+        return batch, run_forward(self.model.forward, batch)
 
     def pocket_call(self, call: PocketCall[Any]) -> object:
         """A living-weights operation (pocket_ops.py)."""
@@ -201,8 +240,7 @@ class ModelRunner:
         self.images.prepare(plan)
         if self.slide is not None:
             self.slide.pocket.spans = row_spans(plan)
-        batch = self.forward_batch(rows)
-        hidden = self.model.forward(batch)  # [T, H]
+        batch, hidden = self.forward(rows)  # [T, H]
         self.images.finish(plan)
         output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
         draws = [d for s in plan.seqs for d in s.draws]
@@ -222,24 +260,44 @@ class ModelRunner:
 
 
 class TorchMtpOps:
-    """The torch MTP layer's part in drafting (deployments/model_rank/mtp_drafts.py)."""
+    """The torch MTP layer's part in drafting (deployments/model_rank/mtp_drafts.py): nothing here reads the
+    device until `read`; passes are timed by CUDA events on a GPU (the host clock on CPU, where every op
+    has finished when it returns)."""
 
     def __init__(self, runner: ModelRunner, mtp: torch.nn.Module) -> None:
         self.runner, self.mtp = runner, mtp
+        self.batches = runner.device_batches(runner.mtp_specs)  # its own tables: the drafts' rows differ
+        self.on_cuda = runner.device.type == "cuda"
 
     def batch(self, rows: StepRows) -> ForwardBatch:
-        return self.runner.forward_batch(rows)
+        return self.batches.build(rows)
+
+    def ids(self, values: list[int]) -> torch.Tensor:
+        return self.batches.longs.send([values])[0]
 
     def take(self, array: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return array[torch.tensor(rows, dtype=torch.long, device=array.device)]
+        return array.index_select(0, self.ids(rows))
 
-    def residual(self, hidden: torch.Tensor, next_ids: list[int], batch: ForwardBatch) -> torch.Tensor:
-        ids = torch.tensor(next_ids, dtype=torch.long, device=hidden.device)
-        return self.mtp.residual(hidden, ids, batch)  # [R, H]
+    def residual(self, hidden: torch.Tensor, next_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.mtp.residual(hidden, next_ids, batch)  # [R, H]
 
-    def greedy(self, residual: torch.Tensor) -> list[int]:
-        return self.mtp.greedy_drafts(residual).tolist()
+    def greedy(self, residual: torch.Tensor) -> torch.Tensor:
+        return self.mtp.greedy_drafts(residual)  # [R], on the device
 
-    def settle(self, array: torch.Tensor) -> None:
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize(self.runner.device)
+    def read(self, arrays: list[torch.Tensor]) -> list[list[int]]:
+        values = torch.cat(arrays).tolist()  # the drafter's one host read
+        bounds = np.cumsum([0, *(int(array.shape[0]) for array in arrays)])
+        return [values[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+    def mark(self, after: torch.Tensor | None) -> object:
+        if not self.on_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if not self.on_cuda:
+            return end - start
+        end.synchronize()  # already done once the drafts were read
+        return start.elapsed_time(end) / 1000

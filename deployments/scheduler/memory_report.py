@@ -107,7 +107,8 @@ def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> Repli
     runner, blocks = engine.runner_info, engine.blocks
     per_block = runner.kv_bytes_per_token * blocks.block_size
     tp_size = engine.config.tensor_parallel_size
-    device = device_memory(str(runner.device), reset_peak)
+    # Above one rank the ranks hold the devices: this process reads none (no CUDA context of its own).
+    device = device_memory(str(runner.device), reset_peak) if tp_size == 1 else None
     mlx = mlx_memory(engine.kv_budget_bytes, reset_peak) if runner.backend == "mlx" else None
     rss = process_rss_bytes()
     ranks = [
@@ -117,7 +118,7 @@ def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> Repli
             kv_pool_bytes=per_block * blocks.num_blocks,
             state_pool_bytes=runner.state_bytes_per_slot * (0 if engine.states is None else engine.states.num_slots),
             process_rss_bytes=rss if tp_size == 1 else None,
-            device=device if tp_size == 1 else None,
+            device=device,
             mlx=mlx,
         )
         for rank in range(tp_size)

@@ -2,6 +2,8 @@
 and a hybrid model whose Mamba2 layers split by heads)."""
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -9,8 +11,12 @@ import openai
 import pytest
 import torch
 
+from deployments.config import EngineConfig
+from deployments.messages.requests import EngineRequest, SamplingParams
+from deployments.scheduler.engine.core import Engine
 from serve_app.fixtures.checkpoints import build_random_checkpoint
 from serve_app.fixtures.tokenizer_builder import build_tokenizer
+from tests.conftest import BUILTIN_TINY_GLM, REPO
 from tests.support.serve_harness import delete_apps, deploy_apps, load_app_config
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +60,36 @@ def test_data_parallel_config_answers_on_both_replicas(serve_url: str, served_mo
         assert health["replicas"] == 2 and health["requests_total"] == 16
     finally:
         delete_apps(["e2e-dp2"])
+
+
+def _refuse_cuda(*args, **kwargs) -> None:
+    raise AssertionError("the Scheduler's process called torch.cuda")
+
+
+def test_a_tensor_parallel_engine_never_touches_cuda(ray_cluster: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At TP2 the engine's ranks hold the devices: the engine plans its pool from their memory reports.
+    Importing its core initialises no CUDA, and starting and stepping it calls nothing of torch.cuda in its
+    own process (where, on a node without GPUs, torch sees none)."""
+    importing = (
+        "import torch\n"
+        "def refuse(*args, **kwargs):\n    raise SystemExit('importing the engine initialised CUDA')\n"
+        "torch.cuda._lazy_init = refuse\n"
+        "import deployments.scheduler.engine.core, deployments.scheduler.deployment\n"
+    )
+    subprocess.run([sys.executable, "-c", importing], cwd=REPO, check=True, timeout=300)
+    for name in ("_lazy_init", "is_available", "device_count", "mem_get_info", "current_device"):
+        monkeypatch.setattr(torch.cuda, name, _refuse_cuda)  # not even asked whether there is a GPU
+    config = EngineConfig(
+        model=str(BUILTIN_TINY_GLM), tensor_parallel_size=2, parallel=2, kv_cache_gib=0.02, engine_threads=1
+    )
+    engine = Engine(config)
+    try:
+        greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+        reply = engine.generate([EngineRequest("tp2", [5, 9, 14, 3], sampling=greedy, max_tokens=4)])
+        assert len(reply["tp2"].token_ids) == 4
+        assert engine.memory().ranks[1].device is None  # the ranks' devices are theirs to read
+    finally:
+        engine.shutdown()
 
 
 def test_tensor_parallel_2_replies_equal_tensor_parallel_1(serve_url: str, served_model: str, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from deployments.model_rank.layers.moe import Experts, Router, RoutingConfig  # 
 from deployments.model_rank.layers.norm import RMSNorm  # noqa: E402
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding  # noqa: E402
 from kernels import attention_torch, dispatch, matmul, mla_decode, recurrent_scan  # noqa: E402
+from tests.support.sync_guard import no_host_sync  # noqa: E402
 
 CPU = torch.device("cpu")
 ON_DEVICE = ("input_ids", "positions", "slot_mapping", "logits_indices")  # ForwardBatch's tensors
@@ -334,3 +335,26 @@ def test_scan_meta_is_built_once_per_step():
     meta = dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), x)
     assert dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (0, 1), ((1, 2),)), x) is meta
     assert dispatch.scan_meta(recurrent_scan.ScanRows((0, 3), (3, 4), (1, 0), ((1, 2),)), x) is not meta
+
+
+def test_mrope_on_the_triton_route_picks_image_rows_on_the_device(forced_triton, monkeypatch):
+    """Which rows are image placeholders is decided on the device (no host read): text rows keep plain
+    RoPE's bits, image rows are turned by the three-axis table as on the torch route."""
+    gen = case_generator("mrope")
+    rotary = RotaryEmbedding(32, RopeConfig(partial_rotary_factor=0.5, mrope_section=(2, 1, 1)), 4096)
+    q = randn(6, 4, 32, dtype=torch.float32, device=DEVICE, gen=gen)
+    k = randn(6, 2, 32, dtype=torch.float32, device=DEVICE, gen=gen)
+    positions = torch.arange(10, 16, device=DEVICE)
+    three = positions.expand(3, -1).clone()
+    three[1, 2:4] += 7  # rows 2 and 3: an image's placeholders
+    three[2, 3] += 2
+    with no_host_sync():
+        q_out, k_out = rotary(positions, q, k, three)
+    plain_q, plain_k = rotary(positions, q, k)
+    text = [0, 1, 4, 5]
+    assert torch.equal(q_out[text], plain_q[text]) and torch.equal(k_out[text], plain_k[text])
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "torch")
+    ref_q, ref_k = rotary(positions, q, k, three)
+    assert_close(q_out, ref_q, torch.float32)
+    assert_close(k_out, ref_k, torch.float32)
+    assert not torch.equal(q_out[2:4], plain_q[2:4])

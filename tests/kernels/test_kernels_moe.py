@@ -10,7 +10,7 @@ pytest.importorskip(
     "triton", reason="Triton is not importable: kernel tests need it (pip install triton)", exc_type=ImportError
 )
 
-from kernels.fused_moe import fused_moe, fused_moe_torch, sort_by_expert  # noqa: E402
+from kernels.fused_moe import fused_moe, fused_moe_torch, relu2_moe_torch, sort_by_expert  # noqa: E402
 from kernels.moe_routing import grouped_topk, grouped_topk_torch  # noqa: E402
 
 
@@ -82,3 +82,17 @@ def test_fused_moe_token_is_batch_invariant():
     together = fused_moe(x, weights, ids, gate, up, down)
     alone = fused_moe(x[3:4], weights[3:4], ids[3:4], gate, up, down)
     assert torch.equal(alone[0], together[3])
+
+
+@pytest.mark.parametrize("dtype, tokens", [(torch.float32, 5), (torch.bfloat16, 6), (torch.float32, 1)])
+def test_fused_relu_squared_experts_without_a_gate(dtype, tokens):
+    """Nemotron-H's experts (gate_proj None): the Triton path against the CPU path's per-expert loop."""
+    gen = case_generator("relu2 moe", dtype, tokens)
+    x = randn(tokens, 64, dtype=dtype, device=DEVICE, gen=gen)
+    _, up, down = expert_weights(dtype, 8, 64, 96, gen)
+    weights, ids = routing(tokens, 8, 2, gen)
+    out = fused_moe(x, weights, ids, None, up, down, out=poisoned(tokens, 64, dtype=dtype, device=DEVICE))
+    ref = relu2_moe_torch(x.double(), weights.double(), ids, up.double(), down.double(), torch.nn.functional.linear)
+    assert_close(out, ref, dtype)
+    alone = fused_moe(x[-1:], weights[-1:], ids[-1:], None, up, down)
+    assert torch.equal(alone[0], out[-1])  # a token's result does not depend on the others

@@ -2,7 +2,8 @@
 beside an always-on relu^2 shared expert; routed by layers/moe.py's grouped sigmoid Router.
 
 Row-invariant like layers/moe.py: routing is per token, each expert runs the batch-invariant linear over the
-rows routed to it, and a token's k weighted outputs are summed in slot order, in float32, from its own slots.
+rows routed to it, and a token's k weighted outputs are summed in slot order, in float32, from its own slots
+(kernels/fused_moe.py: the Triton grouped GEMM on CUDA, `relu2_moe_torch` elsewhere).
 """
 
 import torch
@@ -10,9 +11,10 @@ from torch import nn
 
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.linear import ReplicatedLinear, invariant_linear
-from deployments.model_rank.layers.mlp import ReluSquaredMLP, relu_squared
+from deployments.model_rank.layers.mlp import ReluSquaredMLP
 from deployments.model_rank.layers.moe import Router, RoutingConfig, stacked_expert_param
 from deployments.model_rank.layers.parallel import all_reduce, divide
+from kernels import dispatch
 
 
 class ReluSquaredExperts(nn.Module):
@@ -27,17 +29,9 @@ class ReluSquaredExperts(nn.Module):
         self.down_proj = stacked_expert_param(num_experts, input_size, local, 1, parallel)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x [T, D], weights (float32) / ids [T, k] -> [T, D] in x's dtype (this rank's partial sum under TP)."""
-        slots = torch.zeros(x.shape[0], ids.shape[1], x.shape[1], dtype=torch.float32, device=x.device)  # [T, k, D]
-        for expert in torch.unique(ids).tolist():
-            tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
-            hidden = relu_squared(invariant_linear(x[tokens], self.up_proj[expert]))  # [n, I]
-            out = invariant_linear(hidden, self.down_proj[expert])  # [n, D]
-            slots[tokens, slot] = out * weights[tokens, slot, None]  # float32, as transformers accumulates
-        total = slots[:, 0]
-        for j in range(1, ids.shape[1]):
-            total = total + slots[:, j]  # fixed per-token order
-        return total.to(x.dtype)
+        """x [T, D], weights (float32) / ids [T, k] -> [T, D] in x's dtype (this rank's partial sum under TP):
+        on CUDA the fused grouped GEMM (no host read of the routing), on CPU each expert over its rows."""
+        return dispatch.moe_experts(x, weights, ids, None, self.up_proj, self.down_proj, invariant_linear)
 
 
 class LatentMoE(nn.Module):

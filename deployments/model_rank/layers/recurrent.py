@@ -6,17 +6,27 @@ whether it arrives in a prompt chunk of any size, alone in a decode round, or be
 (kernels/recurrent_scan.py says how). Projections around them stay batched (they are row-invariant).
 """
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
-from deployments.model_rank.forward_batch import ForwardBatch, LayerStateSpec, ParallelContext
+from deployments.model_rank.forward_batch import LayerStateSpec, ParallelContext
 from deployments.model_rank.layers.parallel import copy_part_shards, divide
 from kernels.recurrent_scan import ScanRows
 
 
-def scan_rows(batch: ForwardBatch) -> ScanRows:
+class SequenceRows(Protocol):
+    """What `scan_rows` reads: a ForwardBatch, or the host rows it is built from (step_rows.StepRows)."""
+
+    query_lens: list[int]
+    state_slots: list[int]
+    state_captures: list[list[tuple[int, int]]]
+
+
+def scan_rows(batch: SequenceRows) -> ScanRows:
     """The step's sequences (flat rows, state slots, captured rows) for the recurrent kernels."""
-    if len(batch.state_slots) != batch.num_seqs:
+    if len(batch.state_slots) != len(batch.query_lens):
         raise RuntimeError("a recurrent layer needs a state slot per sequence")
     starts, ends, captures, start = [], [], [], 0
     for index, count in enumerate(batch.query_lens):

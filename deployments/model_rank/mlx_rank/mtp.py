@@ -1,6 +1,7 @@
 """The MTP layers in MLX (GLM's, Nemotron-H's), and their part in drafting (the drafter itself is
 deployments/model_rank/mtp_drafts.py)."""
 
+import time
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -48,7 +49,7 @@ class MtpLayer:
 
 
 class MlxMtpOps:
-    """`mtp_drafts.MtpOps` over MLX arrays."""
+    """`mtp_drafts.MtpOps` over MLX arrays (lazy: a pass is evaluated where it is marked, to time it)."""
 
     def __init__(self, mtp: MtpLayer, block_size: int, caches: Callable[[], list[mx.array]]) -> None:
         """`caches`: the MTP layer's cache arrays as they are now (evaluated with each draft)."""
@@ -57,14 +58,26 @@ class MlxMtpOps:
     def batch(self, rows: StepRows) -> MlxBatch:
         return MlxBatch.from_rows(rows, self.block_size)
 
+    def ids(self, values: list[int]) -> mx.array:
+        return mx.array(values, mx.int32)
+
     def take(self, array: mx.array, rows: list[int]) -> mx.array:
         return array[mx.array(rows, mx.int32)]
 
-    def residual(self, hidden: mx.array, next_ids: list[int], batch: MlxBatch) -> mx.array:
-        return self.mtp.residual(hidden, mx.array(next_ids, mx.int32), batch)
+    def residual(self, hidden: mx.array, next_ids: mx.array, batch: MlxBatch) -> mx.array:
+        return self.mtp.residual(hidden, next_ids, batch)
 
-    def greedy(self, residual: mx.array) -> list[int]:
-        return self.mtp.greedy(residual).tolist()
+    def greedy(self, residual: mx.array) -> mx.array:
+        return self.mtp.greedy(residual)
 
-    def settle(self, array: mx.array) -> None:
-        mx.eval(array, *self.caches())
+    def read(self, arrays: list[mx.array]) -> list[list[int]]:
+        mx.eval(*arrays)
+        return [array.tolist() for array in arrays]
+
+    def mark(self, after: mx.array | None) -> float:
+        if after is not None:
+            mx.eval(after, *self.caches())
+        return time.perf_counter()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start

@@ -64,12 +64,17 @@ class Engine:
         when the config learns)."""
         self.config = config
         self.tokenizer: TokenizerBundle = load_tokenizer(config.model)
-        check_checkpoint_fits(config)
-        self.executor: Executor = make_executor(config)
+        self.executor: Executor = make_executor(config)  # the ranks measure their devices (memory.py)
+        try:
+            check_checkpoint_fits(config, self.executor.memory())
+        except StartupError:
+            self.executor.shutdown()
+            raise
+        self.executor.load()
         self.runner_info = self.executor.info()
         if config.vision and not self.runner_info.vision:
             raise ValueError(f"vision is on, but the {self.runner_info.backend} rank does not run a vision tower")
-        self.kv_budget_bytes = kv_budget(config, self.runner_info)  # what the pool may come out of (/memory)
+        self.kv_budget_bytes = kv_budget(config, self.executor.memory())  # what the pool may come out of (/memory)
         self.draft_method = draft_method(config.draft, self.runner_info)
         self.drafts = (
             None
@@ -78,6 +83,7 @@ class Engine:
         )
         pool = self._allocate_pool()
         self.window, self.lanes = pool.window, pool.lanes
+        self.executor.warm_up(pool.lanes)  # on CUDA: every kernel compiled, the decode graphs captured
         self.counters = EngineCounters()
         self.disk = None if not config.learning else self._open_disk(store_link)
         self.policy = (

@@ -1,73 +1,18 @@
-"""Sizing the KV pool from free memory less a reserve (the defaults: docs/config.md)."""
+"""Sizing the KV pool from free memory less a reserve (the defaults: docs/config.md).
+
+The memory figures come from the ranks (deployments/model_rank/device_memory.py): each rank reads its own
+device and reports a `MemoryReading`; the engine plans from those reports alone, so the Scheduler replica
+never touches a device (at tensor-parallel size above 1 it holds none)."""
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from deployments.config import EngineConfig, StartupError
-from deployments.model_rank.runner import RunnerInfo, resolve_device
+from deployments.messages.memory import MemoryReading
 
 GIB = 1 << 30
-
-
-@dataclass
-class MemoryReading:
-    available_bytes: int  # what the pool may come out of, before the reserve
-    total_bytes: int
-    unified: bool  # host memory (CPU, or a GPU sharing RAM): the reserve rule differs
-
-
-def read_memory(device: torch.device) -> MemoryReading:
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return MemoryReading(available_bytes=free, total_bytes=total, unified=False)
-    return read_host_memory()
-
-
-def read_host_memory() -> MemoryReading:
-    """RAM available and total: /proc/meminfo on Linux, the VM statistics elsewhere (a Mac)."""
-    try:
-        fields: dict[str, int] = {}
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                name, value = line.split(":", 1)
-                fields[name] = int(value.split()[0]) * 1024
-        return MemoryReading(available_bytes=fields["MemAvailable"], total_bytes=fields["MemTotal"], unified=True)
-    except FileNotFoundError:
-        return _darwin_memory()
-
-
-def _darwin_memory() -> MemoryReading:
-    """macOS: total from sysctl hw.memsize; available = free + inactive + purgeable pages (vm_stat)."""
-    import re
-    import subprocess
-
-    total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, check=True).stdout)
-    stats = subprocess.run(["vm_stat"], capture_output=True, text=True, check=True).stdout
-    named = re.search(r"page size of (\d+) bytes", stats)
-    assert named is not None, f"vm_stat names no page size: {stats[:80]!r}"
-    page = int(named.group(1))
-    pages = {m.group(1): int(m.group(2)) for m in re.finditer(r"Pages (\w+):\s+(\d+)", stats)}
-    available = sum(pages.get(name, 0) for name in ("free", "inactive", "purgeable", "speculative")) * page
-    return MemoryReading(available_bytes=available, total_bytes=total, unified=True)
-
-
-def read_mlx_memory() -> MemoryReading:
-    """What an MLX pool may come out of: on Metal, the recommended GPU working set less what MLX holds now
-    (the weights), within the host's available RAM; on the CPU, the host's RAM."""
-    import mlx.core as mx
-
-    host = read_host_memory()
-    info = mx.device_info()
-    working_set = info.get("max_recommended_working_set_size")
-    if working_set is None:
-        return host
-    available = min(host.available_bytes, int(working_set) - mx.get_active_memory())
-    return MemoryReading(
-        available_bytes=max(available, 0), total_bytes=int(info.get("memory_size", host.total_bytes)), unified=True
-    )
 
 
 def reserve_bytes(reading: MemoryReading) -> int:
@@ -177,35 +122,47 @@ def plan_states(
     return StatePlan(lanes, slots_per_lane, snapshot_bytes // slot_bytes, kv_budget)
 
 
-def check_weights_fit(weight_bytes: int, device: torch.device, tp_size: int = 1) -> None:
-    """Refuse to start when the weights alone would not fit, before loading a byte of them."""
-    reading = read_memory(device)
-    need = weight_bytes // tp_size if not reading.unified else weight_bytes
-    if need > reading.available_bytes:
-        raise StartupError(
-            f"too little memory for the model: its weights need {need / GIB:.2f} GiB, "
-            f"only {reading.available_bytes / GIB:.2f} GiB is available on {device.type}"
-        )
+def _sharing(readings: list[MemoryReading]) -> list[int]:
+    """How many of the ranks share each rank's memory: its host's ranks on host memory, else itself."""
+    hosts = Counter(reading.host for reading in readings if reading.unified)
+    return [hosts[reading.host] if reading.unified else 1 for reading in readings]
 
 
-def check_checkpoint_fits(config: EngineConfig) -> None:
-    """Refuse to start when the checkpoint's weights would not fit the device (before any is loaded)."""
-    files = sum(p.stat().st_size for p in Path(config.model).glob("*.safetensors"))
-    check_weights_fit(files, resolve_device(config.device), config.tensor_parallel_size)
+def _named(rank: int, readings: list[MemoryReading]) -> str:
+    return f" (rank {rank})" if len(readings) > 1 else ""
 
 
-def kv_budget(config: EngineConfig, runner: RunnerInfo) -> int:
-    """What one rank's KV pool may come out of, read after the weights are loaded: `kv_cache_gib` split over
-    the ranks, else the device's available memory less the reserve."""
+def check_weights_fit(weight_bytes: int, readings: list[MemoryReading]) -> None:
+    """Refuse to start when the weights alone would not fit, before loading a byte of them: each rank holds
+    its share, and ranks on one host's memory hold theirs together."""
+    for rank, (reading, sharing) in enumerate(zip(readings, _sharing(readings))):
+        need = weight_bytes // len(readings) * sharing
+        if need > reading.available_bytes:
+            raise StartupError(
+                f"too little memory for the model: its weights need {need / GIB:.2f} GiB, only "
+                f"{reading.available_bytes / GIB:.2f} GiB is available on {reading.device}{_named(rank, readings)}"
+            )
+
+
+def check_checkpoint_fits(config: EngineConfig, readings: list[MemoryReading]) -> None:
+    """Refuse to start when the checkpoint's weights would not fit the ranks' devices (before any is loaded)."""
+    check_weights_fit(sum(p.stat().st_size for p in Path(config.model).glob("*.safetensors")), readings)
+
+
+def kv_budget(config: EngineConfig, readings: list[MemoryReading]) -> int:
+    """What one rank's KV pool may come out of, from the ranks' readings after the weights are loaded:
+    `kv_cache_gib` split over the ranks, else the least any rank has available less its reserve (ranks on
+    one host's memory share it)."""
     if config.kv_cache_gib is not None:
         return int(config.kv_cache_gib * GIB / config.tensor_parallel_size)
-    reading = read_mlx_memory() if runner.backend == "mlx" else read_memory(torch.device(runner.device))
-    budget = reading.available_bytes - reserve_bytes(reading)
-    if budget <= 0:
-        raise StartupError(
-            f"too little memory for the KV cache: {reading.available_bytes / GIB:.1f} GiB available after "
-            f"loading the model, {reserve_bytes(reading) / GIB:.1f} GiB reserved (TENSORFOLD_MEMORY_RESERVE_GIB)"
-        )
-    # Ranks on one host share its memory.
-    shares = config.tensor_parallel_size if reading.unified else 1
-    return budget // shares
+    budgets = []
+    for rank, (reading, sharing) in enumerate(zip(readings, _sharing(readings))):
+        budget = reading.available_bytes - reserve_bytes(reading)
+        if budget <= 0:
+            raise StartupError(
+                f"too little memory for the KV cache{_named(rank, readings)}: {reading.available_bytes / GIB:.1f} "
+                f"GiB available after loading the model, {reserve_bytes(reading) / GIB:.1f} GiB reserved "
+                "(TENSORFOLD_MEMORY_RESERVE_GIB)"
+            )
+        budgets.append(budget // sharing)
+    return min(budgets)
