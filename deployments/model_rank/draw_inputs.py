@@ -1,8 +1,9 @@
-"""A step's draws as device tensors, made before the forward pass so the draw itself waits on nothing.
+"""A step's draws as device tensors, uploaded without waiting on the device.
 
-Greedy and sampled rows are drawn apart; a sampled row's uniform is its key's (sampler.keyed_uniform),
-computed on the host. Grammar rows send xgrammar's packed bitmask words (a mask that allows nothing is a
-dead end and draws freely, as the matcher then refuses the token and ends that request).
+Rows are drawn in up to four groups: greedy or sampled, free or under a grammar. A sampled row's uniform is
+its key's (sampler.keyed_uniform), computed on the host; a grammar row sends xgrammar's packed bitmask words
+(a mask that allows nothing is a dead end and draws freely, as the matcher then refuses the token and ends
+that request).
 """
 
 from dataclasses import dataclass
@@ -23,41 +24,41 @@ class RowIndex:
 
 
 @dataclass
-class GrammarRows:
-    """The rows drawn under a grammar: their packed allowed-id words [Rc, W] (int32, on the device)."""
+class RowGroup:
+    """Rows drawn one way: their settings if sampled (else greedy), their packed allowed-id words [Rg, W]
+    (int32) if under a grammar."""
 
     rows: RowIndex
-    words: torch.Tensor
+    settings: DrawSettings | None
+    words: torch.Tensor | None
 
 
 @dataclass
 class DrawInputs:
     draws: list[SeqDraw]
-    greedy: RowIndex
-    sampled: RowIndex
-    settings: DrawSettings | None  # the sampled rows', in their order
-    grammar: GrammarRows | None
-    scored: RowIndex  # rows wanting logprobs or scores, drawn from the raw logits
+    groups: list[RowGroup]
+    scored: RowIndex  # rows wanting logprobs or scores, read from the raw logits
 
 
 def build_inputs(draws: list[SeqDraw], uniforms: list[float], device: torch.device) -> DrawInputs:
     """`uniforms`: each draw's keyed uniform (read by sampled rows only)."""
-    greedy = [i for i, d in enumerate(draws) if d.temperature <= 0.0]
-    sampled = [i for i, d in enumerate(draws) if d.temperature > 0.0]
-    constrained = [i for i, d in enumerate(draws) if d.allowed is not None and bool(d.allowed.any())]
+    constrained = [d.allowed is not None and bool(d.allowed.any()) for d in draws]
+    groups = []
+    for sampled in (False, True):
+        for grammar in (False, True):
+            rows = [i for i, d in enumerate(draws) if (d.temperature > 0.0) == sampled and constrained[i] == grammar]
+            if rows:
+                groups.append(_group(draws, uniforms, rows, sampled, grammar, device))
     scored = [i for i, d in enumerate(draws) if d.want_logprobs is not None or d.score_ids is not None]
-    grammar = None
-    if constrained:
-        words = torch.stack([draws[i].allowed for i in constrained])  # type: ignore[misc]
-        grammar = GrammarRows(_row_index(constrained, len(draws), device), upload(words, torch.int32, device))
-    return DrawInputs(
-        draws=draws,
-        greedy=_row_index(greedy, len(draws), device),
-        sampled=_row_index(sampled, len(draws), device),
-        settings=_settings([draws[i] for i in sampled], [uniforms[i] for i in sampled], device) if sampled else None,
-        grammar=grammar,
-        scored=_row_index(scored, len(draws), device),
-    )
+    return DrawInputs(draws, groups, _row_index(scored, len(draws), device))
+
+
+def _group(
+    draws: list[SeqDraw], uniforms: list[float], rows: list[int], sampled: bool, grammar: bool, device: torch.device
+) -> RowGroup:
+    settings = _settings([draws[i] for i in rows], [uniforms[i] for i in rows], device) if sampled else None
+    words = upload(torch.stack([draws[i].allowed for i in rows]), torch.int32, device) if grammar else None  # type: ignore[misc]
+    return RowGroup(_row_index(rows, len(draws), device), settings, words)
 
 
 def _row_index(rows: list[int], count: int, device: torch.device) -> RowIndex:

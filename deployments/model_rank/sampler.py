@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from deployments.messages.step import SeqDraw, StepResult
-from deployments.model_rank.draw_inputs import DrawInputs, RowIndex, build_inputs
-from deployments.model_rank.host_reads import HostRead, HostReads
+from deployments.model_rank.draw_inputs import DrawInputs, RowGroup, RowIndex, build_inputs
+from deployments.model_rank.host_reads import HostRead, HostReads, upload
 from deployments.model_rank.keyed_draw import draw_rows
 from deployments.model_rank.logprob_rows import LogprobReads, raw_logprobs, read_logprobs, read_scores
 from kernels import cpu_layer_ops
@@ -104,51 +104,51 @@ class PendingDraws:
 def start_draws(logits: torch.Tensor, inputs: DrawInputs, reads: HostReads) -> PendingDraws:
     """Queue every row's token and the figures its draw asks for, registered in `reads`."""
     tokens = _tokens(logits, inputs)
-    scored = inputs.scored
     pending = PendingDraws(inputs, reads.add(tokens), None, {})
-    if scored.rows:
-        raw = _take(logits, scored)
-        logprobs = raw_logprobs(raw)
-        top = max((inputs.draws[row].want_logprobs or 0) for row in scored.rows)
-        if any(inputs.draws[row].want_logprobs is not None for row in scored.rows):
-            pending.logprobs = read_logprobs(raw, logprobs, _take(tokens, scored), top, reads)
-        wanted = [(at, row) for at, row in enumerate(scored.rows) if inputs.draws[row].score_ids is not None]
-        labels = [inputs.draws[row].score_ids or [] for _, row in wanted]
-        reads_of = read_scores(logprobs[[at for at, _ in wanted]], labels, reads) if wanted else []
-        pending.scores = {row: read for (_, row), read in zip(wanted, reads_of)}
+    if inputs.scored.rows:
+        _read_figures(logits, tokens, inputs, reads, pending)
     return pending
 
 
+def _read_figures(
+    logits: torch.Tensor, tokens: torch.Tensor, inputs: DrawInputs, reads: HostReads, pending: PendingDraws
+) -> None:
+    """The logprob rows and scores the scored rows ask for, from their raw logits."""
+    draws, scored = inputs.draws, inputs.scored
+    raw = _take(logits, scored)
+    logprobs = raw_logprobs(raw)
+    tops = [draws[row].want_logprobs for row in scored.rows]
+    if any(top is not None for top in tops):
+        top = max(t or 0 for t in tops)
+        pending.logprobs = read_logprobs(raw, logprobs, _take(tokens, scored), top, reads)
+    labelled = [at for at, row in enumerate(scored.rows) if draws[row].score_ids is not None]
+    if labelled:
+        rows = logprobs.index_select(0, upload(labelled, torch.int64, logits.device))
+        labels = [draws[scored.rows[at]].score_ids or [] for at in labelled]
+        for at, read in zip(labelled, read_scores(rows, labels, reads)):
+            pending.scores[scored.rows[at]] = read
+
+
 def _tokens(logits: torch.Tensor, inputs: DrawInputs) -> torch.Tensor:
-    """Each row's token [R]: greedy rows their argmax, sampled rows their keyed draw; a grammar's rows
-    over their allowed ids only (the same token as over a row of -inf elsewhere)."""
-    x, allowed = logits, None
-    if inputs.grammar is not None:
-        allowed = unpack_bitmask(inputs.grammar.words, logits.shape[-1])
-        x = _masked(logits, inputs.grammar.rows, allowed)
+    """Each row's token [R]: greedy rows their argmax, sampled rows their keyed draw; a grammar's rows over
+    their allowed ids only (the same token as over a row of -inf elsewhere)."""
     tokens = None
-    if inputs.greedy.rows:
-        tokens = _put(logits, tokens, inputs.greedy, _argmax(_take(x, inputs.greedy)))
-    if inputs.sampled.rows:
-        assert inputs.settings is not None
-        tokens = _put(logits, tokens, inputs.sampled, draw_rows(_take(x, inputs.sampled), inputs.settings))
-    assert tokens is not None
-    if inputs.grammar is not None and allowed is not None:
-        rows = inputs.grammar.rows
-        drawn = _lowest_allowed_if_none_weighs(_take(x, rows), allowed, _take(tokens, rows))
-        tokens = _put(logits, tokens, rows, drawn)
+    for group in inputs.groups:
+        tokens = _put(logits, tokens, group.rows, _group_tokens(_take(logits, group.rows), group))
+    assert tokens is not None, "a step draws at least one row"
     return tokens
 
 
-def _masked(logits: torch.Tensor, rows: RowIndex, allowed: torch.Tensor) -> torch.Tensor:
-    """A copy of `logits` with the grammar rows' disallowed ids at -inf."""
-    masked = torch.where(allowed, _take(logits, rows), float("-inf"))
-    return masked if rows.index is None else logits.index_copy(0, rows.index, masked)
-
-
-def _lowest_allowed_if_none_weighs(masked: torch.Tensor, allowed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """A grammar row whose allowed ids all have -inf (or NaN) logits takes its lowest allowed id."""
-    none_weighs = ~(masked > float("-inf")).any(dim=-1)
+def _group_tokens(x: torch.Tensor, group: RowGroup) -> torch.Tensor:
+    allowed = None
+    if group.words is not None:
+        allowed = unpack_bitmask(group.words, x.shape[-1])
+        x = torch.where(allowed, x, float("-inf"))
+    tokens = _argmax(x) if group.settings is None else draw_rows(x, group.settings)
+    if allowed is None:
+        return tokens
+    # A row whose allowed ids all have -inf (or NaN) logits takes its lowest allowed id.
+    none_weighs = ~(x.gather(1, tokens.unsqueeze(1)).squeeze(1) > float("-inf"))
     return torch.where(none_weighs, allowed.to(torch.uint8).argmax(dim=-1), tokens)
 
 

@@ -7,7 +7,7 @@
 // SMALL_HEAD tokens is kept sorted during one scan that skips each 16-value block with nothing above the
 // set's last value. Wider rows never sort: the tokens at or above the mass floor are collected in id order,
 // and each question "which token's running mass in rank order first exceeds t" is answered by a histogram
-// of mass over the rank code's upper 16 bits, then the one bucket that holds the answer, sorted.
+// of mass over the rank code's upper BUCKET_BITS bits, then the one bucket that holds the answer, sorted.
 #include <math.h>
 #include <stdlib.h>
 

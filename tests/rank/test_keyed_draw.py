@@ -14,43 +14,9 @@ from deployments.model_rank.sampler import prepare_draws, sample_rows
 from deployments.model_rank.step_rows import prompt_logprob_rows
 from kernels import cpu_native, cpu_sampling
 from tests.support.kernel_levels import other_kernel_levels
+from tests.support.keyed_rows import SETTINGS, keyed_draws, logit_rows
 
-SETTINGS = [
-    dict(temperature=0.7),
-    dict(temperature=1.0, top_p=0.9),
-    dict(temperature=0.5, top_p=0.95, top_k=50),
-    dict(temperature=1.3, min_p=0.05),
-    dict(temperature=1.0, top_k=3000),
-    dict(temperature=0.8, top_p=1e-9),
-    dict(temperature=0.8, top_k=1),
-    dict(temperature=0.9, min_p=0.999999),
-    dict(temperature=2.0, top_p=0.5, min_p=0.1, top_k=20),
-    dict(temperature=0.8, top_p=0.95, top_k=40),
-]
 native = pytest.mark.skipif(not cpu_native.available(), reason="the native CPU kernels are off here")
-
-
-def _rows(vocab: int, seed: int) -> torch.Tensor:
-    """Flat, peaked, tied, masked, bfloat16-rounded and wide rows of one vocabulary."""
-    gen = torch.Generator().manual_seed(seed)
-    flat = torch.randn(vocab, generator=gen)
-    peaked = torch.randn(vocab, generator=gen) * 2 - 4
-    peaked[torch.randperm(vocab, generator=gen)[:24]] += torch.linspace(14, 8, 24)
-    tied = torch.randn(vocab, generator=gen)
-    tied[7:12] = tied.max() + 1  # five likeliest tokens, one value
-    masked = torch.randn(vocab, generator=gen) * 3
-    masked[vocab // 10 : vocab // 2] = float("-inf")
-    bf16 = (torch.randn(vocab, generator=gen) * 4).bfloat16().float()  # ties everywhere
-    wide = torch.randn(vocab, generator=gen) * 8
-    head = torch.full((vocab,), float("-inf"))
-    head[: min(30, vocab)] = torch.randn(min(30, vocab), generator=gen) + 9  # a grammar's few tokens
-    return torch.stack([flat, peaked, tied, masked, bf16, wide, head])
-
-
-def _draws(count: int, settings: dict, seed: int, **extra: object) -> list[SeqDraw]:
-    base: dict = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0)
-    base.update(settings)
-    return [SeqDraw(seed=seed * 1000 + row, reply_position=seed + 3 * row, **base, **extra) for row in range(count)]
 
 
 def _tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
@@ -60,22 +26,22 @@ def _tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
 @pytest.mark.parametrize("vocab", [50, 5000])
 def test_the_vectorised_draw_is_the_float64_references_token(vocab: int) -> None:
     for seed in range(3):
-        logits = _rows(vocab, seed)
+        logits = logit_rows(vocab, seed)
         for index, settings in enumerate(SETTINGS):
-            draws = _draws(logits.shape[0], settings, seed * 100 + index)
+            draws = keyed_draws(logits.shape[0], settings, seed * 100 + index)
             assert _tokens(logits, draws) == keyed_reference.draw_rows(logits, draws), settings
 
 
 def test_the_vectorised_draw_is_the_references_token_on_a_152k_vocabulary() -> None:
-    logits = _rows(151_936, 9)[:6]  # the reference sorts a flat row whole: seconds
+    logits = logit_rows(151_936, 9)[:6]  # the reference sorts a flat row whole: seconds
     for index, settings in enumerate([SETTINGS[1], SETTINGS[3], SETTINGS[9], dict(temperature=0.8, top_k=20)]):
-        draws = _draws(logits.shape[0], settings, index)
+        draws = keyed_draws(logits.shape[0], settings, index)
         assert _tokens(logits, draws) == keyed_reference.draw_rows(logits, draws), settings
 
 
 def test_grammar_rows_draw_the_references_token() -> None:
     """Masks allowing many ids, one id, or none (a dead end: the row draws freely)."""
-    logits = _rows(700, 4)
+    logits = logit_rows(700, 4)
     words = (700 + 31) // 32
     gen = torch.Generator().manual_seed(8)
     half = torch.randint(-(2**31), 2**31 - 1, (words,), generator=gen, dtype=torch.int64).to(torch.int32)
@@ -83,7 +49,7 @@ def test_grammar_rows_draw_the_references_token() -> None:
     one[3] = 1 << 5  # id 101 alone
     masks = [half, one, torch.zeros(words, dtype=torch.int32), half, one, half, None]
     for index, settings in enumerate([*SETTINGS, dict(temperature=0.0)]):
-        draws = _draws(len(masks), settings, index)
+        draws = keyed_draws(len(masks), settings, index)
         for draw, mask in zip(draws, masks):
             draw.allowed = mask
         tokens = _tokens(logits, draws)
@@ -96,14 +62,14 @@ def test_rows_where_nothing_weighs_take_their_lowest_allowed_id() -> None:
     one = torch.zeros(2, dtype=torch.int32)
     one[1] = 0b1100  # ids 34 and 35
     for settings in [dict(temperature=0.0), dict(temperature=0.8, top_k=5), dict(temperature=1.0, top_p=0.5)]:
-        draws = _draws(3, settings, 1)
+        draws = keyed_draws(3, settings, 1)
         draws[2].allowed = one
         assert _tokens(nothing, draws) == [0, 0, 34]
 
 
 def test_nan_logits_weigh_nothing_in_a_sampled_row() -> None:
     logits = torch.tensor([[0.0, float("nan"), 30.0, float("nan"), 29.0]])
-    drawn = {_tokens(logits, _draws(1, dict(temperature=1.0), seed))[0] for seed in range(200)}
+    drawn = {_tokens(logits, keyed_draws(1, dict(temperature=1.0), seed))[0] for seed in range(200)}
     assert drawn == {2, 4}
 
 
@@ -111,12 +77,12 @@ def test_every_head_of_the_rank_order_draws_the_same_token(monkeypatch: pytest.M
     """A GPU's whole sorted row, torch's top-k set, the CPU's rows above the mass floor, and the native draw
     at every kernel level this CPU runs: heads of different widths, one token (tokens past any head's end
     weigh nothing)."""
-    logits = _rows(4000, 2)
+    logits = logit_rows(4000, 2)
     logits[3, 17] = float("nan")
     clean = torch.where(logits.isnan(), float("-inf"), logits)
     for index, settings in enumerate(SETTINGS):
-        draws = _draws(logits.shape[0], settings, index)
-        inputs = prepare_draws(draws, logits.device).settings
+        draws = keyed_draws(logits.shape[0], settings, index)
+        inputs = prepare_draws(draws, logits.device).groups[0].settings  # every row sampled, none constrained
         assert inputs is not None
         bits = fraction_bits(logits.shape[-1])
         floor = rank_head.mass_floor(clean.amax(dim=-1, keepdim=True), inputs.temperature)
@@ -132,7 +98,7 @@ def test_every_head_of_the_rank_order_draws_the_same_token(monkeypatch: pytest.M
 
 @native
 def test_the_native_head_is_the_rank_orders_prefix() -> None:
-    logits = _rows(3000, 5)
+    logits = logit_rows(3000, 5)
     full = rank_head.sorted_rows(logits)
     for top in [1, 5, 64, 65, 3000]:
         ids, values = cpu_sampling.rank_head(logits, torch.full((logits.shape[0], 1), top), None)
@@ -170,8 +136,8 @@ def test_masses_are_the_weights_rounded_to_units() -> None:
 
 
 def test_logprob_and_prompt_rows_are_the_references() -> None:
-    logits = _rows(3000, 7)
-    draws = _draws(logits.shape[0], dict(temperature=0.9, top_k=30), 3, want_logprobs=6)
+    logits = logit_rows(3000, 7)
+    draws = keyed_draws(logits.shape[0], dict(temperature=0.9, top_k=30), 3, want_logprobs=6)
     results = sample_rows(logits, draws)
     for row, result in enumerate(results):
         assert result.logprobs == keyed_reference.logprob_row(logits[row], result.token, 6)
