@@ -59,38 +59,37 @@ class LogprobReads:
         return list(zip(best[start : start + min(top, self.width)], values[start : start + min(top, self.width)]))
 
 
-def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """The raw distribution [R, V]: a float64 log-softmax of float32 logits."""
-    return torch.log_softmax(logits.to(torch.float64), dim=-1)
-
-
-def read_logprobs(
+def read_figures(
     logits: torch.Tensor,
-    logprobs: torch.Tensor,
     tokens: torch.Tensor,
     top: int,
     reads: HostReads,
     with_rank: bool = False,
-) -> LogprobReads:
-    """Register the figures of rows `logits` [R, V] (their `raw_logprobs`) for `tokens` [R] (on the
-    logits' device) and their `top` best tokens; `with_rank`: also how many tokens are at least as likely
-    (vLLM's prompt-logprob rank)."""
-    chosen = logprobs.gather(1, tokens.unsqueeze(1))  # [R, 1]
+    labels: list[list[int] | None] | None = None,
+) -> tuple[LogprobReads, list[HostRead | None]]:
+    """Register the figures of rows `logits` [R, V] for `tokens` [R] (on the logits' device): each token's
+    logprob, the `top` best tokens and theirs, with `with_rank` how many tokens are at least as likely
+    (vLLM's prompt-logprob rank), and each row's `labels`' logprobs (a scoring request's; None: none).
+
+    On a CPU the float64 log-softmax runs a row at a time: the allocator then reuses one row's buffers,
+    where [R, V] float64 temporaries cost more in fresh pages than in arithmetic."""
+    rows = logits.shape[0]
     best = best_ids(logits, top)
-    rank = reads.add((logprobs >= chosen).sum(dim=-1)) if with_rank else None
-    return LogprobReads(
-        chosen=reads.add(chosen),
-        best=reads.add(best),
-        best_logprobs=reads.add(logprobs.gather(1, best)),
-        width=best.shape[1],
-        rank=rank,
+    step = rows if logits.device.type != "cpu" else 1
+    labels = labels or [None] * rows
+    chosen, best_logprobs, ranks = [], [], []
+    scores: list[HostRead | None] = []
+    for start in range(0, rows, step):
+        logprobs = torch.log_softmax(logits[start : start + step].to(torch.float64), dim=-1)
+        chosen.append(logprobs.gather(1, tokens[start : start + step].unsqueeze(1)))  # [n, 1]
+        best_logprobs.append(logprobs.gather(1, best[start : start + step]))
+        if with_rank:
+            ranks.append((logprobs >= chosen[-1]).sum(dim=-1))
+        for offset, row_labels in enumerate(labels[start : start + step]):
+            ids = None if row_labels is None else upload(row_labels, torch.int64, logits.device)
+            scores.append(None if ids is None else reads.add(logprobs[offset].gather(0, ids)))
+    rank = reads.add(torch.cat(ranks)) if with_rank else None
+    figures = LogprobReads(
+        reads.add(torch.cat(chosen)), reads.add(best), reads.add(torch.cat(best_logprobs)), best.shape[1], rank
     )
-
-
-def read_scores(logprobs: torch.Tensor, ids: list[list[int]], reads: HostReads) -> list[HostRead]:
-    """Register each row's raw log-probabilities (`raw_logprobs` [R, V]) of its `ids` (a scoring
-    request's labels), in order."""
-    return [
-        reads.add(logprobs[row].gather(0, upload(row_ids, torch.int64, logprobs.device)))
-        for row, row_ids in enumerate(ids)
-    ]
+    return figures, scores

@@ -14,9 +14,9 @@ import torch
 
 from deployments.messages.step import SeqDraw, StepResult
 from deployments.model_rank.draw_inputs import DrawInputs, RowGroup, RowIndex, build_inputs
-from deployments.model_rank.host_reads import HostRead, HostReads, upload
+from deployments.model_rank.host_reads import HostRead, HostReads
 from deployments.model_rank.keyed_draw import draw_rows
-from deployments.model_rank.logprob_rows import LogprobReads, raw_logprobs, read_logprobs, read_scores
+from deployments.model_rank.logprob_rows import LogprobReads, read_figures
 from kernels import cpu_layer_ops
 
 _MASK64 = (1 << 64) - 1
@@ -114,19 +114,15 @@ def _read_figures(
     logits: torch.Tensor, tokens: torch.Tensor, inputs: DrawInputs, reads: HostReads, pending: PendingDraws
 ) -> None:
     """The logprob rows and scores the scored rows ask for, from their raw logits."""
-    draws, scored = inputs.draws, inputs.scored
-    raw = _take(logits, scored)
-    logprobs = raw_logprobs(raw)
-    tops = [draws[row].want_logprobs for row in scored.rows]
-    if any(top is not None for top in tops):
-        top = max(t or 0 for t in tops)
-        pending.logprobs = read_logprobs(raw, logprobs, _take(tokens, scored), top, reads)
-    labelled = [at for at, row in enumerate(scored.rows) if draws[row].score_ids is not None]
-    if labelled:
-        rows = logprobs.index_select(0, upload(labelled, torch.int64, logits.device))
-        labels = [draws[scored.rows[at]].score_ids or [] for at in labelled]
-        for at, read in zip(labelled, read_scores(rows, labels, reads)):
-            pending.scores[scored.rows[at]] = read
+    draws, scored = inputs.draws, inputs.scored.rows
+    top = max(draws[row].want_logprobs or 0 for row in scored)
+    labels = [draws[row].score_ids for row in scored]
+    figures, scores = read_figures(
+        _take(logits, inputs.scored), _take(tokens, inputs.scored), top, reads, labels=labels
+    )
+    if any(draws[row].want_logprobs is not None for row in scored):
+        pending.logprobs = figures
+    pending.scores = {row: read for row, read in zip(scored, scores) if read is not None}
 
 
 def _tokens(logits: torch.Tensor, inputs: DrawInputs) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.step import SeqStep, StepPlan
 from deployments.model_rank.host_reads import HostReads, upload
-from deployments.model_rank.logprob_rows import LogprobReads, raw_logprobs, read_logprobs
+from deployments.model_rank.logprob_rows import LogprobReads, read_figures
 
 PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
 
@@ -172,7 +172,7 @@ def pending_prompt_rows(
                 ids = wanted.next_ids[at : at + PROMPT_ROW_SLICE]
                 logits = logits_of(first + at, len(ids))
                 tokens = upload(ids, torch.int64, logits.device)
-                figures = read_logprobs(logits, raw_logprobs(logits), tokens, wanted.top, reads, with_rank=True)
+                figures, _ = read_figures(logits, tokens, wanted.top, reads, with_rank=True)
                 pending.add(index, ids, wanted.top, figures)
         start += len(seq.new_token_ids)
     return pending
