@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from deployments.messages.step import SeqDraw
+from deployments.model_rank.draw_settings import DrawSettings
 from deployments.model_rank.host_reads import upload
-from deployments.model_rank.keyed_draw import DrawSettings
 
 
 @dataclass

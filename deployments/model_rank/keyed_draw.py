@@ -6,44 +6,15 @@ likeliest token. Every figure the cuts and the draw compare is an exact integer 
 (keyed_mass.py), so the token does not depend on the head's width, the reduction order or the device.
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from deployments.model_rank import rank_head
+from deployments.model_rank.draw_settings import DrawSettings
+from deployments.model_rank.head_walk import draw_row
 from deployments.model_rank.keyed_mass import MASS_CONSTANTS, fraction_bits, masses
 from kernels import cpu_sampling
 
 TOP_K_HEAD = 1024  # rows that all cut at top-k this small read their top-k set alone
-
-
-@dataclass
-class DrawSettings:
-    """The sampled rows' settings on the device: `table` [R, 5] float64, one row per draw of (temperature
-    above 0, top_p in (0, 1], min_p in [0, 1], the key's uniform in [0, 1), top_k: 0 off)."""
-
-    table: torch.Tensor
-    top_k_max: int  # the largest top-k of the rows, 0 when some row does not cut at top-k
-
-    @property
-    def temperature(self) -> torch.Tensor:
-        return self.table[:, 0:1]
-
-    @property
-    def top_p(self) -> torch.Tensor:
-        return self.table[:, 1:2]
-
-    @property
-    def min_p(self) -> torch.Tensor:
-        return self.table[:, 2:3]
-
-    @property
-    def uniform(self) -> torch.Tensor:
-        return self.table[:, 3:4]
-
-    @property
-    def top_k(self) -> torch.Tensor:
-        return self.table[:, 4:5].to(torch.int64)
 
 
 def draw_rows(x: torch.Tensor, settings: DrawSettings) -> torch.Tensor:
@@ -53,20 +24,20 @@ def draw_rows(x: torch.Tensor, settings: DrawSettings) -> torch.Tensor:
     bits = fraction_bits(x.shape[-1])
     if cpu_sampling.supports(x):
         return cpu_sampling.keyed_draw(x, settings.table, bits, MASS_CONSTANTS)
-    ids, values = _head(x, settings)
-    return draw_from_head(ids, values, settings, bits)
-
-
-def _head(x: torch.Tensor, settings: DrawSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's top-k set (when every row cuts at a small top-k), else on a GPU the whole sorted row,
-    on a CPU the tokens above the mass floor (rank_head.py)."""
+    if x.device.type == "cpu":  # a row at a time: its float64 buffers are reused, its head read as deep as needed
+        return torch.cat([_draw_on_cpu(x[row : row + 1], settings.rows(row), bits) for row in range(x.shape[0])])
     x = torch.where(x.isnan(), float("-inf"), x)
     if 0 < settings.top_k_max <= min(TOP_K_HEAD, x.shape[-1] - 1):
-        return rank_head.top_of_rank(x, settings.top_k_max)
-    if x.device.type != "cpu":
-        return rank_head.sorted_rows(x)
-    floor = rank_head.mass_floor(x.amax(dim=-1, keepdim=True), settings.temperature)
-    return rank_head.above_floor(x, floor, (x >= floor).sum(dim=-1).tolist())
+        return draw_from_head(*rank_head.top_of_rank(x, settings.top_k_max), settings, bits)
+    return draw_from_head(*rank_head.sorted_rows(x), settings, bits)
+
+
+def _draw_on_cpu(x: torch.Tensor, settings: DrawSettings, bits: int) -> torch.Tensor:
+    if bool(x.isnan().any()):
+        x = torch.where(x.isnan(), float("-inf"), x)
+    if 0 < settings.top_k_max < x.shape[-1]:
+        return draw_from_head(*rank_head.top_of_rank(x, settings.top_k_max), settings, bits)
+    return draw_row(x, settings, bits)
 
 
 def draw_from_head(ids: torch.Tensor, values: torch.Tensor, settings: DrawSettings, bits: int) -> torch.Tensor:

@@ -1,12 +1,14 @@
 """The head of a row's rank order (logit descending, ties by lower id): the tokens a keyed draw can reach.
 
 Any head the draw is given holds, for each row, a prefix of its rank order that covers every token of
-non-zero mass in its top-k set; which one is a matter of speed, not of the token (keyed_draw.py): tokens
-past the prefix weigh nothing. Three ways to take it, all exact at ties:
+non-zero mass in its top-k set, or is read only as far as the cuts and the draw reach (head_walk.py);
+which one is a matter of speed, not of the token (keyed_draw.py): tokens past the prefix weigh nothing.
+Two ways to take it, both exact at ties:
 
 - `top_of_rank`: the first n of each row, with no host sync (the top-k set, or a logprob row's best).
 - `sorted_rows`: every token, one sort (on a GPU, where a sort of the vocabulary is cheap).
-- `above_floor`: the tokens at or above a per-row floor (on the CPU, which reads the counts first).
+
+`mass_floor` bounds from below the logits that can weigh anything.
 """
 
 import torch
@@ -23,6 +25,8 @@ def top_of_rank(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     lowest ids holding that value (the j-th tie is where the running count of ties reaches j)."""
     values, ids = torch.topk(x, n, dim=-1)
     kth = values[:, -1:]
+    if x.device.type == "cpu" and bool(((x >= kth).sum(dim=-1) == n).all()):
+        return rank_order(ids, values)  # no tie reaches past the n-th place (a CPU may read that back)
     above = (x > kth).sum(dim=-1, keepdim=True)  # < n: every one of them is among topk's first slots
     tie_count = (x == kth).cumsum(dim=-1)
     slots = torch.arange(n, device=x.device).unsqueeze(0)
@@ -58,18 +62,3 @@ def mass_floor(x_max: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     floor = torch.where(near, bound, float("-inf")).to(torch.float32)
     below = torch.nextafter(floor, torch.tensor(float("-inf"), device=floor.device))
     return torch.where(floor.to(torch.float64) > bound, below, floor)
-
-
-def above_floor(x: torch.Tensor, floor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, logits) [R, max(counts)] of each row's tokens at or above its floor [R, 1], in rank order,
-    padded with -inf; `counts` are the rows' numbers of such tokens (read by the caller)."""
-    width = max(max(counts), 1)
-    where = (x >= floor).nonzero()  # [sum(counts), 2], rows ascending, ids ascending within a row
-    starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0)
-    slot = torch.arange(where.shape[0]) - starts[where[:, 0]]
-    ids = torch.zeros(x.shape[0], width, dtype=torch.int64)
-    values = torch.full((x.shape[0], width), float("-inf"), dtype=x.dtype)
-    ids[where[:, 0], slot] = where[:, 1]
-    values[where[:, 0], slot] = x[where[:, 0], where[:, 1]]
-    values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-    return ids.gather(1, order), values

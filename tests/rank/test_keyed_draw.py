@@ -32,7 +32,12 @@ def test_the_vectorised_draw_is_the_float64_references_token(vocab: int) -> None
             assert _tokens(logits, draws) == keyed_reference.draw_rows(logits, draws), settings
 
 
-def test_the_vectorised_draw_is_the_references_token_on_a_152k_vocabulary() -> None:
+@pytest.mark.parametrize("level", ["auto", "torch"])
+def test_the_vectorised_draw_is_the_references_token_on_a_152k_vocabulary(
+    level: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Natively and by torch's walk down the head (where the native kernels are off)."""
+    monkeypatch.setenv("TENSORFOLD_KERNELS", level)
     logits = logit_rows(151_936, 9)[:6]  # the reference sorts a flat row whole: seconds
     for index, settings in enumerate([SETTINGS[1], SETTINGS[3], SETTINGS[9], dict(temperature=0.8, top_k=20)]):
         draws = keyed_draws(logits.shape[0], settings, index)
@@ -74,10 +79,10 @@ def test_nan_logits_weigh_nothing_in_a_sampled_row() -> None:
 
 
 def test_every_head_of_the_rank_order_draws_the_same_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GPU's whole sorted row, torch's top-k set, the CPU's rows above the mass floor, and the native draw
-    at every kernel level this CPU runs: heads of different widths, one token (tokens past any head's end
-    weigh nothing)."""
-    logits = logit_rows(4000, 2)
+    """A GPU's whole sorted row and its top-k set, the native draw at every kernel level this CPU runs, and
+    torch's walk down the head on a CPU without them: heads of different widths, one token (tokens past
+    any head's end weigh nothing)."""
+    logits = torch.cat([logit_rows(4000, 2), logit_rows(4000, 3)])
     logits[3, 17] = float("nan")
     clean = torch.where(logits.isnan(), float("-inf"), logits)
     for index, settings in enumerate(SETTINGS):
@@ -85,13 +90,12 @@ def test_every_head_of_the_rank_order_draws_the_same_token(monkeypatch: pytest.M
         inputs = prepare_draws(draws, logits.device).groups[0].settings  # every row sampled, none constrained
         assert inputs is not None
         bits = fraction_bits(logits.shape[-1])
-        floor = rank_head.mass_floor(clean.amax(dim=-1, keepdim=True), inputs.temperature)
-        heads = [rank_head.sorted_rows(clean), rank_head.above_floor(clean, floor, (clean >= floor).sum(-1).tolist())]
+        heads = [rank_head.sorted_rows(clean)]
         if inputs.top_k_max:
             heads.append(rank_head.top_of_rank(clean, inputs.top_k_max))
         tokens = [draw_from_head(ids, values, inputs, bits).tolist() for ids, values in heads]
         assert all(t == tokens[0] for t in tokens), settings
-        for level in ["auto", *other_kernel_levels()]:  # the native draw at each level, then torch's own
+        for level in ["auto", *other_kernel_levels()]:  # the native draw at each level, then torch's walk
             monkeypatch.setenv("TENSORFOLD_KERNELS", level)
             assert _tokens(logits, draws) == tokens[0], (settings, level)
 
