@@ -94,7 +94,7 @@ SIGNATURES = {
     "tf_rotary": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
-    "tf_rank_head": [_ptr, _i64, _i64, _ptr, _ptr, _f64, _i64, _ptr, _ptr, _ptr, _int],
+    "tf_rank_head": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int],
     "tf_keyed_draw": [_ptr, _i64, _i64, _ptr, _int, _ptr, _ptr, _int],
     "tf_keyed_masses": [_ptr, _i64, _f32, _f64, _int, _ptr, _ptr],
 }

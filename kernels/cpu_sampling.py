@@ -11,8 +11,6 @@ import torch
 
 from kernels import cpu_native
 
-FIRST_WIDTH = 256  # a floor head is read this wide first; wider ones (flat rows) are read again, sorted
-
 
 def supports(x: torch.Tensor) -> bool:
     """Contiguous float32 [R, V] CPU logits, with the native kernels on."""
@@ -65,47 +63,17 @@ def keyed_masses(
     return out
 
 
-def rank_head(
-    x: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor | None, margin: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, values) [R, N] of each row's first tokens in rank order (NaN as -inf), padded with id 0 and
-    -inf: the first top_k [R, 1] (int64; 0 or >= V: all) among those at or above the mass floor at
-    `temperature` [R, 1] (float64; None: no floor), `margin` being that floor's distance in units of T."""
-    rows, cols = x.shape
-    top_k = top_k.reshape(rows).to(torch.int64).contiguous()
-    if temperature is not None:
-        temperature = temperature.reshape(rows).to(torch.float64).contiguous()
-    limits = top_k.clamp(min=0).masked_fill(top_k <= 0, cols).clamp(max=cols)
-    width = int(limits.max()) if temperature is None else min(int(limits.max()), FIRST_WIDTH)
-    ids, values, counts = _call(x, top_k, temperature, margin, max(width, 1))
-    if int(counts.min()) < 0:
-        raise MemoryError("the sampler's rank head could not allocate its scratch rows")
-    longest = max(int(counts.max()), 1)
-    if longest > ids.shape[1]:
-        ids, values, counts = _call(x, top_k, temperature, margin, longest)
-    return ids[:, :longest], values[:, :longest]
-
-
-def _call(
-    x: torch.Tensor, top_k: torch.Tensor, temperature: torch.Tensor | None, margin: float, width: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rank_head(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, values) [R, top] of each row's first `top` (<= V) tokens in rank order (NaN as -inf)."""
     lib = cpu_native.library()
     assert lib is not None
     rows, cols = x.shape
-    ids = torch.empty(rows, width, dtype=torch.int64)
-    values = torch.empty(rows, width, dtype=torch.float32)
-    counts = torch.empty(rows, dtype=torch.int64)
+    ids = torch.empty(rows, top, dtype=torch.int64)
+    values = torch.empty(rows, top, dtype=torch.float32)
+    failed = torch.zeros(1, dtype=torch.int64)
     lib.tf_rank_head(
-        x.data_ptr(),
-        rows,
-        cols,
-        top_k.data_ptr(),
-        None if temperature is None else temperature.data_ptr(),
-        margin,
-        width,
-        ids.data_ptr(),
-        values.data_ptr(),
-        counts.data_ptr(),
-        cpu_native.threads(),
+        x.data_ptr(), rows, cols, top, ids.data_ptr(), values.data_ptr(), failed.data_ptr(), cpu_native.threads()
     )
-    return ids, values, counts
+    if int(failed):
+        raise MemoryError("the rank order's head could not allocate its scratch rows")
+    return ids, values

@@ -21,8 +21,7 @@ def best_ids(logits: torch.Tensor, top: int) -> torch.Tensor:
     if top <= 0:
         return torch.zeros(logits.shape[0], 0, dtype=torch.int64, device=logits.device)
     if cpu_sampling.supports(logits):
-        every = torch.full((logits.shape[0], 1), top, dtype=torch.int64)
-        return cpu_sampling.rank_head(logits, every, None)[0][:, :top]
+        return cpu_sampling.rank_head(logits, top)[0]
     if logits.device.type != "cpu" or bool(logits.isnan().any()):
         logits = torch.where(logits.isnan(), float("-inf"), logits)
     return rank_head.top_of_rank(logits, top)[0]

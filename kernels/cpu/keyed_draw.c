@@ -235,7 +235,7 @@ static int64_t drawn_position(double *masses, int64_t n, const double *s, int bi
 static int64_t draw_small(const float *row, int64_t cols, int64_t limit, float lowest, float top, const double *s,
                           int bits, const double *c) {
     uint64_t keys[SMALL_HEAD];
-    float values[SMALL_HEAD];
+    float values[SMALL_HEAD] = {0};
     double masses[SMALL_HEAD];
     const int64_t n = small_head(row, cols, limit, lowest, keys);  // at least the top: lowest <= top
     for (int64_t i = 0; i < n; i++) values[i] = weighable(row[keys[i] & 0xffffffffu]);
@@ -286,40 +286,33 @@ void tf_keyed_draw(const float *x, int64_t rows, int64_t cols, const double *set
     }
 }
 
-// The head of one row, sorted, in `keys` (room for 2 * cols): its length, min(count, limit).
-static int64_t sorted_head(const float *row, int64_t cols, int64_t limit, float lowest, uint64_t *keys) {
-    if (limit <= SMALL_HEAD) return small_head(row, cols, limit, lowest, keys);
-    int64_t n = 0;
-    for (int64_t id = 0; id < cols; id++)
-        if (weighable(row[id]) >= lowest) keys[n++] = rank_key(row[id], id);
-    if (n > 1) radix_sort(keys, keys + cols, n);
-    return n < limit ? n : limit;
+// The first `limit` tokens of one row in rank order, sorted, in `keys` (room for 2 * cols past SMALL_HEAD).
+static void sorted_head(const float *row, int64_t cols, int64_t limit, uint64_t *keys) {
+    if (limit <= SMALL_HEAD) {
+        small_head(row, cols, limit, -INFINITY, keys);
+        return;
+    }
+    for (int64_t id = 0; id < cols; id++) keys[id] = rank_key(row[id], id);
+    radix_sort(keys, keys + cols, cols);
 }
 
-// For each row r of x [rows, cols]: its first min(top_k[r], count) tokens in rank order (top_k 0 or >= cols:
-// all) among those at or above the mass floor at temperature[r] (NULL or <= 0: none), as ids and values (NaN
-// as -inf) in [rows, width], padded with id 0 and -inf; count[r] is that length (past `width`: nothing
-// written for the row, the caller asks again wider; -1: out of memory).
-void tf_rank_head(const float *x, int64_t rows, int64_t cols, const int64_t *top_k, const double *temperature,
-                  double margin, int64_t width, int64_t *ids, float *values, int64_t *count, int threads) {
+// For each row r of x [rows, cols]: its first `top` (<= cols) tokens in rank order, as ids and values (NaN as
+// -inf) in [rows, top] (a logprob row's best tokens); *failed = 1 when out of memory.
+void tf_rank_head(const float *x, int64_t rows, int64_t cols, int64_t top, int64_t *ids, float *values,
+                  int64_t *failed, int threads) {
 #pragma omp parallel for num_threads(threads) if (rows > 1 && rows * cols >= PARALLEL_LOGITS) schedule(dynamic)
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * cols;
-        const int64_t limit = top_k[r] > 0 && top_k[r] < cols ? top_k[r] : cols;
-        const double t = temperature ? temperature[r] : 0.0;
-        const float lowest = t > 0.0 ? mass_floor(row_max(row, cols), t, margin) : -INFINITY;
         uint64_t small[SMALL_HEAD];
-        uint64_t *keys = limit <= SMALL_HEAD ? small : malloc(2 * (size_t)cols * sizeof *keys);
+        uint64_t *keys = top <= SMALL_HEAD ? small : malloc(2 * (size_t)cols * sizeof *keys);
         if (!keys) {
-            count[r] = -1;
+            *failed = 1;
             continue;
         }
-        const int64_t n = sorted_head(row, cols, limit, lowest, keys);
-        count[r] = n;
-        for (int64_t i = 0; i < width && n <= width; i++) {
-            const int64_t id = i < n ? (int64_t)(keys[i] & 0xffffffffu) : 0;
-            ids[r * width + i] = id;
-            values[r * width + i] = i < n ? weighable(row[id]) : -INFINITY;
+        sorted_head(row, cols, top, keys);
+        for (int64_t i = 0; i < top; i++) {
+            ids[r * top + i] = (int64_t)(keys[i] & 0xffffffffu);
+            values[r * top + i] = weighable(row[ids[r * top + i]]);
         }
         if (keys != small) free(keys);
     }

@@ -105,7 +105,7 @@ def test_the_native_head_is_the_rank_orders_prefix() -> None:
     logits = logit_rows(3000, 5)
     full = rank_head.sorted_rows(logits)
     for top in [1, 5, 64, 65, 3000]:
-        ids, values = cpu_sampling.rank_head(logits, torch.full((logits.shape[0], 1), top), None)
+        ids, values = cpu_sampling.rank_head(logits, top)
         assert torch.equal(ids, full[0][:, :top]) and torch.equal(values, full[1][:, :top])
 
 
