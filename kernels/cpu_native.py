@@ -31,7 +31,7 @@ HEADERS = [
     CPU_DIR / name
     for name in ("simd.h", "simd_avx512.h", "simd_portable.h", "bf16_pack.h", "pair_pack.h", "pair_gemm.h")
 ]
-SHARED_SOURCES = ("paged_attention.c", "layer_ops.c")
+SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
 BASE_COMPILE_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
@@ -66,7 +66,7 @@ AVX2 = Level("avx2", AVX2_FLAGS, "fma_gemm.c", (*BASE_COMPILE_FLAGS, *AVX2_COMPI
 NEON = Level("neon", NEON_FLAGS, "fma_gemm.c", BASE_COMPILE_FLAGS)  # NEON is part of the aarch64 baseline
 LEVELS = (AMX, AVX512, AVX2, NEON)  # best first: `auto` takes the first this CPU has
 
-_ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_ptr, _i64, _int, _f32, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_double
 SIGNATURES = {
     "tf_bf16_pack": [_ptr, _i64, _i64, _i64, _ptr],
     "tf_bf16_unpack_rows": [_ptr, _i64, _i64, _ptr, _i64, _ptr],
@@ -94,6 +94,9 @@ SIGNATURES = {
     "tf_rotary": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
+    "tf_rank_head": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int],
+    "tf_keyed_draw": [_ptr, _i64, _i64, _ptr, _int, _ptr, _ptr, _int],
+    "tf_keyed_masses": [_ptr, _i64, _f32, _f64, _int, _ptr, _ptr],
 }
 GEMM_SIGNATURES = {
     "amx": ("tf_amx_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int]),

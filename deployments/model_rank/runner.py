@@ -7,6 +7,7 @@ before the layers (device_batch.py); on CUDA, decode steps replay graphs capture
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,18 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.slide import PocketCall
 from deployments.messages.step import ZERO_STATE, StepOutput, StepPlan
 from deployments.model_rank.decode_graphs import Capture, CudaGraphCapture, DecodeGraphs
 from deployments.model_rank.device_batch import DeviceBatches, Sink, run_forward
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
+from deployments.model_rank.host_reads import HostReads
 from deployments.model_rank.image_embeds import ImageEmbeddings
 from deployments.model_rank.models import CausalLM, load_model
 from deployments.model_rank.mtp_drafts import MtpDrafter
 from deployments.model_rank.pocket_ops import PocketOps, row_spans
-from deployments.model_rank.sampler import sample_rows
-from deployments.model_rank.step_rows import StepRows, prompt_logprob_rows, step_rows
+from deployments.model_rank.sampler import prepare_draws, start_draws
+from deployments.model_rank.step_rows import StepRows, pending_prompt_rows, step_rows
 from deployments.model_rank.warm_up import warm_kernels
 from kernels.paged_meta import ALL_ROWS, DECODE_MAX_QUERY, round_row_len
 
@@ -242,21 +243,25 @@ class ModelRunner:
             self.slide.pocket.spans = row_spans(plan)
         batch, hidden = self.forward(rows)  # [T, H]
         self.images.finish(plan)
-        output = StepOutput(prompt_rows=self._prompt_rows(plan, hidden))
+        reads = HostReads()  # the step's one read back from the device: tokens and the figures asked for
+        prompt_rows = pending_prompt_rows(plan, self._logits_of(hidden), reads)
         draws = [d for s in plan.seqs for d in s.draws]
+        drawn = None
         if draws:
             logits = self.model.compute_logits(hidden[batch.logits_indices])  # [R, V] float32
-            output.draws = sample_rows(logits.float().cpu(), draws)
+            drawn = start_draws(logits.float(), prepare_draws(draws, logits.device), reads)
+        reads.fetch()
+        output = StepOutput(prompt_rows=prompt_rows.rows(), draws=[] if drawn is None else drawn.results())
         if self.drafter is not None and any(s.mtp for s in plan.seqs):
             output.proposals = self.drafter.run(plan, rows, hidden, output.draws)
             output.mtp = self.drafter.work
         return output
 
-    def _prompt_rows(self, plan: StepPlan, hidden: torch.Tensor) -> dict[int, list[PromptLogprobRow]]:
+    def _logits_of(self, hidden: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
         def logits_of(first: int, count: int) -> torch.Tensor:
-            return self.model.compute_logits(hidden[first : first + count]).float().cpu()  # [n, V]
+            return self.model.compute_logits(hidden[first : first + count]).float()  # [n, V], on the device
 
-        return prompt_logprob_rows(plan, logits_of)
+        return logits_of
 
 
 class TorchMtpOps:

@@ -1,18 +1,22 @@
 """Keyed sampling: the token at reply position i is a pure function of (seed, i, that row's logits).
 
 No generator state is carried between steps or shared between rows, so a reply does not depend on what
-else was batched with it, on chunking, or on preemption. The cuts follow SGLang's order: temperature,
-top-k, top-p (on the temperature distribution), then min-p relative to the likeliest token.
+else was batched with it, on chunking, or on preemption. Every row of a step is drawn at once where its
+logits are (keyed_draw.py), and the tokens and the figures asked for come back in one read (docs/engine.md,
+Keyed sampling).
 """
 
 import hashlib
 import os
+from dataclasses import dataclass
 
 import torch
 
-from deployments.messages.replies import LogprobRow, PromptLogprobRow
 from deployments.messages.step import SeqDraw, StepResult
-from deployments.model_rank.ranked_draw import draw_ranked
+from deployments.model_rank.draw_inputs import DrawInputs, RowGroup, RowIndex, build_inputs
+from deployments.model_rank.host_reads import HostRead, HostReads
+from deployments.model_rank.keyed_draw import draw_rows
+from deployments.model_rank.logprob_rows import LogprobReads, read_figures
 from kernels import cpu_layer_ops
 
 _MASK64 = (1 << 64) - 1
@@ -48,112 +52,117 @@ def derive_seed(prompt_token_ids: list[int], salt: int = 0) -> int:
     return int.from_bytes(digest.digest(), "little") & ((1 << 63) - 1)
 
 
-def draw_token(logits: torch.Tensor, draw: SeqDraw) -> int:
-    """One row's token: greedy is the argmax (lowest id on ties); else an inverse-CDF keyed draw over the
-    kept tokens likeliest first (ranked_draw.py)."""
-    if draw.temperature <= 0.0:
-        return int(torch.argmax(logits).item())
-    return draw_ranked(logits, draw, keyed_uniform(draw.seed, draw.reply_position))
-
-
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """xgrammar's packed int32 words [W] to a bool mask [vocab_size] (bit j of word w allows id 32 w + j)."""
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # [W, 32]
-    flat = bits.reshape(-1).bool()
-    if flat.shape[0] < vocab_size:  # logits wider than the tokenizer: the padding ids are never allowed
-        flat = torch.cat([flat, torch.zeros(vocab_size - flat.shape[0], dtype=torch.bool)])
-    return flat[:vocab_size]
-
-
-def allowed_ids(draw: SeqDraw, vocab_size: int) -> torch.Tensor | None:
-    """The ids a constrained row may draw, ascending (None: unconstrained, or a dead end that allows
-    nothing, which draws freely; the matcher then refuses the token and ends that request)."""
-    if draw.allowed is None:
-        return None
-    ids = unpack_bitmask(draw.allowed, vocab_size).nonzero().squeeze(1)
-    return ids if ids.shape[0] else None
-
-
-def logprob_row(logits: torch.Tensor, token: int, top: int) -> LogprobRow:
-    """The raw distribution at temperature 1 (float64 log-softmax); alternatives likeliest first, ties by id."""
-    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    return LogprobRow(token_id=token, logprob=float(logprobs[token].item()), top=best_tokens(logprobs, top))
-
-
-def score_row(logits: torch.Tensor, ids: list[int]) -> list[float]:
-    """The raw log-probabilities (float64 log-softmax over the whole vocabulary) of `ids`, in order."""
-    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    return [float(v) for v in logprobs[torch.tensor(ids, dtype=torch.long)].tolist()]
-
-
-def best_tokens(logprobs: torch.Tensor, top: int) -> list[tuple[int, float]]:
-    """The `top` likeliest of one row [V], ties by lower id, without sorting the whole vocabulary."""
-    top = min(top, logprobs.shape[0])
-    if top <= 0:
-        return []
-    kth = torch.topk(logprobs, top).values[-1]
-    candidates = (logprobs >= kth).nonzero().squeeze(1)  # ascending ids, ties at the k-th value included
-    order = torch.sort(logprobs[candidates], descending=True, stable=True).indices[:top]
-    return [(int(i), float(logprobs[i])) for i in candidates[order].tolist()]
-
-
-def prompt_rows(logits: torch.Tensor, next_ids: list[int], top: int) -> list[PromptLogprobRow]:
-    """Rows of raw logits [n, V] at prompt positions: each next prompt token's logprob, rank and best tokens.
-
-    float64 log-softmax as `logprob_row`; the rank counts every token at or above the prompt token (vLLM's).
-    """
-    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [n, V]
-    targets = torch.tensor(next_ids, dtype=torch.long)
-    chosen = logprobs.gather(1, targets.unsqueeze(1))  # [n, 1]
-    ranks = (logprobs >= chosen).sum(dim=-1).tolist()  # [n]
-    return [
-        PromptLogprobRow(
-            token_id=token, logprob=float(chosen[row, 0]), rank=int(ranks[row]), top=best_tokens(logprobs[row], top)
-        )
-        for row, token in enumerate(next_ids)
-    ]
+    """xgrammar's packed int32 words [..., W] to a bool mask [..., vocab_size] (bit j of word w allows id
+    32 w + j; ids past the words, where the logits are wider than the tokenizer, are never allowed)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # [..., W, 32]
+    flat = bits.reshape(*bitmask.shape[:-1], -1).bool()
+    if flat.shape[-1] < vocab_size:
+        flat = torch.nn.functional.pad(flat, (0, vocab_size - flat.shape[-1]))
+    return flat[..., :vocab_size]
 
 
 def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
-    """Draw one token per row of `logits` [R, V]; rows are independent of each other.
-
-    Each row's token depends only on its own (masked) logits, seed and position; logprob rows and scores
-    describe the unmasked logits, so they are the same whatever the sampling settings.
-    """
-    tokens = _draw_tokens(logits, draws)
-    results = [StepResult(token=t) for t in tokens]
-    for row, draw in enumerate(draws):
-        if draw.want_logprobs is not None:
-            results[row].logprobs = logprob_row(logits[row], tokens[row], draw.want_logprobs)
-        if draw.score_ids is not None:
-            results[row].scores = score_row(logits[row], draw.score_ids)
-    return results
+    """Draw one token per row of `logits` [R, V] (float32, on any device); rows are independent of each
+    other. Logprob rows and scores describe the unmasked logits, whatever the sampling settings."""
+    reads = HostReads()
+    pending = start_draws(logits, prepare_draws(draws, logits.device), reads)
+    reads.fetch()
+    return pending.results()
 
 
-def _draw_tokens(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
-    """Each row's token. A constrained row draws among its allowed ids only (ascending, so ties still go
-    to the lower id): the same token as over a row with -inf everywhere else, without touching those."""
-    tokens: list[int] = [0] * len(draws)
-    free_greedy = [i for i, d in enumerate(draws) if d.temperature <= 0.0 and d.allowed is None]
-    if free_greedy:
-        # Every row greedy (the common batch): argmax in place, without gathering a [R, V] copy first.
-        rows = logits if len(free_greedy) == len(draws) else logits[free_greedy]
-        for row, token in zip(free_greedy, _argmax_rows(rows)):
-            tokens[row] = int(token)
-    for row, draw in enumerate(draws):
-        if draw.temperature <= 0.0 and draw.allowed is None:
-            continue
-        ids = allowed_ids(draw, logits.shape[-1])
-        if ids is None:
-            tokens[row] = draw_token(logits[row], draw)
-        else:
-            tokens[row] = int(ids[draw_token(logits[row][ids], draw)].item())
+def prepare_draws(draws: list[SeqDraw], device: torch.device) -> DrawInputs:
+    """The draws' settings, keys and grammar masks on `device` (copies that wait on nothing)."""
+    uniforms = [keyed_uniform(d.seed, d.reply_position) if d.temperature > 0.0 else 0.0 for d in draws]
+    return build_inputs(draws, uniforms, device)
+
+
+@dataclass
+class PendingDraws:
+    """A step's draws, queued on the device; `results` once the step's reads were fetched."""
+
+    inputs: DrawInputs
+    tokens: HostRead
+    logprobs: LogprobReads | None
+    scores: dict[int, HostRead]
+
+    def results(self) -> list[StepResult]:
+        tokens = self.tokens.ints()
+        results = [StepResult(token=t) for t in tokens]
+        draws, scored = self.inputs.draws, self.inputs.scored.rows
+        if self.logprobs is not None:
+            tops = [draws[row].want_logprobs or 0 for row in scored]
+            for row, logprob_row in zip(scored, self.logprobs.logprob_rows([tokens[r] for r in scored], tops)):
+                if draws[row].want_logprobs is not None:
+                    results[row].logprobs = logprob_row
+        for row, read in self.scores.items():
+            results[row].scores = read.floats()
+        return results
+
+
+def start_draws(logits: torch.Tensor, inputs: DrawInputs, reads: HostReads) -> PendingDraws:
+    """Queue every row's token and the figures its draw asks for, registered in `reads`."""
+    tokens = _tokens(logits, inputs)
+    pending = PendingDraws(inputs, reads.add(tokens), None, {})
+    if inputs.scored.rows:
+        _read_figures(logits, tokens, inputs, reads, pending)
+    return pending
+
+
+def _read_figures(
+    logits: torch.Tensor, tokens: torch.Tensor, inputs: DrawInputs, reads: HostReads, pending: PendingDraws
+) -> None:
+    """The logprob rows and scores the scored rows ask for, from their raw logits."""
+    draws, scored = inputs.draws, inputs.scored.rows
+    top = max(draws[row].want_logprobs or 0 for row in scored)
+    labels = [draws[row].score_ids for row in scored]
+    figures, scores = read_figures(
+        _take(logits, inputs.scored), _take(tokens, inputs.scored), top, reads, labels=labels
+    )
+    if any(draws[row].want_logprobs is not None for row in scored):
+        pending.logprobs = figures
+    pending.scores = {row: read for row, read in zip(scored, scores) if read is not None}
+
+
+def _tokens(logits: torch.Tensor, inputs: DrawInputs) -> torch.Tensor:
+    """Each row's token [R]: greedy rows their argmax, sampled rows their keyed draw; a grammar's rows over
+    their allowed ids only (the same token as over a row of -inf elsewhere)."""
+    tokens = None
+    for group in inputs.groups:
+        tokens = _put(logits, tokens, group.rows, _group_tokens(_take(logits, group.rows), group))
+    assert tokens is not None, "a step draws at least one row"
     return tokens
 
 
-def _argmax_rows(rows: torch.Tensor) -> list[int]:
+def _group_tokens(x: torch.Tensor, group: RowGroup) -> torch.Tensor:
+    allowed = None
+    if group.words is not None:
+        allowed = unpack_bitmask(group.words, x.shape[-1])
+        x = torch.where(allowed, x, float("-inf"))
+    tokens = _argmax(x) if group.settings is None else draw_rows(x, group.settings)
+    if allowed is None:
+        return tokens
+    # A row whose allowed ids all have -inf (or NaN) logits takes its lowest allowed id.
+    none_weighs = ~(x.gather(1, tokens.unsqueeze(1)).squeeze(1) > float("-inf"))
+    return torch.where(none_weighs, allowed.to(torch.uint8).argmax(dim=-1), tokens)
+
+
+def _take(x: torch.Tensor, rows: RowIndex) -> torch.Tensor:
+    return x if rows.index is None else x.index_select(0, rows.index)
+
+
+def _put(logits: torch.Tensor, tokens: torch.Tensor | None, rows: RowIndex, values: torch.Tensor) -> torch.Tensor:
+    """`tokens` [R] (None: not yet made) with these rows' values."""
+    if rows.index is None:
+        return values
+    if tokens is None:
+        tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+    return tokens.index_copy(0, rows.index, values)
+
+
+def _argmax(rows: torch.Tensor) -> torch.Tensor:
     """Each row's argmax (lowest id on ties): one native pass on CPU, torch's elsewhere."""
     if rows.dtype == torch.float32 and rows.dim() == 2 and cpu_layer_ops.supports(rows):
-        return cpu_layer_ops.argmax_rows(rows)
-    return torch.argmax(rows, dim=-1).tolist()
+        return torch.tensor(cpu_layer_ops.argmax_rows(rows), dtype=torch.int64)
+    return torch.argmax(rows, dim=-1)

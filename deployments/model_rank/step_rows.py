@@ -12,7 +12,8 @@ import torch
 
 from deployments.messages.replies import PromptLogprobRow
 from deployments.messages.step import SeqStep, StepPlan
-from deployments.model_rank.sampler import prompt_rows
+from deployments.model_rank.host_reads import HostReads, upload
+from deployments.model_rank.logprob_rows import LogprobReads, read_figures
 
 PROMPT_ROW_SLICE = 64  # prompt positions whose logits exist at once (bounds [n, V] for long prompts)
 
@@ -129,20 +130,49 @@ def _three_rows(plan: StepPlan, rows: StepRows) -> list[list[int]]:
 def prompt_logprob_rows(
     plan: StepPlan, logits_of: Callable[[int, int], torch.Tensor]
 ) -> dict[int, list[PromptLogprobRow]]:
-    """Rows at every wanted prompt position, a slice at a time (never [T, V] at once).
+    """Rows at every wanted prompt position (`pending_prompt_rows`, read at once)."""
+    reads = HostReads()
+    pending = pending_prompt_rows(plan, logits_of, reads)
+    reads.fetch()
+    return pending.rows()
 
-    `logits_of(first_row, count)` gives float32 CPU logits [count, V] of those flat rows; the lm_head is
+
+class PendingPromptRows:
+    """The step's prompt rows, registered for its one read; `rows` once it was fetched."""
+
+    def __init__(self) -> None:
+        self._slices: list[tuple[int, list[int], int, LogprobReads]] = []  # (sequence, next ids, top, figures)
+
+    def add(self, index: int, next_ids: list[int], top: int, figures: LogprobReads) -> None:
+        self._slices.append((index, next_ids, top, figures))
+
+    def rows(self) -> dict[int, list[PromptLogprobRow]]:
+        rows: dict[int, list[PromptLogprobRow]] = {}
+        for index, next_ids, top, figures in self._slices:
+            rows.setdefault(index, []).extend(figures.prompt_rows(next_ids, top))
+        return rows
+
+
+def pending_prompt_rows(
+    plan: StepPlan, logits_of: Callable[[int, int], torch.Tensor], reads: HostReads
+) -> PendingPromptRows:
+    """Rows at every wanted prompt position, a slice at a time (never [T, V] at once), computed where the
+    logits are and registered in `reads`.
+
+    `logits_of(first_row, count)` gives float32 logits [count, V] of those flat rows; the lm_head is
     row-invariant, so a row does not depend on the slice it sits in.
     """
-    rows: dict[int, list[PromptLogprobRow]] = {}
+    pending = PendingPromptRows()
     start = 0
     for index, seq in enumerate(plan.seqs):
         wanted = seq.prompt_rows
         if wanted is not None and wanted.next_ids:
-            rows[index] = []
             first = start + wanted.first
             for at in range(0, len(wanted.next_ids), PROMPT_ROW_SLICE):
                 ids = wanted.next_ids[at : at + PROMPT_ROW_SLICE]
-                rows[index].extend(prompt_rows(logits_of(first + at, len(ids)), ids, wanted.top))
+                logits = logits_of(first + at, len(ids))
+                tokens = upload(ids, torch.int64, logits.device)
+                figures, _ = read_figures(logits, tokens, wanted.top, reads, with_rank=True)
+                pending.add(index, ids, wanted.top, figures)
         start += len(seq.new_token_ids)
-    return rows
+    return pending

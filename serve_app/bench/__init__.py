@@ -118,6 +118,15 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     slide.add_argument("--concurrency", type=int, default=8)
     slide.set_defaults(func=_runner("slide_bench"))
 
+    sampler = kinds.add_parser("sampler", help="the keyed sampler alone: the vectorised draw vs the row-by-row one")
+    sampler.add_argument("--rows", type=int, default=16)
+    sampler.add_argument("--vocab", type=int, default=151936)
+    sampler.add_argument("--repeats", type=int, default=5, help="timed runs of each side per case")
+    sampler.add_argument("--top-logprobs", type=int, default=5, help="best tokens per row in the logprob cases")
+    sampler.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    sampler.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sampler.set_defaults(func=_runner("sampler_bench"))
+
     serve = kinds.add_parser("serve", help="TTFT / ITL / throughput through the graph vs the engine in-process")
     serve.add_argument("--url", help="a running server's base URL (default: start the graph here)")
     serve.add_argument("--model", default="builtin:tiny-glm")
@@ -134,6 +143,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-tokens", type=int, default=64)
     serve.add_argument("--prompt-tokens", type=int, default=64)
     serve.add_argument("--port", type=int, default=8311)
+    serve.add_argument("--temperature", type=float, default=0.0, help="sample every stream (default 0: greedy)")
+    serve.add_argument("--top-p", type=float, default=1.0, help="with --temperature: the nucleus kept")
+    serve.add_argument("--top-k", type=int, default=0, help="with --temperature: the likeliest tokens kept")
     serve.add_argument(
         "--rounds",
         type=int,

@@ -34,7 +34,7 @@ TIMED: list[tuple[str, str, str]] = [
     ("recurrence", "kernels.dispatch", "gated_delta_scan"),
     ("recurrence", "kernels.dispatch", "mamba2_scan"),
     ("embedding", "deployments.model_rank.layers.embedding", "VocabEmbedding.forward"),
-    ("sampling", "deployments.model_rank.runner", "sample_rows"),
+    ("sampling", "deployments.model_rank.runner", "start_draws"),
 ]
 CATEGORIES = ["matmuls", "attention", "recurrence", "norms/rotary/act", "embedding", "sampling"]
 

@@ -4,7 +4,8 @@ Both runs send the same rounds (bursts of N streams, new prompts each round, so 
 prompt cache) with the same limits, and the in-process engine computes with the intra-op threads Ray gives
 the Scheduler replica. The table shows TTFT and inter-token latency percentiles over every stream of every
 round and throughput over the rounds' wall time, so the cost the graph adds (Ray hops, HTTP, SSE
-framing, the processes it runs beside the engine) reads off directly.
+framing, the processes it runs beside the engine) reads off directly. Streams are greedy unless
+`--temperature` (with `--top-p`, `--top-k`) samples them, on both sides.
 """
 
 import argparse
@@ -60,14 +61,27 @@ def _rounds(rounds: int, count: int, length: int) -> list[list[list[int]]]:
     ]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How every stream draws its tokens, over HTTP and in-process alike (greedy unless told)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def body(self) -> dict[str, float]:
+        sampled = {"top_p": self.top_p, "top_k": self.top_k} if self.temperature > 0 else {}
+        return {"temperature": self.temperature, **sampled}
+
+
 async def _http_stream(
-    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int, sampling: Sampling
 ) -> StreamTimes:
     body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": 0,
+        **sampling.body(),
         "ignore_eos": True,
         "stream": True,
         "return_token_ids": True,
@@ -124,13 +138,22 @@ async def _timed_rounds(label: str, stream: StreamRunner, rounds: list[list[list
 
 
 async def _run_http(
-    url: str, model: str, rounds: list[list[list[int]]], max_tokens: int, label: str = "graph over HTTP"
+    url: str,
+    model: str,
+    rounds: list[list[list[int]]],
+    max_tokens: int,
+    label: str = "graph over HTTP",
+    sampling: Sampling = Sampling(),
 ) -> RunFigures:
     # aiohttp: the load generator shares this machine's cores with the server, so it should cost little.
     # Every stream on a connection of its own (force_close: some peers close a kept-alive one after a stream).
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        return await _timed_rounds(label, lambda p, n: _http_stream(session, url, model, p, n), rounds, max_tokens)
+
+        async def stream(prompt: list[int], limit: int) -> StreamTimes:
+            return await _http_stream(session, url, model, prompt, limit, sampling)
+
+        return await _timed_rounds(label, stream, rounds, max_tokens)
 
 
 async def _served_model(url: str) -> str:
@@ -150,6 +173,7 @@ async def _run_in_process(
     threads: int,
     dtype: str = "auto",
     draft: str = "auto",
+    sampling: Sampling = Sampling(),
 ) -> RunFigures:
     import torch
 
@@ -178,7 +202,9 @@ async def _run_in_process(
             request_id=f"bench-{uuid.uuid4().hex}",
             prompt_token_ids=prompt,
             max_tokens=limit,
-            sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+            sampling=SamplingParams(
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, ignore_eos=True
+            ),
         )
         times = StreamTimes()
         start = last = time.perf_counter()
@@ -213,25 +239,27 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             app_args = app_args.model_copy(update={name: getattr(args, name)})
     model_dir = str(app_args.model_dir)
+    sampling = Sampling(args.temperature, args.top_p, args.top_k)
+    name, tokens = app_args.served_name, args.max_tokens
     if args.url:
         url = args.url.rstrip("/")
-        graphs = [asyncio.run(_run_http(url, asyncio.run(_served_model(url)), rounds, args.max_tokens))]
+        graphs = [asyncio.run(_run_http(url, asyncio.run(_served_model(url)), rounds, tokens, sampling=sampling))]
     else:
         entries = HTTP_ENTRIES if args.http_entry == "both" else (args.http_entry,)
-        graphs = [_run_graph_here(app_args, entry, rounds, args.max_tokens) for entry in entries]
+        graphs = [_run_graph_here(app_args, entry, rounds, tokens, sampling) for entry in entries]
     for peer in args.peer or []:  # measured after our graph's Ray is shut down, so they never share the cores
-        graphs.append(
-            asyncio.run(_run_http(peer.rstrip("/"), app_args.served_name, rounds, args.max_tokens, f"peer {peer}"))
-        )
+        graphs.append(asyncio.run(_run_http(peer.rstrip("/"), name, rounds, tokens, f"peer {peer}", sampling)))
     threads = replica_threads(app_args)
     local = asyncio.run(
-        _run_in_process(model_dir, rounds, args.max_tokens, args.concurrency, threads, args.dtype, args.draft)
+        _run_in_process(model_dir, rounds, tokens, args.concurrency, threads, args.dtype, args.draft, sampling)
     )
     _print_table(local, graphs)
     return 0
 
 
-def _run_graph_here(app_args: AppArgs, entry: HttpEntry, rounds: list[list[list[int]]], max_tokens: int) -> RunFigures:
+def _run_graph_here(
+    app_args: AppArgs, entry: HttpEntry, rounds: list[list[list[int]]], max_tokens: int, sampling: Sampling
+) -> RunFigures:
     """The graph as `tensorfold serve --http-entry ENTRY` starts it, on a Ray cluster of its own."""
     init_ray(entry, app_args.port)  # before this process imports Ray: it keeps a Ray it starts on loopback
     import ray
@@ -239,7 +267,7 @@ def _run_graph_here(app_args: AppArgs, entry: HttpEntry, rounds: list[list[list[
 
     try:
         url = run_graph(app_args, entry, "bench")
-        figures = asyncio.run(_run_http(url, app_args.served_name, rounds, max_tokens))
+        figures = asyncio.run(_run_http(url, app_args.served_name, rounds, max_tokens, sampling=sampling))
         figures.label = f"graph, {entry} answers"
         return figures
     finally:

@@ -1,22 +1,116 @@
-"""One sampled row's token: the cuts (top-k, top-p, min-p) and the inverse-CDF draw over the likeliest first.
+"""The keyed rule as it was first written, row by row on the host in float64: the reference the vectorised
+sampler (keyed_draw.py) is held to, token for token (tests/rank/test_keyed_draw.py), and what
+`tensorfold bench sampler` times it against. Nothing in the engine calls it.
 
 The draw walks the tokens in rank order (likeliest first, ties by lower id) until the cumulative mass passes
 u times the kept mass, so it needs only the head of the order, not a sort of the whole vocabulary: it reads
 the first CANDIDATES tokens, and further (WIDEN times as many, then the whole order) while the top-p or
 min-p cut (which fixes the kept mass) or the draw reach past them. A token's probability is its weight
 exp((x - max) / T) over the row's total weight (the top-k set's when top-k is on: only that set is
-weighed), computed once for the row in float64, so whichever prefix the walk ends in, every value it reads
-is the same and the token is a function of (u, the row, the settings) alone.
+weighed), computed once for the row in float64. Its sums run in torch's order on this CPU, which is why
+the sampler now counts masses in exact integers instead (docs/engine.md, Keyed sampling).
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from deployments.messages.step import SeqDraw
+from deployments.messages.replies import LogprobRow, PromptLogprobRow
+from deployments.messages.step import SeqDraw, StepResult
+from deployments.model_rank.sampler import keyed_uniform, unpack_bitmask
+from kernels import cpu_layer_ops
 
 CANDIDATES = 64  # the head of the rank order read first; a trained model's mass is nearly all there
 WIDEN = 16  # how much a head that is too short grows, once; past that the whole order is sorted
+
+
+def draw_token(logits: torch.Tensor, draw: SeqDraw) -> int:
+    """One row's token: greedy is the argmax (lowest id on ties); else an inverse-CDF keyed draw over the
+    kept tokens likeliest first."""
+    if draw.temperature <= 0.0:
+        return int(torch.argmax(logits).item())
+    return draw_ranked(logits, draw, keyed_uniform(draw.seed, draw.reply_position))
+
+
+def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
+    """Each row's token, logprob row and scores, as the sampler computed them row by row on the host."""
+    tokens = draw_rows(logits, draws)
+    results = [StepResult(token=t) for t in tokens]
+    for row, draw in enumerate(draws):
+        if draw.want_logprobs is not None:
+            results[row].logprobs = logprob_row(logits[row], tokens[row], draw.want_logprobs)
+        if draw.score_ids is not None:
+            results[row].scores = score_row(logits[row], draw.score_ids)
+    return results
+
+
+def draw_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[int]:
+    """Each row's token; a constrained row draws among its allowed ids only (ascending, so ties still go to
+    the lower id); a mask that allows nothing draws freely. The free greedy rows take one native argmax."""
+    tokens: list[int] = [0] * len(draws)
+    free_greedy = [i for i, d in enumerate(draws) if d.temperature <= 0.0 and d.allowed is None]
+    if free_greedy:
+        rows = logits if len(free_greedy) == len(draws) else logits[free_greedy]
+        for row, token in zip(free_greedy, _argmax_rows(rows)):
+            tokens[row] = int(token)
+    for row, draw in enumerate(draws):
+        if draw.temperature <= 0.0 and draw.allowed is None:
+            continue
+        ids = allowed_ids(draw, logits.shape[-1])
+        if ids is None:
+            tokens[row] = draw_token(logits[row], draw)
+        else:
+            tokens[row] = int(ids[draw_token(logits[row][ids], draw)].item())
+    return tokens
+
+
+def _argmax_rows(rows: torch.Tensor) -> list[int]:
+    if rows.dtype == torch.float32 and rows.dim() == 2 and cpu_layer_ops.supports(rows):
+        return cpu_layer_ops.argmax_rows(rows)
+    return torch.argmax(rows, dim=-1).tolist()
+
+
+def allowed_ids(draw: SeqDraw, vocab_size: int) -> torch.Tensor | None:
+    if draw.allowed is None:
+        return None
+    ids = unpack_bitmask(draw.allowed, vocab_size).nonzero().squeeze(1)
+    return ids if ids.shape[0] else None
+
+
+def logprob_row(logits: torch.Tensor, token: int, top: int) -> LogprobRow:
+    """The raw distribution at temperature 1 (float64 log-softmax); alternatives likeliest first, ties by id."""
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    return LogprobRow(token_id=token, logprob=float(logprobs[token].item()), top=best_tokens(logprobs, top))
+
+
+def score_row(logits: torch.Tensor, ids: list[int]) -> list[float]:
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    return [float(v) for v in logprobs[torch.tensor(ids, dtype=torch.long)].tolist()]
+
+
+def best_tokens(logprobs: torch.Tensor, top: int) -> list[tuple[int, float]]:
+    """The `top` likeliest of one row [V], ties by lower id, without sorting the whole vocabulary."""
+    top = min(top, logprobs.shape[0])
+    if top <= 0:
+        return []
+    kth = torch.topk(logprobs, top).values[-1]
+    candidates = (logprobs >= kth).nonzero().squeeze(1)  # ascending ids, ties at the k-th value included
+    order = torch.sort(logprobs[candidates], descending=True, stable=True).indices[:top]
+    return [(int(i), float(logprobs[i])) for i in candidates[order].tolist()]
+
+
+def prompt_rows(logits: torch.Tensor, next_ids: list[int], top: int) -> list[PromptLogprobRow]:
+    """Rows of raw logits [n, V] at prompt positions: each next prompt token's logprob, rank and best tokens."""
+    logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [n, V]
+    targets = torch.tensor(next_ids, dtype=torch.long)
+    chosen = logprobs.gather(1, targets.unsqueeze(1))  # [n, 1]
+    ranks = (logprobs >= chosen).sum(dim=-1).tolist()  # [n]
+    return [
+        PromptLogprobRow(
+            token_id=token, logprob=float(chosen[row, 0]), rank=int(ranks[row]), top=best_tokens(logprobs[row], top)
+        )
+        for row, token in enumerate(next_ids)
+    ]
 
 
 class RankedRow:
