@@ -12,7 +12,7 @@ import math
 import torch
 
 from deployments.model_rank import rank_head
-from deployments.model_rank.draw_settings import DrawSettings
+from deployments.model_rank.draw_inputs import DrawSettings
 from deployments.model_rank.keyed_mass import masses
 
 HEADS = (64, 1024)

@@ -9,7 +9,7 @@ likeliest token. Every figure the cuts and the draw compare is an exact integer 
 import torch
 
 from deployments.model_rank import rank_head
-from deployments.model_rank.draw_settings import DrawSettings
+from deployments.model_rank.draw_inputs import DrawSettings
 from deployments.model_rank.head_walk import draw_row
 from deployments.model_rank.keyed_mass import MASS_CONSTANTS, fraction_bits, masses
 from kernels import cpu_sampling
