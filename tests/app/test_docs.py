@@ -162,6 +162,14 @@ def test_only_bash_blocks_say_why_the_tests_do_not_run_them() -> None:
     assert not [block.name for block in all_blocks() if block.skip is not None and not block.is_bash]
 
 
+def test_no_block_the_tests_run_installs_packages() -> None:
+    """An install run by tests/e2e/test_doc_commands_e2e.py would change the environment the rest of the run
+    tests in (a `[cuda]` install swaps Triton's files under the kernel tests' loaded interpreter)."""
+    installs = ("pip install", "pip3 install", "uv pip", "npm install", "apt-get install", "apt install")
+    runs = [block for block in all_blocks() if block.is_bash and block.skip is None]
+    assert not [block.name for block in runs if any(word in block.body for word in installs)]
+
+
 def test_every_test_folder_is_named_in_the_readme_and_the_structure_page() -> None:
     folders = sorted(path.name for path in (REPO / "tests").iterdir() if path.is_dir() and path.name != "__pycache__")
     readme_row = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `tests/`"))
