@@ -1,7 +1,7 @@
 """The head of a row's rank order (logit descending, ties by lower id): the tokens a keyed draw can reach.
 
 Any head the draw is given holds, for each row, a prefix of its rank order that covers every token of
-non-zero mass in its top-k set, or is read only as far as the cuts and the draw reach (head_walk.py);
+non-zero mass in its top-k set, or is read only as far as the cuts and the draw reach (keyed_draw.draw_row);
 which one is a matter of speed, not of the token (keyed_draw.py): tokens past the prefix weigh nothing.
 Two ways to take it, both exact at ties:
 

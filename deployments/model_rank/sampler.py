@@ -4,6 +4,10 @@ No generator state is carried between steps or shared between rows, so a reply d
 else was batched with it, on chunking, or on preemption. Every row of a step is drawn at once where its
 logits are (keyed_draw.py), and the tokens and the figures asked for come back in one read (docs/engine.md,
 Keyed sampling).
+
+Rows are drawn in up to four groups: greedy or sampled, free or under a grammar. A sampled row's uniform is
+its key's, computed on the host; a grammar row sends xgrammar's packed bitmask words (a mask that allows
+nothing is a dead end and draws freely: the matcher then refuses the token and ends that request).
 """
 
 import hashlib
@@ -13,9 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from deployments.messages.step import SeqDraw, StepResult
-from deployments.model_rank.draw_inputs import DrawInputs, RowGroup, RowIndex, build_inputs
-from deployments.model_rank.host_reads import HostRead, HostReads
-from deployments.model_rank.keyed_draw import draw_rows
+from deployments.model_rank.host_reads import HostRead, HostReads, upload
+from deployments.model_rank.keyed_draw import DrawSettings, draw_rows
 from deployments.model_rank.logprob_rows import LogprobReads, read_figures
 from kernels import cpu_layer_ops
 
@@ -70,6 +73,65 @@ def sample_rows(logits: torch.Tensor, draws: list[SeqDraw]) -> list[StepResult]:
     pending = start_draws(logits, prepare_draws(draws, logits.device), reads)
     reads.fetch()
     return pending.results()
+
+
+@dataclass
+class RowIndex:
+    """Some of a step's rows: their positions on the host and on the device (None: all of them)."""
+
+    rows: list[int]
+    index: torch.Tensor | None
+
+
+@dataclass
+class RowGroup:
+    """Rows drawn one way: their settings if sampled (else greedy), their packed allowed-id words [Rg, W]
+    (int32) if under a grammar."""
+
+    rows: RowIndex
+    settings: DrawSettings | None
+    words: torch.Tensor | None
+
+
+@dataclass
+class DrawInputs:
+    draws: list[SeqDraw]
+    groups: list[RowGroup]
+    scored: RowIndex  # rows wanting logprobs or scores, read from the raw logits
+
+
+def build_inputs(draws: list[SeqDraw], uniforms: list[float], device: torch.device) -> DrawInputs:
+    """`uniforms`: each draw's keyed uniform (read by sampled rows only)."""
+    constrained = [d.allowed is not None and bool(d.allowed.any()) for d in draws]
+    groups = []
+    for sampled in (False, True):
+        for grammar in (False, True):
+            rows = [i for i, d in enumerate(draws) if (d.temperature > 0.0) == sampled and constrained[i] == grammar]
+            if rows:
+                groups.append(_group(draws, uniforms, rows, sampled, grammar, device))
+    scored = [i for i, d in enumerate(draws) if d.want_logprobs is not None or d.score_ids is not None]
+    return DrawInputs(draws, groups, _row_index(scored, len(draws), device))
+
+
+def _group(
+    draws: list[SeqDraw], uniforms: list[float], rows: list[int], sampled: bool, grammar: bool, device: torch.device
+) -> RowGroup:
+    settings = _settings([draws[i] for i in rows], [uniforms[i] for i in rows], device) if sampled else None
+    words = upload(torch.stack([draws[i].allowed for i in rows]), torch.int32, device) if grammar else None  # type: ignore[misc]
+    return RowGroup(_row_index(rows, len(draws), device), settings, words)
+
+
+def _row_index(rows: list[int], count: int, device: torch.device) -> RowIndex:
+    every = rows == list(range(count))
+    return RowIndex(rows, None if every or not rows else upload(rows, torch.int64, device))
+
+
+def _settings(draws: list[SeqDraw], uniforms: list[float], device: torch.device) -> DrawSettings:
+    """One host-to-device copy of every sampled row's settings (a top-k past 2^31 cuts nothing anyway)."""
+    rows = [[d.temperature, d.top_p, d.min_p, u, min(d.top_k, 1 << 31)] for d, u in zip(draws, uniforms)]
+    table = upload(rows, torch.float64, device)  # [R, 5]
+    every_row_cuts = all(d.top_k > 0 for d in draws)
+    return DrawSettings(table, max(d.top_k for d in draws) if every_row_cuts else 0)
 
 
 def prepare_draws(draws: list[SeqDraw], device: torch.device) -> DrawInputs:
