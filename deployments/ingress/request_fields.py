@@ -38,10 +38,10 @@ from deployments.ingress.http.errors import bad_request
 from deployments.ingress.sampling_fields import (
     SEED_MAX,
     SEED_MIN,
+    StopField,
     bool_field,
     float_field,
     int_field,
-    stop_field,
     token_ids_field,
 )
 from deployments.messages.requests import GrammarSpec, Priority
@@ -118,7 +118,7 @@ class GenerationFields(BaseModel):
     seed: Annotated[int | None, BeforeValidator(int_field("seed", SEED_MIN, SEED_MAX))] = None
     max_tokens: Annotated[int | None, BeforeValidator(int_field("max_tokens", low=1))] = None
     max_completion_tokens: Annotated[int | None, BeforeValidator(int_field("max_completion_tokens", low=1))] = None
-    stop: Annotated[list[str], BeforeValidator(stop_field)] = Field(default_factory=list)
+    stop: StopField = Field(default_factory=list)
     stop_token_ids: Annotated[list[int], BeforeValidator(token_ids_field("stop_token_ids"))] = Field(
         default_factory=list
     )

@@ -9,7 +9,9 @@ and infinities, so these run before it (BeforeValidator) and return plain Python
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, WithJsonSchema
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
@@ -103,6 +105,15 @@ def stop_field(value: Any) -> list[str]:
     if any(s == "" for s in items):
         raise ValueError("stop strings must be nonempty")
     return list(items)
+
+
+_STOP_STRING = {"type": "string", "minLength": 1}
+# What stop_field takes, as the OpenAPI document shows it (a plain list[str] would hide the string form).
+StopField = Annotated[
+    list[str],
+    BeforeValidator(stop_field),
+    WithJsonSchema({"anyOf": [_STOP_STRING, {"type": "array", "items": _STOP_STRING}, {"type": "null"}]}),
+]
 
 
 def token_ids_field(name: str, nullable: bool = True) -> Callable[[Any], list[int]]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
@@ -282,6 +283,22 @@ def test_types_the_document_refuses_the_route_refuses(client: TestClient) -> Non
     assert {"type": "null"} in kwargs["anyOf"]  # null keeps the defaults, as the document now says
     body = {"messages": USER, "max_tokens": 2, "chat_template_kwargs": None}
     assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
+
+
+def test_the_document_shows_every_stop_form_a_route_takes_and_none_it_refuses(client: TestClient) -> None:
+    """stop: a string, a list of strings, or null (each nonempty), on every route that takes it."""
+    schemas = _spec(client)["components"]["schemas"]
+    routes = {
+        "/v1/chat/completions": ("ChatCompletionRequest", {"messages": USER}),
+        "/v1/completions": ("CompletionRequest", {"prompt": "Hi"}),
+        "/v1/responses": ("ResponsesRequest", {"input": "Hi"}),
+    }
+    for path, (name, body) in routes.items():
+        stop = schemas[name]["properties"]["stop"]
+        for value, taken in (("x", True), (["x", "y"], True), (None, True), ("", False), ([""], False), (3, False)):
+            documented = jsonschema.Draft202012Validator(stop).is_valid(value)
+            reply = client.post(path, json={**body, "max_tokens": 2, "stop": value}, headers=AUTH)
+            assert documented == taken == (reply.status_code == 200), (path, value, reply.text)
 
 
 def test_refusals_inside_a_list_name_the_part(client: TestClient) -> None:

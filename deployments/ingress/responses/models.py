@@ -7,12 +7,12 @@ log probabilities) are refused by name before any work. Unknown fields are accep
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from deployments.ingress.grammar_fields import TextFormat
 from deployments.ingress.http.errors import bad_request, parse_body
 from deployments.ingress.request_fields import PriorityField
-from deployments.ingress.sampling_fields import SEED_MAX, SEED_MIN, bool_field, float_field, int_field, stop_field
+from deployments.ingress.sampling_fields import SEED_MAX, SEED_MIN, StopField, bool_field, float_field, int_field
 from deployments.messages.requests import Priority
 
 METADATA_PAIRS = 16
@@ -130,7 +130,7 @@ class ResponsesRequest(BaseModel):
     # The chat extensions (checked again, in chat's words, by the chat handler).
     draft: Annotated[bool | None, BeforeValidator(bool_field("draft"))] = None
     thinking_budget: Annotated[int | None, BeforeValidator(int_field("thinking_budget", low=0))] = None
-    stop: Annotated[list[str] | None, BeforeValidator(stop_field)] = None
+    stop: StopField = Field(default_factory=list)
     ignore_eos: Annotated[bool | None, BeforeValidator(bool_field("ignore_eos"))] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, BeforeValidator(_object("chat_template_kwargs"))] = None
     priority: PriorityField = Priority.FOREGROUND
