@@ -69,6 +69,7 @@ def _bench_runs(checkpoints: dict[str, Path]) -> dict[str, list[list[str]]]:
         ],
         "drafts": [[*one_thread, "--max-tokens", "4", "--concurrency", "2", "--repeats", "1"]],
         "slide": [[*one_thread, "--facts", "1", "--prompt-tokens", "8", "--decode-tokens", "2", "--concurrency", "1"]],
+        "sampler": [[*one_thread, "--rows", "2", "--vocab", "512", "--repeats", "1", "--top-logprobs", "2"]],
     }
 
 
@@ -81,6 +82,7 @@ TABLE_LINES = {
     "vision": "greedy first tokens",
     "drafts": "n-gram, batch 1",
     "slide": "pocket / none:",
+    "sampler": "| flat | T 0.8, top_p 0.95, top_k 40 | 2 |",
 }
 
 
