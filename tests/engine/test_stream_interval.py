@@ -1,7 +1,9 @@
 """`stream_interval_ms`: a reply's chunks leave the engine loop at most once per interval (the first and the
-last at once), carrying exactly the tokens and text an unpaced stream carries."""
+last at once), carrying exactly the tokens and text an unpaced stream carries. And a request's checks (a
+grammar's compile among them) never hold the event loop the streams are delivered on."""
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -131,3 +133,24 @@ def test_the_first_and_last_chunks_leave_at_once_and_the_rest_wait_out_the_inter
         await stream.aclose()
 
     asyncio.run(run())
+
+
+def test_a_requests_checks_leave_the_event_loop_free(loop_and_prompt, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check waits for the event loop to run a callback: were it on the loop, it would wait in vain."""
+    loop, prompt = loop_and_prompt
+    released = threading.Event()
+    check = loop.engine.check
+
+    def slow_check(request: EngineRequest):  # as a large grammar's first compile
+        assert released.wait(timeout=10), "the request's check held the event loop"
+        return check(request)
+
+    monkeypatch.setattr(loop.engine, "check", slow_check)
+
+    async def run() -> list[EngineChunk]:
+        asyncio.get_running_loop().call_soon(released.set)
+        request = EngineRequest("checked", prompt, SamplingParams(temperature=0.0), max_tokens=4)
+        return [chunk async for chunk in loop.generate(request, 0.0)]
+
+    chunks = asyncio.run(run())
+    assert released.is_set() and chunks[-1].finished

@@ -170,7 +170,8 @@ class StreamHub(ABC):
     async def generate(self, request: EngineRequest, interval_s: float | None = None) -> AsyncIterator[UpstreamItem]:
         """The request's chunks; after the first, at most one per interval (default: `stream_interval()`,
         read after each chunk); the last is never held. A refused request yields its Refusal alone."""
-        refusal = self._check(request)
+        # Off the event loop: a grammar's first compile takes up to seconds, and the streams wait on this loop.
+        refusal = await asyncio.to_thread(self._check, request)
         subscriber = _Subscriber(asyncio.get_running_loop())
         with self._lock:
             if refusal is None and request.request_id in self._subscribers:
