@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from deployments.model_rank.fp8_weights import fp8_scheme
 from deployments.tokenizer import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -52,8 +53,7 @@ def read_config(checkpoint_dir: Path) -> dict[str, Any]:
     config = _read_json(path)
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    if config.get("quantization_config"):
-        raise CheckpointError(f"{path}: quantized checkpoints are not supported")
+    fp8_scheme(config, path)  # refuses any quantization but block-scaled fp8 (fp8_weights.py)
     return config
 
 

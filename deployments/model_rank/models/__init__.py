@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.fp8_weights import Fp8Files, Fp8Scheme, fp8_scheme
 from deployments.model_rank.layers.packing import pack_projections
 from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
@@ -68,8 +69,9 @@ def check_checkpoint(checkpoint_dir: str | Path) -> str:
     return _read_checkpoint(Path(checkpoint_dir))[0]
 
 
-def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles]:
-    """The model_type, its parsed config and the weights' files, each problem a CheckpointError."""
+def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles, Fp8Scheme | None]:
+    """The model_type, its parsed config, the weights' files and their fp8 scheme, each problem a
+    CheckpointError."""
     raw, config_path = read_config(directory), directory / CONFIG_FILE
     model_type = raw.get("model_type")
     if model_type not in ARCHITECTURES:
@@ -80,7 +82,7 @@ def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles]:
         cfg = ARCHITECTURES[model_type][0].from_hf(raw)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{config_path}: {exc}") from exc
-    return model_type, cfg, CheckpointFiles.open(directory)
+    return model_type, cfg, CheckpointFiles.open(directory), fp8_scheme(raw, config_path)
 
 
 def _with_vision(cfg: Any, vision: bool, config_path: Path) -> Any:
@@ -111,13 +113,15 @@ def load_model(
     `vision`: load the checkpoint's vision tower too (a CheckpointError when it has none).
     """
     directory = Path(checkpoint_dir)
-    model_type, cfg, files = _read_checkpoint(directory)
+    model_type, cfg, files, scheme = _read_checkpoint(directory)
     cfg = _with_vision(cfg, vision, directory / CONFIG_FILE)
     config_path, model_cls = directory / CONFIG_FILE, ARCHITECTURES[model_type][1]
-    torch_dtype = resolve_dtype(dtype, cfg.dtype, files, config_path)
+    # An fp8 checkpoint's own tensors say nothing of the model dtype: bfloat16 unless its config names one.
+    declared = cfg.dtype or ("bfloat16" if scheme is not None else None)
+    torch_dtype = resolve_dtype(dtype, declared, files, config_path)
     with _building_on(torch.device(device), torch_dtype):
         model = model_cls(cfg, parallel, torch_dtype, files.names())
-    load_weights(model, files, model.checkpoint_target)
+    load_weights(model, Fp8Files(files, scheme, torch_dtype, frozenset()), model.checkpoint_target)
     model.after_load()
     if pack and torch.device(device).type == "cpu":
         # bf16 projections with the native kernels on: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).
