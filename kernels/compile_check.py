@@ -15,7 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # opt-in max per block, bytes
-TYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int32": "i32", "int64": "i64"}
+TYPE_NAMES = {
+    "float8_e4m3fn": "fp8e4nv",
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "int32": "i32",
+    "int64": "i64",
+}
 
 
 def arg_type(value: Any) -> str:
@@ -97,7 +104,7 @@ def exercise(dtype: Any, quick: bool) -> None:
     `quick`: one shape per kernel."""
     import torch
 
-    from kernels import fused_moe, kv_write, matmul, mla_decode, moe_routing, rmsnorm, rotary
+    from kernels import fp8_matmul, fused_moe, kv_write, matmul, mla_decode, moe_routing, rmsnorm, rotary
     from kernels.causal_conv_scan import causal_conv_scan
     from kernels.gated_delta_scan import gated_delta_scan
     from kernels.mamba2_scan import mamba2_scan
@@ -109,6 +116,8 @@ def exercise(dtype: Any, quick: bool) -> None:
 
     t = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt)  # noqa: E731
     matmul.invariant_matmul(t(16, 2048), t(6144, 2048))  # every projection and the lm_head: one kernel per dtype
+    fp8_weight, fp8_scales = t(6144, 2048, dt=torch.float8_e4m3fn), t(6144, 16, dt=torch.float32)
+    fp8_matmul.fp8_matmul(t(16, 2048), fp8_weight, fp8_scales, 128)  # projections kept block-scaled fp8
     tables = [[0, 1, 2, 3]]
     for heads, kv_heads, dim in ((32, 8, 128), (16, 16, 64), (8, 1, 128))[: 1 if quick else 3]:
         meta = build_paged_meta([40], [60], tables, 16, torch.device("cpu"), row_query_limit=0)

@@ -25,6 +25,7 @@ SANITY = 5e-2  # Triton vs the bf16 torch path: both round, so looser than the t
 ENGINE_TIMEOUT_S = 480  # the engine phase's bound on one H100 (it builds, loads and compiles in it)
 TEST_FILES = [
     "test_kernels_matmul.py",
+    "test_kernels_fp8_matmul.py",
     "test_kernels_attention.py",
     "test_kernels_mla.py",
     "test_kernels_elementwise.py",

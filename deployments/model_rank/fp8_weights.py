@@ -1,5 +1,5 @@
 """Block-scaled FP8 checkpoints (DeepSeek, Qwen and GLM publish them): the config check, the scale grids, and
-the tensor stream that dequantizes each projection at load or keeps it FP8 for the CUDA kernel.
+the tensor stream that dequantizes each projection at load or passes it on FP8 (for fp8_kept.py's weights).
 
 A quantized projection is `X.weight` (float8_e4m3fn, [N, K]) beside `X.weight_scale_inv` (float32,
 [ceil(N / bn), ceil(K / bk)]): the real weight is the FP8 value times the scale of its bn x bk block

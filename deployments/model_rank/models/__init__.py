@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.fp8_kept import keep_fp8_projections
 from deployments.model_rank.fp8_weights import Fp8Files, Fp8Scheme, fp8_scheme
 from deployments.model_rank.layers.packing import pack_projections
 from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
@@ -106,11 +107,14 @@ def load_model(
     parallel: ParallelContext = ParallelContext(),
     pack: bool = True,
     vision: bool = False,
+    keep_fp8: bool | None = None,
 ) -> CausalLM:
     """Build the checkpoint's architecture for this TP rank and stream its weights in.
 
     `pack`: lay bf16 projections out for the CPU matmul kernel (off where another backend takes the tensors).
     `vision`: load the checkpoint's vision tower too (a CheckpointError when it has none).
+    `keep_fp8`: an fp8 checkpoint's projections stay fp8 for kernels/fp8_matmul.py (default: on CUDA only;
+    elsewhere they are dequantized into `dtype`).
     """
     directory = Path(checkpoint_dir)
     model_type, cfg, files, scheme = _read_checkpoint(directory)
@@ -121,7 +125,9 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, declared, files, config_path)
     with _building_on(torch.device(device), torch_dtype):
         model = model_cls(cfg, parallel, torch_dtype, files.names())
-    load_weights(model, Fp8Files(files, scheme, torch_dtype, frozenset()), model.checkpoint_target)
+    keep = torch.device(device).type == "cuda" if keep_fp8 is None else keep_fp8
+    kept = keep_fp8_projections(model, files, scheme, model.checkpoint_target) if keep and scheme else frozenset()
+    load_weights(model, Fp8Files(files, scheme, torch_dtype, kept), model.checkpoint_target)
     model.after_load()
     if pack and torch.device(device).type == "cpu":
         # bf16 projections with the native kernels on: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).
