@@ -45,7 +45,8 @@ class EngineSettings(Section):
     SECTION = "engine"
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="auto", description="the weights' dtype; auto: the checkpoint's"
+        default="auto",
+        description="the weights' dtype; auto: the checkpoint's (a GGUF file's quantized weights kept as blocks on CPU, else bfloat16)",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="where the ranks compute; auto: CUDA when the Ray cluster has GPUs"

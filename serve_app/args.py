@@ -25,6 +25,7 @@ from deployments.config import (
     ThinkingDefaults,
     ToolPolicy,
 )
+from deployments.gguf_files.folder import checkpoint_folder, is_gguf
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ROOT = Path(__file__).resolve().parent / "builtin"
@@ -33,8 +34,10 @@ RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 Derived = TypeVar("Derived", bound=BaseModel)
 
 
-def resolve_model_dir(model: str) -> Path:
-    """`builtin:NAME` names a checkpoint shipped inside the package; anything else is a directory path."""
+def resolve_model_dir(model: str, derive: bool = True) -> Path:
+    """`builtin:NAME` names a checkpoint shipped inside the package; a `.gguf` file (or the first of a split
+    set) is opened as its derived checkpoint folder (docs/gguf.md; `derive` False: the file itself, only
+    checked to exist); anything else is a directory path."""
     if model.startswith(BUILTIN_PREFIX):
         name = model[len(BUILTIN_PREFIX) :]
         available = sorted(p.name for p in BUILTIN_ROOT.iterdir() if p.is_dir()) if BUILTIN_ROOT.is_dir() else []
@@ -42,8 +45,10 @@ def resolve_model_dir(model: str) -> Path:
             raise ValueError(f"unknown builtin model {model!r} (available: {', '.join(available) or 'none'})")
         return BUILTIN_ROOT / name
     path = Path(model).expanduser().resolve()
+    if is_gguf(path):
+        return checkpoint_folder(path) if derive else path
     if not path.is_dir():
-        raise ValueError(f"model {model!r}: no checkpoint directory at {path}")
+        raise ValueError(f"model {model!r}: no checkpoint directory or .gguf file at {path}")
     return path
 
 
@@ -53,7 +58,7 @@ class ModelSettings(Section):
     SECTION = "model"
 
     model: Annotated[str, Flag(positional=True, metavar="MODEL")] = Field(
-        default=DEFAULT_MODEL, description="a checkpoint directory, or builtin:tiny-glm"
+        default=DEFAULT_MODEL, description="a checkpoint directory, a .gguf file, or builtin:tiny-glm"
     )
     name: str | None = Field(default=None, description="the served model id; unset: the checkpoint directory's name")
     aliases: Annotated[list[str], Flag(name="--alias", repeatable=True)] = Field(
@@ -69,7 +74,7 @@ class ModelSettings(Section):
 
     @model_validator(mode="after")
     def _model_exists(self) -> "ModelSettings":
-        resolve_model_dir(self.model)  # fail at startup, naming the path, not inside a replica
+        resolve_model_dir(self.model, derive=False)  # fail at startup, naming the path, not inside a replica
         if self.name is not None and not self.name.strip():
             raise ValueError("name must be a nonempty string")
         return self

@@ -50,6 +50,7 @@ class RankMemory:
     process_rss_bytes: int | None = None  # only for the rank running in this replica's process
     device: DeviceMemory | None = None
     mlx: MlxMemory | None = None  # only for an MLX rank
+    weights_format: str = ""  # a dtype, or a GGUF's block types and whether they are kept (docs/gguf.md)
 
 
 @dataclass

@@ -41,6 +41,8 @@ class EngineInfo:
     state_slots: int = 0
     state_slots_used: int = 0
     state_snapshots: int = 0
+    weights_format: str = ""  # a dtype, or a GGUF's block types and whether they are kept (docs/gguf.md)
+    weights_bytes: int = 0  # one model copy's weights, all ranks together
 
 
 @dataclass

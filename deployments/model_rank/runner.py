@@ -41,6 +41,7 @@ class RunnerInfo:
     vocab_size: int
     max_position_embeddings: int
     weight_bytes: int
+    weights_format: str  # a dtype, or a GGUF's block types and whether they are kept (models/__init__.py)
     kv_bytes_per_token: int  # on this rank, all layers together
     eos_token_ids: list[int]
     device_name: str
@@ -107,6 +108,7 @@ class ModelRunner:
             vocab_size=cfg.vocab_size,
             max_position_embeddings=cfg.max_position_embeddings,
             weight_bytes=self.model.weight_bytes(),
+            weights_format=self.model.weights_format,
             kv_bytes_per_token=sum(s.elements_per_token() for s in [*self.specs, *self.mtp_specs]) * itemsize,
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=name,

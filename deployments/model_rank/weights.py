@@ -16,7 +16,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from deployments.gguf_files.tensors import GgufFiles, QuantBlocks
 from deployments.model_rank.fp8_weights import fp8_scheme
+from deployments.model_rank.layers.quantized import put_blocks, takes_blocks
 from deployments.tokenizer import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -118,6 +120,11 @@ class CheckpointFiles:
         return None
 
 
+def open_files(checkpoint_dir: Path) -> "CheckpointFiles | GgufFiles":
+    """A folder's weights: its GGUF files where it links them (deployments/gguf_files), else safetensors."""
+    return GgufFiles.open(checkpoint_dir) or CheckpointFiles.open(checkpoint_dir)
+
+
 def _file_keys(path: Path) -> list[str]:
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -199,12 +206,19 @@ class _Progress:
         return out
 
 
-def load_weights(module: nn.Module, files: CheckpointFiles, target_of: Callable[[str], WeightTarget | None]) -> None:
-    """Stream every checkpoint tensor into `module`; `target_of` maps names (None = ignore the tensor)."""
+def load_weights(
+    module: nn.Module,
+    files: "CheckpointFiles | GgufFiles",
+    target_of: Callable[[str], WeightTarget | None],
+    keep_quantized: bool = False,
+) -> None:
+    """Stream every checkpoint tensor into `module`; `target_of` maps names (None = ignore the tensor).
+    `keep_quantized`: a GGUF's quantized weights go in as their blocks where the parameter takes them."""
     params = dict(module.named_parameters())
     progress = _Progress(params)
     unexpected: dict[Path, list[str]] = {}
-    for name, path, tensor in files.tensors():
+    stream = files.tensors(keep_quantized) if isinstance(files, GgufFiles) else files.tensors()
+    for name, path, tensor in stream:
         target = target_of(name)
         if target is None:
             continue
@@ -223,8 +237,16 @@ def load_weights(module: nn.Module, files: CheckpointFiles, target_of: Callable[
         raise CheckpointError(f"{files.source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
 
 
-def _apply(params: dict[str, nn.Parameter], target: WeightTarget, tensor: torch.Tensor, progress: _Progress) -> None:
+def _apply(
+    params: dict[str, nn.Parameter], target: WeightTarget, tensor: "torch.Tensor | QuantBlocks", progress: _Progress
+) -> None:
     param = params[target.param]
+    if isinstance(tensor, QuantBlocks):
+        if takes_blocks(param) and not target.fused_gate_up:
+            put_blocks(param, tensor.data, tensor.qtype, tensor.shape, target.expert_id)
+            progress.mark(target.param, target.expert_id)
+            return
+        tensor = tensor.dequantized()
     if target.fused_gate_up:
         up_name = target.param.rsplit(".", 1)[0] + ".up_proj"
         if tensor.dim() != 3 or tensor.shape[1] % 2:

@@ -33,7 +33,7 @@ def checkpoint_identity(model_dir: str) -> str:
     digest = hashlib.sha256()
     config = json.loads((folder / "config.json").read_text())
     digest.update(json.dumps(config, sort_keys=True).encode())
-    for weights in sorted(folder.glob("*.safetensors")):
+    for weights in sorted([*folder.glob("*.safetensors"), *folder.glob("*.gguf")]):
         digest.update(_file_digest(weights))
     return digest.hexdigest()[:24]
 

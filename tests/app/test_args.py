@@ -294,3 +294,27 @@ def test_serve_refuses_a_checkpoint_it_cannot_serve_before_starting_ray(
     assert err.startswith("tensorfold serve: ") and expected in err and err.count("\n") == 1
     with pytest.raises(ValueError, match="not supported|no model.safetensors"):  # `serve run` builds the same way
         build_app(AppArgs(model=str(ckpt)))
+
+
+def test_serve_refuses_a_gguf_architecture_it_does_not_serve_in_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gguf
+    import numpy as np
+    import ray
+
+    from serve_app.cli import main as cli_main
+
+    monkeypatch.setenv("TENSORFOLD_GGUF_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    was_initialized = ray.is_initialized()
+    assert cli_main(["serve", str(path)]) == 2
+    assert ray.is_initialized() == was_initialized
+    err = capsys.readouterr().err
+    assert "GGUF architecture 'gpt2' is not served (served: llama, qwen3, qwen3moe)" in err and err.count("\n") == 1

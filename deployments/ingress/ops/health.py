@@ -94,6 +94,8 @@ def health_body(settings: IngressSettings, replicas: list[ReplicaStatus], vision
     }
     if first.policy:
         body["policy"] = first.policy
+    if first.weights_format:
+        body["weights"] = {"format": first.weights_format, "bytes": first.weights_bytes}
     body["warming"] = False
     body["memory"] = _sum_memory(replicas)
     body["live"] = _live(replicas)

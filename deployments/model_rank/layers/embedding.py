@@ -6,7 +6,8 @@ from torch import nn
 
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.parallel import default_loader
-from kernels import cpu_gemm
+from deployments.model_rank.layers.quantized import compute_dtype, qtype_of
+from kernels import cpu_gemm, quant_gemm
 
 
 class VocabEmbedding(nn.Module):
@@ -16,6 +17,9 @@ class VocabEmbedding(nn.Module):
         self.weight.weight_loader = default_loader
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        qtype = qtype_of(self.weight)
+        if qtype is not None:  # a GGUF table kept as blocks: its rows dequantized as gguf-py does
+            return quant_gemm.rows(self.weight, qtype, input_ids).to(compute_dtype(self.weight))  # [T, H]
         if cpu_gemm.is_packed(self.weight):  # tied to a packed lm_head: read rows out of the pack
             return cpu_gemm.rows(self.weight, input_ids)  # [T, H]
         return F.embedding(input_ids, self.weight)  # [T, H]

@@ -15,14 +15,15 @@ from deployments.model_rank.layers.parallel import (
     default_loader,
     divide,
 )
-from kernels import cpu_gemm, dispatch, fp8_matmul
+from deployments.model_rank.layers.quantized import qtype_of
+from kernels import cpu_gemm, dispatch, fp8_matmul, quant_gemm
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T (+ bias)` whose rows are bitwise independent of the number of rows in `x`.
 
-    Weights packed at load (bf16 with the native kernels on, layers/packing.py) run on kernels/cpu_gemm's
-    fixed-order kernels; on CUDA the rest run on kernels/matmul.py's Triton kernel (unless `cuda_matmul` is
+    GGUF weights kept as blocks run on kernels/quant_gemm's fixed-order kernels (docs/gguf.md); weights
+    packed at load (bf16 with the native kernels on, layers/packing.py) run on kernels/cpu_gemm's ones; on CUDA the rest run on kernels/matmul.py's Triton kernel (unless `cuda_matmul` is
     cublas, which gives that up), and elsewhere on torch's GEMMs in zero-padded 16-row tiles
     (`kernels.matmul.matmul_torch` says why). Weights an fp8 checkpoint keeps fp8 (on CUDA, fp8_weights.py)
     run on kernels/fp8_matmul.py with their block scales.
@@ -30,7 +31,10 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-    if weight.dtype == fp8_matmul.FP8_DTYPE:
+    qtype = qtype_of(weight)
+    if qtype is not None:  # a GGUF weight kept as its blocks (layers/quantized.py)
+        out = quant_gemm.matmul(x2, weight, qtype)  # [M, N]
+    elif weight.dtype == fp8_matmul.FP8_DTYPE:
         out = fp8_matmul.fp8_matmul(x2, weight, weight.fp8_scales, weight.fp8_block_k)  # [M, N] in x's dtype
     elif cpu_gemm.is_packed(weight):
         out = cpu_gemm.matmul(x2, weight)  # [M, N]

@@ -8,7 +8,7 @@ rows back out of the pack) are packed; each tensor is packed once even when modu
 import torch
 from torch import nn
 
-from deployments.model_rank.layers.embedding import LMHead
+from deployments.model_rank.layers.embedding import LMHead, VocabEmbedding
 from deployments.model_rank.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from deployments.model_rank.layers.moe import Experts
 from kernels import cpu_gemm
@@ -45,3 +45,13 @@ def pack_projections(model: nn.Module) -> int:
         if fuse is not None:
             fuse()
     return len(packed)
+
+
+def mark_block_params(model: nn.Module) -> int:
+    """Let every projection, expert stack and vocabulary table take a GGUF file's raw blocks
+    (layers/quantized.py); returns how many parameters may."""
+    params = projection_weights(model)
+    params += [m.weight for m in model.modules() if isinstance(m, VocabEmbedding)]
+    for param in params:
+        param.takes_blocks = True
+    return len({id(p) for p in params})

@@ -49,6 +49,7 @@ class MlxRunner:
         )
         self.state_specs: list[LayerStateSpec] = torch_model.state_specs()  # hybrids: one per recurrent layer
         self.weight_bytes = torch_model.weight_bytes()
+        self.weights_format = torch_model.weights_format
         self.dtype = TORCH_TO_MX[self.config.dtype]
         mirrored = mirror_model(torch_model, self.mtp_on)  # frees the torch tensors as it copies them
         del torch_model
@@ -71,6 +72,7 @@ class MlxRunner:
             vocab_size=cfg.vocab_size,
             max_position_embeddings=cfg.max_position_embeddings,
             weight_bytes=self.weight_bytes,
+            weights_format=self.weights_format,
             kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=mx.device_info().get("device_name", mlx_device_name()),

@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 
+from deployments.gguf_files.tensors import GgufFiles
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.fp8_kept import keep_fp8_projections
 from deployments.model_rank.fp8_weights import Fp8Files, Fp8Scheme, fp8_scheme
-from deployments.model_rank.layers.packing import pack_projections
+from deployments.model_rank.layers.packing import mark_block_params, pack_projections
 from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
@@ -26,11 +27,13 @@ from deployments.model_rank.weights import (
     CONFIG_FILE,
     CheckpointFiles,
     load_weights,
+    open_files,
     read_config,
     read_generation_config,
     resolve_dtype,
 )
 from deployments.tokenizer import CheckpointError
+from kernels import quant_gemm
 
 __all__ = ["CausalLM", "ModelInfo", "SUPPORTED_MODEL_TYPES", "check_checkpoint", "load_model"]
 
@@ -70,7 +73,7 @@ def check_checkpoint(checkpoint_dir: str | Path) -> str:
     return _read_checkpoint(Path(checkpoint_dir))[0]
 
 
-def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles, Fp8Scheme | None]:
+def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles | GgufFiles, Fp8Scheme | None]:
     """The model_type, its parsed config, the weights' files and their fp8 scheme, each problem a
     CheckpointError."""
     raw, config_path = read_config(directory), directory / CONFIG_FILE
@@ -83,7 +86,7 @@ def _read_checkpoint(directory: Path) -> tuple[str, Any, CheckpointFiles, Fp8Sch
         cfg = ARCHITECTURES[model_type][0].from_hf(raw)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{config_path}: {exc}") from exc
-    return model_type, cfg, CheckpointFiles.open(directory), fp8_scheme(raw, config_path)
+    return model_type, cfg, open_files(directory), fp8_scheme(raw, config_path)
 
 
 def _with_vision(cfg: Any, vision: bool, config_path: Path) -> Any:
@@ -98,6 +101,54 @@ def _with_vision(cfg: Any, vision: bool, config_path: Path) -> Any:
         outside = f"image_token_id ({cfg.image_token_id}) is outside the vocabulary (vocab_size {cfg.vocab_size})"
         raise CheckpointError(f"{config_path}: {outside}")
     return dataclasses.replace(cfg, vision=None) if has_tower and not vision else cfg
+
+
+def _keeps_blocks(
+    files: CheckpointFiles | GgufFiles, dtype: str, device: torch.device, parallel: ParallelContext, pack: bool
+) -> bool:
+    """A GGUF's quantized weights stay blocks on one CPU rank with the native kernels, unless a float
+    `dtype` is asked for (the dequantized reference path); elsewhere they are dequantized at load."""
+    return (
+        isinstance(files, GgufFiles)
+        and dtype == "auto"
+        and device.type == "cpu"
+        and pack
+        and parallel.tp_size == 1
+        and quant_gemm.available()
+    )
+
+
+def _load_gguf(
+    model_cls: type[CausalLM],
+    cfg: Any,
+    files: GgufFiles,
+    dtype: str,
+    device: torch.device,
+    parallel: ParallelContext,
+    pack: bool,
+) -> CausalLM:
+    """A GGUF checkpoint folder's model: blocks kept where `_keeps_blocks` allows, else dequantized."""
+    keep = _keeps_blocks(files, dtype, device, parallel, pack)
+    # Blocks kept or not, a GGUF model computes in bfloat16 unless told otherwise.
+    torch_dtype = resolve_dtype("bfloat16" if dtype == "auto" else dtype, None, files, files.source)
+    with _building_on(device, torch_dtype):
+        model = model_cls(cfg, parallel, torch_dtype, files.names())
+    if keep:
+        mark_block_params(model)
+    load_weights(model, files, model.checkpoint_target, keep)
+    types = ", ".join(f"{count} {kind}" for kind, count in sorted(files.tensor_types().items()))
+    name = str(torch_dtype).removeprefix("torch.")
+    model.weights_format = f"gguf ({types}) {'kept quantized' if keep else 'dequantized to ' + name}"
+    return model
+
+
+def _weights_format(dtype: torch.dtype, scheme: Fp8Scheme | None, kept: bool) -> str:
+    """What the startup line, /health and /memory say the weights are: a dtype, or an fp8 checkpoint's."""
+    name = str(dtype).removeprefix("torch.")
+    if scheme is None:
+        return name
+    blocks = f"fp8 e4m3 ({scheme.block_n}x{scheme.block_k} blocks)"
+    return f"{blocks} kept fp8" if kept else f"{blocks} dequantized to {name}"
 
 
 def load_model(
@@ -120,14 +171,18 @@ def load_model(
     model_type, cfg, files, scheme = _read_checkpoint(directory)
     cfg = _with_vision(cfg, vision, directory / CONFIG_FILE)
     config_path, model_cls = directory / CONFIG_FILE, ARCHITECTURES[model_type][1]
-    # An fp8 checkpoint's own tensors say nothing of the model dtype: bfloat16 unless its config names one.
-    declared = cfg.dtype or ("bfloat16" if scheme is not None else None)
-    torch_dtype = resolve_dtype(dtype, declared, files, config_path)
-    with _building_on(torch.device(device), torch_dtype):
-        model = model_cls(cfg, parallel, torch_dtype, files.names())
-    keep = torch.device(device).type == "cuda" if keep_fp8 is None else keep_fp8
-    kept = keep_fp8_projections(model, files, scheme, model.checkpoint_target) if keep and scheme else frozenset()
-    load_weights(model, Fp8Files(files, scheme, torch_dtype, kept), model.checkpoint_target)
+    if isinstance(files, GgufFiles):
+        model = _load_gguf(model_cls, cfg, files, dtype, torch.device(device), parallel, pack)
+    else:
+        # An fp8 checkpoint's own tensors say nothing of the model dtype: bfloat16 unless its config names one.
+        declared = cfg.dtype or ("bfloat16" if scheme is not None else None)
+        torch_dtype = resolve_dtype(dtype, declared, files, config_path)
+        with _building_on(torch.device(device), torch_dtype):
+            model = model_cls(cfg, parallel, torch_dtype, files.names())
+        keep = torch.device(device).type == "cuda" if keep_fp8 is None else keep_fp8
+        kept = keep_fp8_projections(model, files, scheme, model.checkpoint_target) if keep and scheme else frozenset()
+        load_weights(model, Fp8Files(files, scheme, torch_dtype, kept), model.checkpoint_target)
+        model.weights_format = _weights_format(torch_dtype, scheme, bool(kept))
     model.after_load()
     if pack and torch.device(device).type == "cpu":
         # bf16 projections with the native kernels on: packed once for kernels/cpu_gemm (else torch's GEMMs keep them).

@@ -132,6 +132,7 @@ class CausalLM(nn.Module):
     model: DecoderStack
     lm_head: LMHead
     packed_weights: int = 0  # projection tensors packed for the CPU matmul kernel (set by load_model)
+    weights_format: str = ""  # what the weights are: a dtype, or a GGUF's block types (set by load_model)
 
     def stack(
         self, cfg: DecoderConfig, layers: list[DecoderLayer], model_type: str, dtype: torch.dtype, has_mtp: bool = False

@@ -93,7 +93,8 @@ class Engine:
         )
         self._build_parts()
         self.living = self._open_slide()
-        log.info("engine ready: window=%d %s", self.window, self.policy)
+        weights = f"{self.runner_info.weights_format} {self.runner_info.weight_bytes / 1e6:.1f} MB"
+        log.info("engine ready: window=%d weights=%s %s", self.window, weights, self.policy)
 
     def _allocate_pool(self) -> PoolPlan:
         """The KV pool on every rank and its block manager, as many blocks as the budget holds (after a
@@ -381,6 +382,8 @@ class Engine:
             device=runner.device,
             device_name=runner.device_name,
             model_type=runner.model_type,
+            weights_format=runner.weights_format,
+            weights_bytes=runner.weight_bytes * self.config.tensor_parallel_size,
             counters=EngineCounters(),
             prompt_cache=self.blocks.max_cached_blocks > 0,
             drafts=self.draft_method,

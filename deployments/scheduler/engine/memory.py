@@ -146,7 +146,8 @@ def check_weights_fit(weight_bytes: int, readings: list[MemoryReading]) -> None:
 
 def check_checkpoint_fits(config: EngineConfig, readings: list[MemoryReading]) -> None:
     """Refuse to start when the checkpoint's weights would not fit the ranks' devices (before any is loaded)."""
-    check_weights_fit(sum(p.stat().st_size for p in Path(config.model).glob("*.safetensors")), readings)
+    files = [*Path(config.model).glob("*.safetensors"), *Path(config.model).glob("*.gguf")]
+    check_weights_fit(sum(p.stat().st_size for p in files), readings)
 
 
 def kv_budget(config: EngineConfig, readings: list[MemoryReading]) -> int:
