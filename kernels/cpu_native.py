@@ -29,13 +29,22 @@ log = logging.getLogger(__name__)
 CPU_DIR = Path(__file__).parent / "cpu"
 HEADERS = [
     CPU_DIR / name
-    for name in ("simd.h", "simd_avx512.h", "simd_portable.h", "bf16_pack.h", "pair_pack.h", "pair_gemm.h")
+    for name in (
+        "simd.h",
+        "simd_avx512.h",
+        "simd_portable.h",
+        "bf16_pack.h",
+        "pair_pack.h",
+        "pair_gemm.h",
+        "quant_blocks.h",
+        "quant_dot.h",
+    )
 ]
-SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c")
-AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c")
+SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c", "quant_gemm.c")
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
 BASE_COMPILE_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
-AVX512_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mf16c")
+AVX512_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mf16c")
 AVX2_FLAGS = ("avx2", "fma", "f16c")
 AVX2_COMPILE_FLAGS = ("-mavx2", "-mfma", "-mf16c")
 NEON_FLAGS = ("asimd",)  # aarch64's name for NEON; SVE CPUs have it too (there is no SVE build)
@@ -97,6 +106,8 @@ SIGNATURES = {
     "tf_rank_head": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int],
     "tf_keyed_draw": [_ptr, _i64, _i64, _ptr, _int, _ptr, _ptr, _int],
     "tf_keyed_masses": [_ptr, _i64, _f32, _f64, _int, _ptr, _ptr],
+    "tf_quant_matmul": [_ptr, _i64, _i64, _ptr, _i64, _int, _ptr, _int, _int],
+    "tf_quant_dequantize": [_ptr, _i64, _int, _ptr, _i64, _ptr, _int],
 }
 GEMM_SIGNATURES = {
     "amx": ("tf_amx_gemm", [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, _int]),

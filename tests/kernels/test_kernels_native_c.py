@@ -92,3 +92,37 @@ def test_the_neon_level_builds_as_python_loads_it(monkeypatch, tmp_path: Path) -
     exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     gemm, _ = cpu_native.GEMM_SIGNATURES[level.name]
     assert {*cpu_native.SIGNATURES, gemm, "tf_bf16_pack"} <= exported
+
+
+QUANT_CHECK = Path(__file__).parent / "native" / "quant_check.c"
+QUANT_CHECKS = [
+    f"ok {check}_{qtype}"
+    for qtype in ("q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")
+    for check in ("simd_is_portable", "rows_invariant", "near_float64")
+]
+
+
+@pytest.mark.parametrize("name", ["avx2", "neon"])
+def test_the_quantized_gemm_passes_its_c_checks(name: str, tmp_path: Path) -> None:
+    """kernels/cpu/quant_gemm.c's SIMD path (AVX2, or NEON's widening multiplies) equal to its portable C."""
+    build = _build(name)
+    if build is None:
+        pytest.skip(f"no {name} build here (neon: an ARM CPU, or gcc-aarch64-linux-gnu and qemu-user)")
+    compile_head, run_head = build
+    program = tmp_path / f"quant_check_{name}"
+    sources = [str(cpu_native.CPU_DIR / "quant_gemm.c"), str(QUANT_CHECK)]
+    subprocess.run(
+        [*compile_head, f"-I{cpu_native.CPU_DIR}", "-o", str(program), *sources, "-lm"],
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
+    result = subprocess.run(
+        [*run_head, str(program)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == QUANT_CHECKS
