@@ -46,7 +46,7 @@ class EngineSettings(Section):
 
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto",
-        description="the weights' dtype; auto: the checkpoint's (a GGUF file's quantized weights kept as blocks on CPU, else bfloat16)",
+        description="the weights' dtype; auto: the checkpoint's (a GGUF file's quantized weights kept as blocks with float32 activations on CPU, else bfloat16)",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="where the ranks compute; auto: CUDA when the Ray cluster has GPUs"

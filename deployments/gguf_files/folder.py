@@ -18,8 +18,11 @@ from deployments.gguf_files.names import ARCHITECTURES
 from deployments.tokenizer import CheckpointError
 
 SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
-FOLDER_VERSION = "2"  # bump when what the folder holds changes: older folders are then derived again
+FOLDER_VERSION = "1"  # bump when what the folder holds changes: older folders are then derived again
 COMPLETE = ".complete"
+# Keys transformers' GGUF tables skip, where the family's defaults then stand in (Qwen3's head_dim 128):
+# read from the file as llama.cpp reads them.
+SKIPPED_BY_TRANSFORMERS = {"attention.key_length": "head_dim", "expert_feed_forward_length": "moe_intermediate_size"}
 
 
 def is_gguf(path: Path) -> bool:
@@ -90,15 +93,25 @@ def _derive(files: list[Path], out: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(first.parent, gguf_file=first.name)
     except Exception as exc:  # transformers raises many kinds for a malformed file
         raise CheckpointError(f"{first}: unreadable GGUF metadata ({exc})") from exc
-    end_of_turn, head_dim = _fields(first, ("tokenizer.ggml.eot_token_id", f"{architecture}.attention.key_length"))
-    if isinstance(head_dim, int):  # transformers' tables skip it and keep the family's default (Qwen3: 128)
-        config.head_dim = head_dim
+    keys = (f"{architecture}.{key}" for key in SKIPPED_BY_TRANSFORMERS)
+    end_of_turn, *values = _fields(first, ("tokenizer.ggml.eot_token_id", *keys))
+    for attribute, value in zip(SKIPPED_BY_TRANSFORMERS.values(), values):
+        if isinstance(value, int):
+            setattr(config, attribute, value)
+    # transformers looks for the output head in the first file only; in a split set it may sit in another.
+    config.tie_word_embeddings = not any("output.weight" in _tensor_names(file) for file in files)
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     end_ids = [i for i in (config.eos_token_id, end_of_turn) if isinstance(i, int)]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": sorted(set(end_ids))}))
     for file in files:
         (out / file.name).symlink_to(file)
+
+
+def _tensor_names(path: Path) -> set[str]:
+    from gguf import GGUFReader
+
+    return {tensor.name for tensor in GGUFReader(path).tensors}
 
 
 def _fields(path: Path, keys: tuple[str, ...]) -> list[object]:

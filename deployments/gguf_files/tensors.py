@@ -16,8 +16,9 @@ import torch
 
 from deployments.gguf_files.names import ARCHITECTURES, expert_names, hf_name, permuted_heads
 from deployments.tokenizer import CheckpointError
+from kernels import quant_gemm
 
-KEPT_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})  # kernels/quant_gemm.py's types
+KEPT_TYPES = frozenset(quant_gemm.QUANT_TYPES)  # the block types the CPU kernels multiply
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf")
     out = {}
     for arch, file_type in FILES:
-        checkpoint = build_random_checkpoint(arch, root / arch, seed=5, **(K_QUANT_SHAPE if arch == "qwen3" else {}))
+        shape = K_QUANT_SHAPE if arch == "qwen3" else {"mlp_only_layers": []} if arch == "qwen3_moe" else {}
+        checkpoint = build_random_checkpoint(arch, root / arch, seed=5, **shape)
         build_tokenizer(checkpoint, family="qwen")
         out[arch] = write_gguf(checkpoint, root / f"{arch}-{file_type}.gguf", file_type)[0]
     return out
@@ -47,13 +48,22 @@ def hf_gguf_model(path: Path, folder: Path) -> torch.nn.Module:
     return model.eval()
 
 
+def fused_experts(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our expert stacks under transformers' names: gate and up as one `gate_up_proj` [E, 2I, H]."""
+    out = dict(params)
+    for name in [n for n in params if n.endswith(".experts.gate_proj")]:
+        prefix = name.removesuffix("gate_proj")
+        out[prefix + "gate_up_proj"] = torch.cat([out.pop(name), out.pop(prefix + "up_proj")], dim=1)
+    return out
+
+
 @pytest.mark.parametrize(("arch", "file_type"), FILES)
 def test_the_dequantized_path_equals_transformers_gguf_loading(arch: str, file_type: str, files: dict) -> None:
     path = files[arch]
     folder = checkpoint_folder(path)
     model = load_model(folder, dtype="float32")
     reference = hf_gguf_model(path, folder)
-    ours = dict(model.named_parameters())
+    ours = fused_experts(dict(model.named_parameters()))
     theirs = {name: t for name, t in reference.state_dict().items() if name in ours}
     assert len(theirs) >= len(ours) - 1  # every weight but a tied head (transformers lists that twice)
     assert all(torch.equal(ours[name].data, tensor) for name, tensor in theirs.items())

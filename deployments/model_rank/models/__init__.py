@@ -129,8 +129,10 @@ def _load_gguf(
 ) -> CausalLM:
     """A GGUF checkpoint folder's model: blocks kept where `_keeps_blocks` allows, else dequantized."""
     keep = _keeps_blocks(files, dtype, device, parallel, pack)
-    # Blocks kept or not, a GGUF model computes in bfloat16 unless told otherwise.
-    torch_dtype = resolve_dtype("bfloat16" if dtype == "auto" else dtype, None, files, files.source)
+    # Kept blocks feed float32 activations (as llama.cpp computes between its quantized GEMMs: bfloat16's
+    # rounding on top of the blocks' moves near-tied replies); dequantized weights compute in bfloat16.
+    auto = "float32" if keep else "bfloat16"
+    torch_dtype = resolve_dtype(auto if dtype == "auto" else dtype, None, files, files.source)
     with _building_on(device, torch_dtype):
         model = model_cls(cfg, parallel, torch_dtype, files.names())
     if keep:
