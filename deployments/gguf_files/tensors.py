@@ -19,6 +19,10 @@ from deployments.tokenizer import CheckpointError
 from kernels import quant_gemm
 
 KEPT_TYPES = frozenset(quant_gemm.QUANT_TYPES)  # the block types the CPU kernels multiply
+# What gguf-py dequantizes (the reference path); a file holding any other type is refused at startup.
+READ_TYPES = KEPT_TYPES | frozenset(
+    "F32 F16 BF16 Q5_0 Q5_1 Q2_K Q3_K IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS MXFP4".split()
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ class GgufFiles:
         self.arch = str(self.readers[0][1].fields["general.architecture"].contents())
         if self.arch not in ARCHITECTURES:
             raise CheckpointError(f"{self.source}: GGUF architecture {self.arch!r} is not served")
+        unread = sorted(set(self.tensor_types()) - READ_TYPES)
+        if unread:
+            raise CheckpointError(
+                f"{self.source}: tensor type {unread[0]} is not read (read: {', '.join(sorted(READ_TYPES))})"
+            )
 
     @classmethod
     def open(cls, folder: Path) -> "GgufFiles | None":
@@ -113,11 +122,7 @@ class GgufFiles:
             rows = _unpermute(np.asarray(tensor.data), heads)
             shape = (int(tensor.shape[1]), int(tensor.shape[0]))  # GGUF lists dimensions innermost first
             return QuantBlocks(_tensor(rows), kind, shape)
-        try:
-            values = dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise CheckpointError(f"{self.source}: tensor {tensor.name!r} has type {kind}, which is not read") from exc
-        return _tensor(_unpermute(values, heads))
+        return _tensor(_unpermute(dequantize(tensor.data, tensor.tensor_type), heads))
 
 
 def _tensor(values: np.ndarray) -> torch.Tensor:

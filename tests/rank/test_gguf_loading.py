@@ -113,3 +113,44 @@ def test_kept_blocks_are_the_files_bytes_and_rows_do_not_depend_on_the_batch(fil
     batched = PagedHarness(model).step([(i, p) for i, p in enumerate(prompts)])
     alone = [PagedHarness(model).step([(0, p)])[0] for p in prompts]
     assert all(torch.equal(batched[i], alone[i]) for i in range(3))
+
+
+def test_every_type_read_is_one_gguf_py_dequantizes() -> None:
+    import gguf
+    import numpy as np
+
+    from deployments.gguf_files.tensors import READ_TYPES
+
+    for name in sorted(READ_TYPES):
+        kind = gguf.GGMLQuantizationType[name]
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        raw = {"F32": np.zeros((2, 256), np.float32), "F16": np.zeros((2, 256), np.float16)}
+        data = raw.get(name, np.zeros((2, size * 256 // block), np.uint8))
+        assert gguf.quants.dequantize(data, kind).shape == (2, 256), name
+
+
+def test_a_file_with_a_type_it_cannot_read_is_refused_before_loading_naming_the_type(
+    files: dict, tmp_path: Path
+) -> None:
+    import gguf
+    import numpy as np
+
+    from deployments.model_rank.models import check_checkpoint
+    from deployments.tokenizer import CheckpointError
+
+    folder = checkpoint_folder(files["llama"])
+    path = tmp_path / "ints.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.attn_norm.weight", np.zeros(64, dtype=np.int32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    odd = tmp_path / "folder"
+    odd.mkdir()
+    for item in folder.iterdir():
+        if item.suffix != ".gguf":
+            (odd / item.name).write_bytes(item.read_bytes())
+    (odd / path.name).symlink_to(path)
+    with pytest.raises(CheckpointError, match="tensor type I32 is not read"):
+        check_checkpoint(odd)
