@@ -19,10 +19,11 @@ import torch.nn.functional as F
 
 from deployments.messages.slide import PocketPatch, TrainJob
 from deployments.model_rank.layers.linear import invariant_linear
+from deployments.model_rank.layers.quantized import qtype_of
 from deployments.model_rank.models.base import CausalLM
 from deployments.model_rank.pocket import Pocket, PocketWeights, with_pocket
 from deployments.model_rank.pocket_rows import AnswerRows, job_rows
-from kernels import cpu_gemm
+from kernels import cpu_gemm, quant_gemm
 
 GRADIENT_TOKENS = 1024  # vocabulary rows the cross-entropy gradient is taken over: each row's likeliest, and its target
 QUIET_WEIGHT = 4.0  # a quiet row firing costs this much more than an answer row not firing
@@ -206,6 +207,9 @@ def _separating_key(mine: torch.Tensor, others: torch.Tensor, start: torch.Tenso
 
 def _head_rows(model: CausalLM, ids: torch.Tensor) -> torch.Tensor:
     weight = model.lm_head.weight
+    qtype = qtype_of(weight)
+    if qtype is not None:  # a GGUF head kept as blocks
+        return quant_gemm.rows(weight, qtype, ids)
     if cpu_gemm.is_packed(weight):
         return cpu_gemm.rows(weight, ids).float()
     return weight[ids].float()

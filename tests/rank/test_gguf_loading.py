@@ -104,11 +104,16 @@ def test_a_split_set_missing_a_file_is_refused_naming_it(files: dict, tmp_path: 
 
 
 @pytest.mark.skipif(not quant_gemm.available(), reason="the native CPU kernels are off on this machine")
-def test_kept_blocks_are_the_files_bytes_and_rows_do_not_depend_on_the_batch(files: dict) -> None:
-    model = load_model(checkpoint_folder(files["qwen3"]), dtype="auto")
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_kept_blocks_are_the_files_bytes_and_rows_do_not_depend_on_the_batch(arch: str, files: dict) -> None:
+    model = load_model(checkpoint_folder(files[arch]), dtype="auto")
     assert model.weights_format.endswith("kept quantized")
-    projection = model.model.layers[0].mlp.down_proj.weight
-    assert projection.dtype == torch.uint8 and projection.gguf_qtype in ("Q4_K", "Q6_K")
+    kept = {name: p for name, p in model.named_parameters() if getattr(p, "gguf_qtype", None)}
+    assert all(p.dtype == torch.uint8 for p in kept.values())
+    if arch == "qwen3_moe":  # each layer's expert stacks, [E, N, row bytes]
+        assert sum(p.dim() == 3 for p in kept.values()) == 3 * len(model.model.layers)
+    else:
+        assert kept["model.layers.0.mlp.down_proj.weight"].gguf_qtype in ("Q4_K", "Q6_K")
     prompts = [[(7 * i + 13 * j) % 480 + 20 for j in range(9 + 7 * i)] for i in range(3)]
     batched = PagedHarness(model).step([(i, p) for i, p in enumerate(prompts)])
     alone = [PagedHarness(model).step([(0, p)])[0] for p in prompts]
