@@ -177,19 +177,21 @@ def test_an_omitted_limit_is_capped_to_the_remaining_context(client: TestClient)
 
 def test_health_fields_in_their_documented_order(client: TestClient) -> None:
     body = client.get("/health").json()
-    assert list(body)[:10] == [
+    assert list(body)[:11] == [
         "status",
         "model",
         "model_ids",
         "max_batch_size",
         "vision",
         "policy",
+        "weights",
         "warming",
         "memory",
         "live",
         "version",
     ]
     assert body["status"] == "ok" and body["model_ids"] == ["tiny", "other"] and body["warming"] is False
+    assert body["weights"]["format"] == "float32" and body["weights"]["bytes"] > 0
     assert set(body["live"]) == {"connections", "waiting", "decode_tokens_per_second", "prefill_tokens_per_second"}
     assert body["context_length"] == WINDOW and "backend" not in body  # CPU: no GPU backend built in
     assert client.get("/").json()["model"] == "tiny"
