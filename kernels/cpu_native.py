@@ -38,6 +38,7 @@ HEADERS = [
         "pair_gemm.h",
         "quant_blocks.h",
         "quant_dot.h",
+        "quant_tile_avx512.h",
     )
 ]
 SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c", "quant_gemm.c")

@@ -11,6 +11,7 @@
 
 #include "quant_blocks.h"
 #include "quant_dot.h"
+#include "quant_tile_avx512.h"
 
 #define COLUMNS 16     // output columns per work item
 #define CHUNK_ROWS 64  // rows per work item: a column's decoded block serves all of them from L1
@@ -78,6 +79,16 @@ static void columns_dispatch(int type, int simd, const qacts *x, const uint8_t *
                     COLUMNS_CASE(Q6_K) }
 }
 
+#ifdef KTILE
+// `tile_columns` with the type a constant.
+static void tile_dispatch(int type, const qacts *x, const uint8_t *w, int64_t n, int64_t c0, int64_t r0, int64_t r1,
+                          float *out) {
+    if (type == Q4_K) tile_columns(Q4_K, x, w, n, c0, r0, r1, out);
+    if (type == Q5_K) tile_columns(Q5_K, x, w, n, c0, r0, r1, out);
+    if (type == Q6_K) tile_columns(Q6_K, x, w, n, c0, r0, r1, out);
+}
+#endif
+
 // out [M, N] float32 = x [M, K] float32 @ W^T, W [N, K / block * bytes] of `type`'s blocks (K a multiple
 // of the block). `simd` 0 runs the portable definition, 1 this build's SIMD dot products (the same bits).
 // Threads split the work in items of COLUMNS columns by CHUNK_ROWS rows.
@@ -95,6 +106,12 @@ void tf_quant_matmul(const float *xf, int64_t m, int64_t k, const uint8_t *w, in
     for (int64_t item = 0; item < work; item++) {
         const int64_t c0 = item / row_items * COLUMNS, r0 = item % row_items * CHUNK_ROWS;
         const int64_t c1 = c0 + COLUMNS < n ? c0 + COLUMNS : n, r1 = r0 + CHUNK_ROWS < m ? r0 + CHUNK_ROWS : m;
+#ifdef KTILE
+        if (simd && (type == Q4_K || type == Q5_K || type == Q6_K)) {
+            tile_dispatch(type, &x, w, n, c0, r0, r1, out);
+            continue;
+        }
+#endif
         columns_dispatch(type, simd, &x, w, n, c0, c1, r0, r1, out);
     }
     free(x.q), free(x.d), free(x.sums);
