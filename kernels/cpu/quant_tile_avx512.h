@@ -15,17 +15,19 @@
 #include "quant_blocks.h"
 
 #define KTILE 16  // columns a tile: one float32 vector of results per row
-#ifndef PREFETCH_BLOCKS
-#define PREFETCH_BLOCKS 4  // blocks ahead in each column
-#endif
+
+// One column's decoded block in registers: what its dot products with a row's activations read.
+typedef struct {
+    __m512i codes[4];
+    __m512i scales[2];       // int16 group scales matching packs(p0, p1) and packs(p2, p3)
+    __m512i offset_scales;   // Q6_K: -32 * the 16 scales, int16 (zero for the others)
+} kcol;
 
 // One block index of 16 columns, decoded. Code vector c holds 64 codes; lane l's 4 bytes are elements
 // `tile_element(type, c, 4l)` onward (Q6_K: natural order; Q4_K, Q5_K: the nibble layout, whose
 // activations `tile_acts` permutes to match).
 typedef struct {
-    __m512i codes[KTILE][4];
-    __m512i scales[KTILE][2];   // int16 group scales matching packs(p0, p1) and packs(p2, p3)
-    __m512i offset_scales[KTILE];  // Q6_K: -32 * the 16 scales, int16
+    kcol col[KTILE];
     int32_t pairs[4][KTILE];    // Q4_K, Q5_K: the mins as int16 pairs (groups 2j, 2j + 1) per column
     float d[KTILE], dmin[KTILE];
 } ktile;
@@ -52,6 +54,13 @@ static inline void tile_scale_index(int type, __m512i idx[2]) {
 
 static inline uint32_t int16_pair(int32_t lo, int32_t hi) { return (uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16; }
 
+// F16C's conversion: exact, as half_to_float.
+static inline float tile_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return _cvtsh_ss(h);
+}
+
 // Shift counts: words 0-15 (bytes 0-31) by `lo`, words 16-31 by `hi`.
 static inline __m512i halves_epi16(int lo, int hi) {
     return _mm512_inserti64x4(_mm512_set1_epi16((short)lo), _mm256_set1_epi16((short)hi), 1);
@@ -64,21 +73,21 @@ static inline __m512i high_bits(__m512i h, int lo, int hi, int mask) {
 }
 
 // Q4_K, Q5_K: the 12 bytes of 6-bit scales and mins (k_scales' packing) unpacked 4 at a time in 32-bit words.
-static inline void tile_decode_q45k(const int type, const uint8_t *src, const __m512i idx[2], ktile *t, int col) {
+static inline void tile_decode_q45k(const int type, const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t, int col) {
     uint32_t u[3];
     memcpy(u, src + 4, sizeof(u));
     const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu, mn_lo = u[1] & 0x3F3F3F3Fu;
     const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
     const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
     const __m512i sv = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32))));
-    t->scales[col][0] = _mm512_permutexvar_epi16(idx[0], sv);
-    t->scales[col][1] = _mm512_permutexvar_epi16(idx[1], sv);
+    k->scales[0] = _mm512_permutexvar_epi16(idx[0], sv);
+    k->scales[1] = _mm512_permutexvar_epi16(idx[1], sv);
     t->pairs[0][col] = (int32_t)((mn_lo & 0xFF) | (mn_lo >> 8 & 0xFF) << 16);
     t->pairs[1][col] = (int32_t)((mn_lo >> 16 & 0xFF) | (mn_lo >> 24) << 16);
     t->pairs[2][col] = (int32_t)((mn_hi & 0xFF) | (mn_hi >> 8 & 0xFF) << 16);
     t->pairs[3][col] = (int32_t)((mn_hi >> 16 & 0xFF) | (mn_hi >> 24) << 16);
-    t->d[col] = half_to_float(src);
-    t->dmin[col] = half_to_float(src + 2);
+    t->d[col] = tile_half(src);
+    t->dmin[col] = tile_half(src + 2);
     const uint8_t *qs = src + (type == Q4_K ? 16 : 48);
     const __m512i low = _mm512_set1_epi8(0x0F), z0 = _mm512_loadu_si512(qs), z1 = _mm512_loadu_si512(qs + 64);
     __m512i c[4] = {_mm512_and_si512(z0, low), _mm512_and_si512(_mm512_srli_epi16(z0, 4), low),
@@ -90,24 +99,25 @@ static inline void tile_decode_q45k(const int type, const uint8_t *src, const __
             c[v] = _mm512_or_si512(c[v], high_bits(h, j, j + 2, 1));
         }
     }
-    for (int v = 0; v < 4; v++) t->codes[col][v] = c[v];
+    for (int v = 0; v < 4; v++) k->codes[v] = c[v];
+    k->offset_scales = _mm512_setzero_si512();
 }
 
 // Q6_K: -32 * scale per group beside the scales, so a column's dot against the per-16 sums subtracts the
 // codes' offset (32 * sum of scale_g * sum_g) inside the same exact integer sum.
-static inline void tile_decode_q6k(const uint8_t *src, const __m512i idx[2], ktile *t, int col) {
+static inline void tile_decode_q6k(const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t, int col) {
     const __m512i low = _mm512_set1_epi8(0x0F), h = _mm512_loadu_si512(src + 128);
     const __m512i l0 = _mm512_loadu_si512(src), l1 = _mm512_loadu_si512(src + 64);
     const __m512i h0 = _mm512_shuffle_i64x2(h, h, 0x44), h1 = _mm512_shuffle_i64x2(h, h, 0xEE);
-    t->codes[col][0] = _mm512_or_si512(_mm512_and_si512(l0, low), high_bits(h0, 0, 2, 3));
-    t->codes[col][1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low), high_bits(h0, 4, 6, 3));
-    t->codes[col][2] = _mm512_or_si512(_mm512_and_si512(l1, low), high_bits(h1, 0, 2, 3));
-    t->codes[col][3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low), high_bits(h1, 4, 6, 3));
+    k->codes[0] = _mm512_or_si512(_mm512_and_si512(l0, low), high_bits(h0, 0, 2, 3));
+    k->codes[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low), high_bits(h0, 4, 6, 3));
+    k->codes[2] = _mm512_or_si512(_mm512_and_si512(l1, low), high_bits(h1, 0, 2, 3));
+    k->codes[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low), high_bits(h1, 4, 6, 3));
     const __m512i sv = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(src + 192))));
-    t->scales[col][0] = _mm512_permutexvar_epi16(idx[0], sv);
-    t->scales[col][1] = _mm512_permutexvar_epi16(idx[1], sv);
-    t->offset_scales[col] = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sv, 5));
-    t->d[col] = half_to_float(src + 208);
+    k->scales[0] = _mm512_permutexvar_epi16(idx[0], sv);
+    k->scales[1] = _mm512_permutexvar_epi16(idx[1], sv);
+    k->offset_scales = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sv, 5));
+    t->d[col] = tile_half(src + 208);
     t->dmin[col] = 0.0f;
 }
 
@@ -124,16 +134,16 @@ static inline void tile_acts(const int type, const int8_t *a, __m512i act[4]) {
 }
 
 // One column's 16 int32 partial sums of sum_g scale_g * (codes . acts over g).
-static inline __m512i tile_column_dot(const int type, const ktile *t, int col, const __m512i act[4], __m512i sums16) {
+static inline __m512i tile_column_dot(const int type, const kcol *k, const __m512i act[4], __m512i sums16) {
     const __m512i zero = _mm512_setzero_si512();
-    const __m512i p0 = _mm512_dpbusd_epi32(zero, t->codes[col][0], act[0]);
-    const __m512i p1 = _mm512_dpbusd_epi32(zero, t->codes[col][1], act[1]);
-    const __m512i p2 = _mm512_dpbusd_epi32(zero, t->codes[col][2], act[2]);
-    const __m512i p3 = _mm512_dpbusd_epi32(zero, t->codes[col][3], act[3]);
+    const __m512i p0 = _mm512_dpbusd_epi32(zero, k->codes[0], act[0]);
+    const __m512i p1 = _mm512_dpbusd_epi32(zero, k->codes[1], act[1]);
+    const __m512i p2 = _mm512_dpbusd_epi32(zero, k->codes[2], act[2]);
+    const __m512i p3 = _mm512_dpbusd_epi32(zero, k->codes[3], act[3]);
     // Each int32 lane is 4 products, within int16 for these types (Q6_K: 4 * 63 * 127 < 2^15).
-    const __m512i s = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(p0, p1), t->scales[col][0]);
-    const __m512i raw = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p2, p3), t->scales[col][1]);
-    return type == Q6_K ? _mm512_dpwssd_epi32(raw, t->offset_scales[col], sums16) : raw;
+    const __m512i s = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(p0, p1), k->scales[0]);
+    const __m512i raw = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(p2, p3), k->scales[1]);
+    return type == Q6_K ? _mm512_dpwssd_epi32(raw, k->offset_scales, sums16) : raw;
 }
 
 // 16 vectors' lane sums as one vector: lane c is the sum of v[c]'s lanes.
@@ -169,9 +179,34 @@ static inline __m512 tile_fold(const int type, __m512 acc, const ktile *t, float
     return _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(mins), dma));
 }
 
-// Columns [c0, c0 + 16) (those below n) x rows [r0, r1), r1 - r0 <= rows_cap, into out (row stride n).
-static inline __attribute__((always_inline)) void tile_columns(const int type, const qacts *x, const uint8_t *w, int64_t n, int64_t c0, int64_t r0,
-                                int64_t r1, float *out) {
+// A row's activation block: its 256 codes as the code vectors expect them, its per-16 sums as int16.
+typedef struct {
+    __m512i q[4], sums16;
+    const int32_t *sums;
+    float d;
+} krow;
+
+static inline void tile_row(const int type, const qacts *x, int64_t r, int64_t i, krow *a) {
+    a->sums = x->sums + r * (x->k / 16) + i * 16;
+    a->sums16 = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(_mm512_loadu_si512(a->sums)));
+    tile_acts(type, x->q + r * x->k + i * 256, a->q);
+    a->d = x->d[r * (x->k / 256) + i];
+}
+
+static inline void tile_decode(const int type, const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t, int col) {
+    for (int line = 0; line < QFORMATS[type].bytes + 64; line += 64)  // the column's next block, into L1
+        _mm_prefetch((const char *)(src + QFORMATS[type].bytes + line), _MM_HINT_T0);
+    if (type == Q6_K)
+        tile_decode_q6k(src, idx, k, t, col);
+    else
+        tile_decode_q45k(type, src, idx, k, t, col);
+}
+
+// Columns [c0, c0 + 16) (those below n) x rows [r0, r1), at most 64 rows, into out (row stride n). One row
+// takes each column's dot as it is decoded; more keep the decoded tile for every row.
+static inline __attribute__((always_inline)) void tile_columns(const int type, const qacts *x, const uint8_t *w,
+                                                               int64_t n, int64_t c0, int64_t r0, int64_t r1,
+                                                               float *out) {
     const qformat f = QFORMATS[type];
     const int64_t blocks = x->k / 256, row_bytes = blocks * f.bytes, cols = n - c0 < KTILE ? n - c0 : KTILE;
     __m512i idx[2];
@@ -180,24 +215,36 @@ static inline __attribute__((always_inline)) void tile_columns(const int type, c
     if (cols < KTILE) memset(&t, 0, sizeof(t));
     __m512 acc[64];
     for (int64_t r = r0; r < r1; r++) acc[r - r0] = _mm512_setzero_ps();
+    // The next tile's bytes (contiguous: whole rows) into L2 as one sequential stream, a share per block:
+    // the 16 interleaved column streams of this one are more than the hardware prefetcher follows.
+    const int64_t next_c = c0 + KTILE;
+    const uint8_t *next = w + next_c * row_bytes;
+    const int64_t next_bytes = (n - next_c < KTILE ? n - next_c : KTILE) * row_bytes;
+    const int64_t share = (next_bytes / 64 + blocks) / blocks * 64;
     for (int64_t i = 0; i < blocks; i++) {
-        for (int64_t c = 0; c < cols; c++) {
-            const uint8_t *src = w + (c0 + c) * row_bytes + i * f.bytes;
-            for (int line = 0; line < f.bytes + 64; line += 64)  // the hardware tracks fewer than 16 streams
-                _mm_prefetch((const char *)(src + PREFETCH_BLOCKS * f.bytes + line), _MM_HINT_T0);
-            if (type == Q6_K)
-                tile_decode_q6k(src, idx, &t, (int)c);
-            else
-                tile_decode_q45k(type, src, idx, &t, (int)c);
+        for (int64_t at = i * share; at < (i + 1) * share && at < next_bytes; at += 64)
+            _mm_prefetch((const char *)(next + at), _MM_HINT_T1);
+        const uint8_t *src = w + c0 * row_bytes + i * f.bytes;
+        __m512i dots[KTILE];
+        krow a;
+        if (r1 - r0 == 1) {
+            tile_row(type, x, r0, i, &a);
+            for (int c = 0; c < KTILE; c++) {
+                kcol k;
+                if (c < cols) tile_decode(type, src + c * row_bytes, idx, &k, &t, c);
+                else k = t.col[c];
+                dots[c] = tile_column_dot(type, &k, a.q, a.sums16);
+            }
+            const __m512i mins = type == Q6_K ? a.sums16 : tile_mins(&t, a.sums);
+            acc[0] = tile_fold(type, acc[0], &t, a.d, reduce16(dots), mins);
+            continue;
         }
+        for (int c = 0; c < cols; c++) tile_decode(type, src + c * row_bytes, idx, &t.col[c], &t, c);
         for (int64_t r = r0; r < r1; r++) {
-            __m512i act[4], dots[KTILE];
-            const int32_t *sums = x->sums + r * (x->k / 16) + i * 16;
-            const __m512i sums16 = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(_mm512_loadu_si512(sums)));
-            tile_acts(type, x->q + r * x->k + i * 256, act);
-            for (int c = 0; c < KTILE; c++) dots[c] = tile_column_dot(type, &t, c, act, sums16);
-            const __m512i mins = type == Q6_K ? sums16 : tile_mins(&t, sums);
-            acc[r - r0] = tile_fold(type, acc[r - r0], &t, x->d[r * blocks + i], reduce16(dots), mins);
+            tile_row(type, x, r, i, &a);
+            for (int c = 0; c < KTILE; c++) dots[c] = tile_column_dot(type, &t.col[c], a.q, a.sums16);
+            const __m512i mins = type == Q6_K ? a.sums16 : tile_mins(&t, a.sums);
+            acc[r - r0] = tile_fold(type, acc[r - r0], &t, a.d, reduce16(dots), mins);
         }
     }
     const __mmask16 keep = (__mmask16)((1u << cols) - 1);
