@@ -39,6 +39,7 @@ HEADERS = [
         "quant_blocks.h",
         "quant_dot.h",
         "quant_tile_avx512.h",
+        "quant_tile32_avx512.h",
     )
 ]
 SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c", "quant_gemm.c")

@@ -11,7 +11,7 @@
 
 #include "quant_blocks.h"
 #include "quant_dot.h"
-#include "quant_tile_avx512.h"
+#include "quant_tile32_avx512.h"
 
 #define COLUMNS 16     // output columns per work item
 #define CHUNK_ROWS 64  // rows per work item: a column's decoded block serves all of them from L1
@@ -80,12 +80,15 @@ static void columns_dispatch(int type, int simd, const qacts *x, const uint8_t *
 }
 
 #ifdef KTILE
-// `tile_columns` with the type a constant.
+// The AVX-512 tiles (`tile_columns`, `pair_columns`) with the type a constant.
 static void tile_dispatch(int type, const qacts *x, const uint8_t *w, int64_t n, int64_t c0, int64_t r0, int64_t r1,
                           float *out) {
     if (type == Q4_K) tile_columns(Q4_K, x, w, n, c0, r0, r1, out);
     if (type == Q5_K) tile_columns(Q5_K, x, w, n, c0, r0, r1, out);
     if (type == Q6_K) tile_columns(Q6_K, x, w, n, c0, r0, r1, out);
+    if (type == Q8_0) pair_columns(Q8_0, x, w, n, c0, r0, r1, out);
+    if (type == Q4_0) pair_columns(Q4_0, x, w, n, c0, r0, r1, out);
+    if (type == Q4_1) pair_columns(Q4_1, x, w, n, c0, r0, r1, out);
 }
 #endif
 
@@ -107,7 +110,7 @@ void tf_quant_matmul(const float *xf, int64_t m, int64_t k, const uint8_t *w, in
         const int64_t c0 = item / row_items * COLUMNS, r0 = item % row_items * CHUNK_ROWS;
         const int64_t c1 = c0 + COLUMNS < n ? c0 + COLUMNS : n, r1 = r0 + CHUNK_ROWS < m ? r0 + CHUNK_ROWS : m;
 #ifdef KTILE
-        if (simd && (type == Q4_K || type == Q5_K || type == Q6_K)) {
+        if (simd) {
             tile_dispatch(type, &x, w, n, c0, r0, r1, out);
             continue;
         }

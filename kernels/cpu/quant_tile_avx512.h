@@ -146,18 +146,26 @@ static inline __m512i tile_column_dot(const int type, const kcol *k, const __m51
     return type == Q6_K ? _mm512_dpwssd_epi32(raw, k->offset_scales, sums16) : raw;
 }
 
-// 16 vectors' lane sums as one vector: lane c is the sum of v[c]'s lanes.
-static inline __m512i reduce16(__m512i v[16]) {
+// 16 vectors' sums over each 256-bit half: lane c of `low` sums v[c]'s lanes 0-7, of `high` its lanes 8-15.
+static inline void reduce16_halves(const __m512i v[16], __m512i *low, __m512i *high) {
     __m512i t[8], u[4];
     for (int j = 0; j < 8; j++)
         t[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * j], v[2 * j + 1]),
                                 _mm512_unpackhi_epi32(v[2 * j], v[2 * j + 1]));
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < 4; j++)  // u[j]: columns 4j..4j+3 in each 128-bit lane
         u[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * j], t[2 * j + 1]),
                                 _mm512_unpackhi_epi64(t[2 * j], t[2 * j + 1]));
     const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
     const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(w01, w23, 0x88), _mm512_shuffle_i32x4(w01, w23, 0xDD));
+    *low = _mm512_shuffle_i32x4(w01, w23, 0x88);
+    *high = _mm512_shuffle_i32x4(w01, w23, 0xDD);
+}
+
+// 16 vectors' lane sums as one vector: lane c is the sum of v[c]'s lanes.
+static inline __m512i reduce16(const __m512i v[16]) {
+    __m512i low, high;
+    reduce16_halves(v, &low, &high);
+    return _mm512_add_epi32(low, high);
 }
 
 // Q4_K, Q5_K: per column, sum over groups of min_g times the activations' sum over g (s: per-16 sums).
