@@ -72,6 +72,32 @@ static inline __m512i high_bits(__m512i h, int lo, int hi, int mask) {
     return _mm512_slli_epi16(bits, 4);
 }
 
+// Q4_K, Q5_K's codes in the nibble layout (`tile_element`).
+static inline void q45k_codes(const int type, const uint8_t *src, __m512i c[4]) {
+    const uint8_t *qs = src + (type == Q4_K ? 16 : 48);
+    const __m512i low = _mm512_set1_epi8(0x0F), z0 = _mm512_loadu_si512(qs), z1 = _mm512_loadu_si512(qs + 64);
+    c[0] = _mm512_and_si512(z0, low), c[1] = _mm512_and_si512(_mm512_srli_epi16(z0, 4), low);
+    c[2] = _mm512_and_si512(z1, low), c[3] = _mm512_and_si512(_mm512_srli_epi16(z1, 4), low);
+    if (type == Q5_K) {  // element 32j + l's fifth bit is bit j of qh[l]; vector c's halves hold j and j + 2
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(src + 16)));
+        for (int v = 0; v < 4; v++) {
+            const int j = 4 * (v / 2) + v % 2;
+            c[v] = _mm512_or_si512(c[v], high_bits(h, j, j + 2, 1));
+        }
+    }
+}
+
+// Q6_K's codes in element order.
+static inline void q6k_codes(const uint8_t *src, __m512i c[4]) {
+    const __m512i low = _mm512_set1_epi8(0x0F), h = _mm512_loadu_si512(src + 128);
+    const __m512i l0 = _mm512_loadu_si512(src), l1 = _mm512_loadu_si512(src + 64);
+    const __m512i h0 = _mm512_shuffle_i64x2(h, h, 0x44), h1 = _mm512_shuffle_i64x2(h, h, 0xEE);
+    c[0] = _mm512_or_si512(_mm512_and_si512(l0, low), high_bits(h0, 0, 2, 3));
+    c[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low), high_bits(h0, 4, 6, 3));
+    c[2] = _mm512_or_si512(_mm512_and_si512(l1, low), high_bits(h1, 0, 2, 3));
+    c[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low), high_bits(h1, 4, 6, 3));
+}
+
 // Q4_K, Q5_K: the 12 bytes of 6-bit scales and mins (k_scales' packing) unpacked 4 at a time in 32-bit words.
 static inline void tile_decode_q45k(const int type, const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t, int col) {
     uint32_t u[3];
@@ -88,31 +114,14 @@ static inline void tile_decode_q45k(const int type, const uint8_t *src, const __
     t->pairs[3][col] = (int32_t)((mn_hi >> 16 & 0xFF) | (mn_hi >> 24) << 16);
     t->d[col] = tile_half(src);
     t->dmin[col] = tile_half(src + 2);
-    const uint8_t *qs = src + (type == Q4_K ? 16 : 48);
-    const __m512i low = _mm512_set1_epi8(0x0F), z0 = _mm512_loadu_si512(qs), z1 = _mm512_loadu_si512(qs + 64);
-    __m512i c[4] = {_mm512_and_si512(z0, low), _mm512_and_si512(_mm512_srli_epi16(z0, 4), low),
-                    _mm512_and_si512(z1, low), _mm512_and_si512(_mm512_srli_epi16(z1, 4), low)};
-    if (type == Q5_K) {  // element 32j + l's fifth bit is bit j of qh[l]; vector c's halves hold j and j + 2
-        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(src + 16)));
-        for (int v = 0; v < 4; v++) {
-            const int j = 4 * (v / 2) + v % 2;
-            c[v] = _mm512_or_si512(c[v], high_bits(h, j, j + 2, 1));
-        }
-    }
-    for (int v = 0; v < 4; v++) k->codes[v] = c[v];
+    q45k_codes(type, src, k->codes);
     k->offset_scales = _mm512_setzero_si512();
 }
 
 // Q6_K: -32 * scale per group beside the scales, so a column's dot against the per-16 sums subtracts the
 // codes' offset (32 * sum of scale_g * sum_g) inside the same exact integer sum.
 static inline void tile_decode_q6k(const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t, int col) {
-    const __m512i low = _mm512_set1_epi8(0x0F), h = _mm512_loadu_si512(src + 128);
-    const __m512i l0 = _mm512_loadu_si512(src), l1 = _mm512_loadu_si512(src + 64);
-    const __m512i h0 = _mm512_shuffle_i64x2(h, h, 0x44), h1 = _mm512_shuffle_i64x2(h, h, 0xEE);
-    k->codes[0] = _mm512_or_si512(_mm512_and_si512(l0, low), high_bits(h0, 0, 2, 3));
-    k->codes[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low), high_bits(h0, 4, 6, 3));
-    k->codes[2] = _mm512_or_si512(_mm512_and_si512(l1, low), high_bits(h1, 0, 2, 3));
-    k->codes[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low), high_bits(h1, 4, 6, 3));
+    q6k_codes(src, k->codes);
     const __m512i sv = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(src + 192))));
     k->scales[0] = _mm512_permutexvar_epi16(idx[0], sv);
     k->scales[1] = _mm512_permutexvar_epi16(idx[1], sv);
