@@ -165,3 +165,30 @@ def test_bad_inputs_raise_value_errors_naming_the_problem() -> None:
 def test_the_types_are_gguf_py_block_layouts() -> None:
     for name, qt in quant_gemm.QUANT_TYPES.items():
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == (qt.block_elems, qt.block_bytes)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_an_odd_block_count_and_a_partial_column_tile_give_the_portable_bits(qtype: str) -> None:
+    """The SIMD tiles' edges: K of 3 blocks (the 32-weight types pair blocks) and N = 16 + 3 columns."""
+    k = 3 * quant_gemm.QUANT_TYPES[qtype].block_elems
+    weight = torch.from_numpy(quantized_weight(qtype, n=19, k=k, seed=7))
+    for m in (1, 5):
+        x = _x(m, k=k, seed=8 + m)
+        assert torch.equal(quant_gemm.matmul(x, weight, qtype), quant_gemm._matmul(x, weight, qtype, simd=False))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_row_alone_equals_the_row_in_a_batch_split_over_two_threads(qtype: str) -> None:
+    """A weight large enough (> 128 KiB) that a call on 2 threads does split its columns."""
+    weight = torch.from_numpy(quantized_weight(qtype, n=160, k=1024, seed=9))
+    x = _x(3, k=1024, seed=10)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([quant_gemm.matmul(x[i : i + 1], weight, qtype) for i in range(3)])
+        torch.set_num_threads(2)
+        assert torch.equal(quant_gemm.matmul(x, weight, qtype), alone)
+        assert torch.equal(quant_gemm.matmul(x[1:2], weight, qtype), alone[1:2])
+        assert torch.equal(quant_gemm._matmul(x, weight, qtype, simd=False), alone)
+    finally:
+        torch.set_num_threads(previous)
