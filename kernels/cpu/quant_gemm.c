@@ -6,6 +6,8 @@
 // order an exact integer dot product (quant_dot.h) folded into acc by `fold`'s float32 ops; rows of x never
 // meet, so a row's bits depend on that row alone, not on M, the thread count or the split of N, and every
 // level's SIMD gives the portable build's bits (the integer parts are exact, `fold` is shared C).
+// On AVX-512 VNNI the work runs as 16-column tiles (quant_tile_avx512.h, quant_tile32_avx512.h) that fold
+// the 16 columns on vector lanes, each lane the same ops as `fold`.
 #include <stdint.h>
 #include <stdlib.h>
 

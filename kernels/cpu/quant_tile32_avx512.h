@@ -1,6 +1,6 @@
 // The AVX-512 VNNI path of the quantized GEMM for the 32-weight types (Q8_0, Q4_0, Q4_1): 16 output columns
 // at a time, two blocks of each column in one vector of codes, and the fold (quant_gemm.c's `fold`,
-// docs/engine.md "Quantized weights") run on the 16 columns' lanes, block after block in K order.
+// docs/gguf.md "Quantized weights stay quantized") run on the 16 columns' lanes, block after block in K order.
 //
 // The codes are unsigned (Q8_0: its int8 plus 128), so each block's exact dot over signed values is
 // VPDPBUSD's sum less offset * (the activations' block sum), an exact integer as in `fold`.

@@ -1,6 +1,6 @@
 // The AVX-512 VNNI path of the quantized GEMM for the 256-weight K types (Q4_K, Q5_K, Q6_K): 16 output
 // columns at a time, each column's block decoded once into vectors and reused by every row, and the fold
-// (quant_gemm.c's `fold`, docs/engine.md "Quantized weights") run on the 16 columns' lanes at once.
+// (quant_gemm.c's `fold`; docs/gguf.md, "Quantized weights stay quantized") run on the 16 columns' lanes at once.
 //
 // A lane runs its column's ops in the scalar order, so the bits equal the portable C's: the integer parts
 // (VPDPBUSD's u8 x s8 products, VPDPWSSD's int16 group scales, the activation sums' offsets) are exact, and
