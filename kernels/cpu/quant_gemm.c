@@ -6,14 +6,16 @@
 // order an exact integer dot product (quant_dot.h) folded into acc by `fold`'s float32 ops; rows of x never
 // meet, so a row's bits depend on that row alone, not on M, the thread count or the split of N, and every
 // level's SIMD gives the portable build's bits (the integer parts are exact, `fold` is shared C).
-// On AVX-512 VNNI the work runs as 16-column tiles (quant_tile_avx512.h, quant_tile32_avx512.h) that fold
-// the 16 columns on vector lanes, each lane the same ops as `fold`.
+// On AVX-512 VNNI the work runs as 16-column tiles (quant_tile_avx512.h, quant_tile32_avx512.h), on AVX2
+// the K types as 8-column ones (quant_tile_avx2.h): they fold the columns on vector lanes, each lane the
+// same ops as `fold`.
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "quant_blocks.h"
 #include "quant_dot.h"
 #include "quant_tile32_avx512.h"
+#include "quant_tile_avx2.h"
 
 #define COLUMNS 16     // output columns per work item
 #define CHUNK_ROWS 64  // rows per work item: a column's decoded block serves all of them from L1
@@ -82,16 +84,24 @@ static void columns_dispatch(int type, int simd, const qacts *x, const uint8_t *
                     COLUMNS_CASE(Q6_K) }
 }
 
+#if defined(KTILE) || defined(QTILE_K)
 #ifdef KTILE
-// The AVX-512 tiles (`tile_columns`, `pair_columns`) with the type a constant.
+#define TILED(type) 1  // AVX-512: every type
+#else
+#define TILED(type) (QFORMATS[type].block == 256)  // AVX2: the K types
+#endif
+
+// The SIMD tiles (`tile_columns`, `pair_columns`) with the type a constant.
 static void tile_dispatch(int type, const qacts *x, const uint8_t *w, int64_t n, int64_t c0, int64_t r0, int64_t r1,
                           float *out) {
     if (type == Q4_K) tile_columns(Q4_K, x, w, n, c0, r0, r1, out);
     if (type == Q5_K) tile_columns(Q5_K, x, w, n, c0, r0, r1, out);
     if (type == Q6_K) tile_columns(Q6_K, x, w, n, c0, r0, r1, out);
+#ifdef KTILE
     if (type == Q8_0) pair_columns(Q8_0, x, w, n, c0, r0, r1, out);
     if (type == Q4_0) pair_columns(Q4_0, x, w, n, c0, r0, r1, out);
     if (type == Q4_1) pair_columns(Q4_1, x, w, n, c0, r0, r1, out);
+#endif
 }
 #endif
 
@@ -101,8 +111,8 @@ static void run_item(int type, int simd, const qacts *x, const uint8_t *w, int64
     const int64_t row_items = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
     const int64_t c0 = item / row_items * COLUMNS, r0 = item % row_items * CHUNK_ROWS;
     const int64_t c1 = c0 + COLUMNS < n ? c0 + COLUMNS : n, r1 = r0 + CHUNK_ROWS < m ? r0 + CHUNK_ROWS : m;
-#ifdef KTILE
-    if (simd) {
+#if defined(KTILE) || defined(QTILE_K)
+    if (simd && TILED(type)) {
         tile_dispatch(type, x, w, n, c0, r0, r1, out);
         return;
     }
