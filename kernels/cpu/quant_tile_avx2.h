@@ -36,6 +36,8 @@ static inline float ytile_half(const uint8_t *p) {
 }
 
 static inline void ytile_decode(const int type, const uint8_t *src, ycol *k, ytile *t, int col) {
+    for (int line = 0; line < QFORMATS[type].bytes + 64; line += 64)  // the column's next block, into L1
+        _mm_prefetch((const char *)(src + QFORMATS[type].bytes + line), _MM_HINT_T0);
     const __m256i low = _mm256_set1_epi8(0x0F);
     if (type == Q6_K) {  // elements 128h + 32v + l: ql[64h + l (+32)], nibble v / 2, top bits 2v of qh[32h + l]
         for (int h = 0; h < 2; h++) {
@@ -115,6 +117,13 @@ static inline __m256 ytile_fold(const int type, __m256 acc, const ytile *t, floa
     return _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(mins), dma));
 }
 
+// A block's 16 activation sums as int16 in order.
+static inline __m256i ysums16(const int32_t *s) {
+    const __m256i packed = _mm256_packs_epi32(_mm256_loadu_si256((const __m256i *)s),
+                                              _mm256_loadu_si256((const __m256i *)(s + 8)));
+    return _mm256_permute4x64_epi64(packed, 0xD8);  // packs leaves sums 0-3, 8-11, 4-7, 12-15
+}
+
 // Columns [c0, c0 + 8) (those below n) x rows [r0, r1), at most 64 rows, into out (row stride n).
 static inline __attribute__((always_inline)) void ytile_columns(const int type, const qacts *x, const uint8_t *w,
                                                                 int64_t n, int64_t c0, int64_t r0, int64_t r1,
@@ -125,21 +134,31 @@ static inline __attribute__((always_inline)) void ytile_columns(const int type, 
     if (cols < YTILE) memset(&t, 0, sizeof(t));
     __m256 acc[64];
     for (int64_t r = r0; r < r1; r++) acc[r - r0] = _mm256_setzero_ps();
+    // The next tile's bytes (whole rows, contiguous) into L2 as one stream, a share per block.
+    const int64_t next_c = c0 + YTILE, next_bytes = (n - next_c < YTILE ? n - next_c : YTILE) * row_bytes;
+    const int64_t share = (next_bytes / 64 + blocks) / blocks * 64;
     for (int64_t i = 0; i < blocks; i++) {
+        for (int64_t at = i * share; at < (i + 1) * share && at < next_bytes; at += 64)
+            _mm_prefetch((const char *)(w + next_c * row_bytes + at), _MM_HINT_T1);
         const uint8_t *src = w + c0 * row_bytes + i * f.bytes;
-        for (int64_t c = 0; c < cols; c++) {
-            for (int line = 0; line < f.bytes + 64; line += 64)  // the column's next block, into L1
-                _mm_prefetch((const char *)(src + c * row_bytes + f.bytes + line), _MM_HINT_T0);
-            ytile_decode(type, src + c * row_bytes, &t.col[c], &t, (int)c);
+        __m256i dots[YTILE];
+        if (r1 - r0 == 1) {  // one row: each column's dot as it is decoded, the codes kept in registers
+            const int32_t *s = x->sums + r0 * (x->k / 16) + i * 16;
+            const __m256i sums16 = ysums16(s);
+            for (int c = 0; c < YTILE; c++) {
+                ycol k;
+                if (c < cols) ytile_decode(type, src + c * row_bytes, &k, &t, c);
+                else k = t.col[c];
+                dots[c] = ytile_dot(type, &k, x->q + r0 * x->k + i * 256, sums16);
+            }
+            acc[0] = ytile_fold(type, acc[0], &t, x->d[r0 * blocks + i], reduce8(dots), s);
+            continue;
         }
+        for (int64_t c = 0; c < cols; c++) ytile_decode(type, src + c * row_bytes, &t.col[c], &t, (int)c);
         for (int64_t r = r0; r < r1; r++) {
             const int32_t *s = x->sums + r * (x->k / 16) + i * 16;
-            const __m256i sums16 = _mm256_packs_epi32(_mm256_loadu_si256((const __m256i *)s),
-                                                      _mm256_loadu_si256((const __m256i *)(s + 8)));
-            // packs interleaves 128-bit halves: sums 0-3, 8-11, 4-7, 12-15; put them back in order.
-            const __m256i ordered = _mm256_permute4x64_epi64(sums16, 0xD8);
-            __m256i dots[YTILE];
-            for (int c = 0; c < YTILE; c++) dots[c] = ytile_dot(type, &t.col[c], x->q + r * x->k + i * 256, ordered);
+            const __m256i sums16 = ysums16(s);
+            for (int c = 0; c < YTILE; c++) dots[c] = ytile_dot(type, &t.col[c], x->q + r * x->k + i * 256, sums16);
             acc[r - r0] = ytile_fold(type, acc[r - r0], &t, x->d[r * blocks + i], reduce8(dots), s);
         }
     }
