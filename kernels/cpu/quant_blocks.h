@@ -10,6 +10,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5 };
 
@@ -90,10 +93,16 @@ static inline __attribute__((always_inline)) void decode_block(const int type, c
     } else if (type == Q4_0 || type == Q4_1) {
         const uint8_t *qs = src + (type == Q4_0 ? 2 : 4);
         if (type == Q4_1) b->dmin = half_to_float(src + 2);
+#if defined(__AVX2__)  // one 32-byte store, so the dot product's 32-byte load of the codes is forwarded from it
+        const __m128i v = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0x0F);
+        _mm256_store_si256((__m256i *)b->q,
+                           _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low)));
+#else
         for (int l = 0; l < 16; l++) {
             b->q[l] = qs[l] & 0x0F;
             b->q[l + 16] = qs[l] >> 4;
         }
+#endif
     } else {  // Q4_K, Q5_K: d, dmin, 12 bytes of scales, (Q5_K: 32 bytes of fifth bits), 128 bytes of nibbles
         b->dmin = half_to_float(src + 2);
         k_scales(src + 4, b);
