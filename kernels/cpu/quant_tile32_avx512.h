@@ -19,10 +19,12 @@ typedef struct {
 
 // Codes of one block at src: Q8_0's 32 bytes, or the 4-bit types' 16 bytes of two nibbles.
 static inline __m256i block32_codes(const int type, const uint8_t *src) {
-    if (type == Q8_0) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + 2)), _mm256_set1_epi8((char)0x80));
+    if (type == Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + 2)), _mm256_set1_epi8((char)0x80));
     const __m128i qs = _mm_loadu_si128((const __m128i *)(src + (type == Q4_0 ? 2 : 4)));
     const __m256i both = _mm256_broadcastsi128_si256(qs);  // low nibbles are elements 0-15, high ones 16-31
-    const __m256i shifted = _mm256_srlv_epi16(both, _mm256_setr_epi64x(0, 0, 0x0004000400040004ll, 0x0004000400040004ll));
+    const __m256i by4 = _mm256_setr_epi64x(0, 0, 0x0004000400040004ll, 0x0004000400040004ll);  // high half
+    const __m256i shifted = _mm256_srlv_epi16(both, by4);
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
@@ -45,7 +47,8 @@ static inline __m512 pair_fold(const int type, __m512 acc, const ptile *t, int h
     const __m512 av = _mm512_set1_ps(a), da = _mm512_mul_ps(_mm512_load_ps(t->d[h]), av);
     if (type == Q4_1) {
         acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(raw), da));
-        return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps((float)sum), _mm512_mul_ps(_mm512_load_ps(t->m[h]), av)));
+        const __m512 ma = _mm512_mul_ps(_mm512_load_ps(t->m[h]), av);
+        return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps((float)sum), ma));
     }
     const __m512i shifted = _mm512_sub_epi32(raw, _mm512_set1_epi32(QFORMATS[type].offset * sum));
     return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(shifted), da));

@@ -65,7 +65,8 @@ static inline void ytile_decode(const int type, const uint8_t *src, ycol *k, yti
     wblock b;
     k_scales(src + 4, &b);
     for (int g = 0; g < 8; g++) k->scales[g] = _mm256_set1_epi16((short)b.scales[g]);
-    for (int j = 0; j < 4; j++) t->pairs[j][col] = (int32_t)((uint32_t)b.mins[2 * j] | (uint32_t)b.mins[2 * j + 1] << 16);
+    for (int j = 0; j < 4; j++)
+        t->pairs[j][col] = (int32_t)((uint32_t)b.mins[2 * j] | (uint32_t)b.mins[2 * j + 1] << 16);
     t->d[col] = ytile_half(src);
     t->dmin[col] = ytile_half(src + 2);
     const uint8_t *qs = src + (type == Q4_K ? 16 : 48);

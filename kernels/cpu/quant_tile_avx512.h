@@ -52,7 +52,10 @@ static inline void tile_scale_index(int type, __m512i idx[2]) {
     idx[1] = _mm512_loadu_si512(at[1]);
 }
 
-static inline uint32_t int16_pair(int32_t lo, int32_t hi) { return (uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16; }
+// lo and hi as the low and high int16 of one int32 lane (VPDPWSSD's pair).
+static inline uint32_t int16_pair(int32_t lo, int32_t hi) {
+    return (uint16_t)(int16_t)lo | (uint32_t)(uint16_t)(int16_t)hi << 16;
+}
 
 // F16C's conversion: exact, as half_to_float.
 static inline float tile_half(const uint8_t *p) {
@@ -99,13 +102,15 @@ static inline void q6k_codes(const uint8_t *src, __m512i c[4]) {
 }
 
 // Q4_K, Q5_K: the 12 bytes of 6-bit scales and mins (k_scales' packing) unpacked 4 at a time in 32-bit words.
-static inline void tile_decode_q45k(const int type, const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t, int col) {
+static inline void tile_decode_q45k(const int type, const uint8_t *src, const __m512i idx[2], kcol *k, ktile *t,
+                                    int col) {
     uint32_t u[3];
     memcpy(u, src + 4, sizeof(u));
     const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu, mn_lo = u[1] & 0x3F3F3F3Fu;
     const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 6) & 0x03030303u) << 4;
     const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-    const __m512i sv = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32))));
+    const __m128i bytes = _mm_cvtsi64_si128((long long)(sc_lo | (uint64_t)sc_hi << 32));
+    const __m512i sv = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(bytes));
     k->scales[0] = _mm512_permutexvar_epi16(idx[0], sv);
     k->scales[1] = _mm512_permutexvar_epi16(idx[1], sv);
     t->pairs[0][col] = (int32_t)((mn_lo & 0xFF) | (mn_lo >> 8 & 0xFF) << 16);
@@ -164,8 +169,10 @@ static inline void reduce16_halves(const __m512i v[16], __m512i *low, __m512i *h
     for (int j = 0; j < 4; j++)  // u[j]: columns 4j..4j+3 in each 128-bit lane
         u[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * j], t[2 * j + 1]),
                                 _mm512_unpackhi_epi64(t[2 * j], t[2 * j + 1]));
-    const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
-    const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xDD));
+    const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88),
+                                         _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
+    const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x88),
+                                         _mm512_shuffle_i32x4(u[2], u[3], 0xDD));
     *low = _mm512_shuffle_i32x4(w01, w23, 0x88);
     *high = _mm512_shuffle_i32x4(w01, w23, 0xDD);
 }
