@@ -192,3 +192,27 @@ def test_a_row_alone_equals_the_row_in_a_batch_split_over_two_threads(qtype: str
         assert torch.equal(quant_gemm._matmul(x, weight, qtype, simd=False), alone)
     finally:
         torch.set_num_threads(previous)
+
+
+def test_activation_ties_round_to_even_on_every_level(monkeypatch) -> None:
+    """Each block's max of 127 makes the scale 1, so x * (1 / d) lands on .5 exactly: every level's
+    quantization (lrintf, or AVX-512's VCVTPS2DQ) gives numpy's rint, checked through the Q8_0 fold."""
+    k = 64
+    x = torch.arange(k, dtype=torch.float32).reshape(1, k) % 9 - 4.5  # -4.5 .. 3.5, ties only
+    x[0, ::32] = 127.0
+    weight = quantized_weight("Q8_0", n=3, k=k, seed=11)
+    codes, scale = quantized_activations(x.numpy(), 32)
+    blocks = weight.reshape(3, -1, 34)
+    d_w = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q_w = blocks[..., 2:].copy().view(np.int8).astype(np.int64)
+    expected = np.zeros(3, dtype=np.float32)
+    for n in range(3):
+        for b in range(2):
+            dot = np.float32(int(q_w[n, b] @ codes[0, 32 * b : 32 * b + 32].astype(np.int64)))
+            expected[n] = np.float32(
+                expected[n] + np.float32(dot * np.float32(d_w[n, b] * np.float32(scale[0, 32 * b])))
+            )
+    for level in cpu_native.supported_levels():
+        monkeypatch.setenv("TENSORFOLD_KERNELS", level.name)
+        got = quant_gemm.matmul(x, torch.from_numpy(weight), "Q8_0").numpy()[0]
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), level.name
