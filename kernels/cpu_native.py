@@ -38,6 +38,9 @@ HEADERS = [
         "pair_gemm.h",
         "quant_blocks.h",
         "quant_dot.h",
+        "quant_tile_avx512.h",
+        "quant_tile32_avx512.h",
+        "quant_tile_avx2.h",
     )
 ]
 SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c", "quant_gemm.c")

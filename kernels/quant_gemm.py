@@ -129,3 +129,57 @@ def _dequantize_rows(weight: torch.Tensor, qt: QuantType, k: int, ids: torch.Ten
             weight.data_ptr(), k, _CODES[qt.name], id_ptr, count, out.data_ptr(), cpu_native.threads()
         )
     return out
+
+
+def _bench_weight(qtype: str, n: int, k: int, seed: int) -> torch.Tensor:
+    """Random blocks of `qtype` with small float16 scales (codes are any bytes; timing needs no meaning)."""
+    qt = QUANT_TYPES[qtype]
+    blocks = torch.randint(
+        0,
+        256,
+        (n * k // qt.block_elems, qt.block_bytes),
+        dtype=torch.uint8,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    scales = torch.full((blocks.shape[0], 1), 1e-3, dtype=torch.float16).view(torch.uint8)
+    for at in (208,) if qtype == "Q6_K" else (0, 2) if qt.block_elems == 256 or qtype == "Q4_1" else (0,):
+        blocks[:, at : at + 2] = scales
+    return blocks.reshape(n, -1)
+
+
+def _time(call, weights: list) -> float:
+    """Seconds per call, the minimum over 5 passes over `weights`."""
+    import time
+
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for w in weights:
+            call(w)
+        best = min(best, (time.perf_counter() - start) / len(weights))
+    return best
+
+
+def _bench(n: int = 2048, k: int = 2048, cold_bytes: int = 96 << 20) -> None:
+    """ms per call at M = 1 and 16, weights cycled through `cold_bytes` so they come from memory; the packed
+    bfloat16 GEMM (kernels/cpu_gemm.py) on the same shape for scale."""
+    from kernels import cpu_gemm
+
+    print(f"level {cpu_native.level_name()}, threads {cpu_native.threads()}, N=K={n}")
+    for m in (1, 16):
+        x = torch.randn(m, k)
+        dense = [torch.randn(n, k).to(torch.bfloat16) for _ in range(max(1, cold_bytes // (2 * n * k)))]
+        for w in dense:
+            cpu_gemm.pack_(w)
+        xb = x.to(torch.bfloat16)
+        best = _time(lambda w: cpu_gemm.matmul(xb, w), dense)
+        print(f"M={m:2d} bf16: {best * 1e3:.3f} ms, {2 * n * k / best / 1e9:.1f} GB/s")
+        for qtype, qt in QUANT_TYPES.items():
+            size = n * k // qt.block_elems * qt.block_bytes
+            weights = [_bench_weight(qtype, n, k, s) for s in range(max(1, cold_bytes // size))]
+            best = _time(lambda w, qtype=qtype: matmul(x, w, qtype), weights)
+            print(f"M={m:2d} {qtype}: {best * 1e3:.3f} ms, {size / best / 1e9:.1f} GB/s of blocks")
+
+
+if __name__ == "__main__":
+    _bench()

@@ -10,6 +10,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5 };
 
@@ -90,10 +93,16 @@ static inline __attribute__((always_inline)) void decode_block(const int type, c
     } else if (type == Q4_0 || type == Q4_1) {
         const uint8_t *qs = src + (type == Q4_0 ? 2 : 4);
         if (type == Q4_1) b->dmin = half_to_float(src + 2);
+#if defined(__AVX2__)  // one 32-byte store, so the dot product's 32-byte load of the codes is forwarded from it
+        const __m128i v = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0x0F);
+        _mm256_store_si256((__m256i *)b->q,
+                           _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low)));
+#else
         for (int l = 0; l < 16; l++) {
             b->q[l] = qs[l] & 0x0F;
             b->q[l + 16] = qs[l] >> 4;
         }
+#endif
     } else {  // Q4_K, Q5_K: d, dmin, 12 bytes of scales, (Q5_K: 32 bytes of fifth bits), 128 bytes of nibbles
         b->dmin = half_to_float(src + 2);
         k_scales(src + 4, b);
@@ -127,7 +136,31 @@ typedef struct {
     int block;
 } qacts;
 
+#if defined(__AVX512F__)
+// quantize_row on 16 lanes: the same max (MAXPS keeps amax over a NaN as fmaxf does), the same products
+// rounded by the same rule (VCVTPS2DQ and lrintf both round to nearest even), the same low 8 bits.
+static void quantize_row_avx512(const float *x, int64_t k, int block, int8_t *q, float *d, int32_t *sums) {
+    for (int64_t b0 = 0; b0 < k; b0 += block) {
+        __m512 amax = _mm512_setzero_ps();
+        for (int i = 0; i < block; i += 16) amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + b0 + i)), amax);
+        const float scale = _mm512_reduce_max_ps(amax) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        d[b0 / block] = scale;
+        for (int i = 0; i < block; i += 16) {
+            const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + b0 + i), _mm512_set1_ps(inverse));
+            const __m512i codes = _mm512_cvtps_epi32(scaled);
+            const __m512i bytes = _mm512_srai_epi32(_mm512_slli_epi32(codes, 24), 24);  // as int8_t, sign-extended
+            _mm_storeu_si128((__m128i *)(q + b0 + i), _mm512_cvtepi32_epi8(codes));
+            sums[(b0 + i) / 16] = _mm512_reduce_add_epi32(bytes);
+        }
+    }
+}
+#endif
+
 static void quantize_row(const float *x, int64_t k, int block, int8_t *q, float *d, int32_t *sums) {
+#if defined(__AVX512F__)
+    quantize_row_avx512(x, k, block, q, d, sums);
+    return;
+#endif
     for (int64_t b0 = 0; b0 < k; b0 += block) {
         float amax = 0.0f;
         for (int i = 0; i < block; i++) amax = fmaxf(amax, fabsf(x[b0 + i]));

@@ -6,14 +6,20 @@
 // order an exact integer dot product (quant_dot.h) folded into acc by `fold`'s float32 ops; rows of x never
 // meet, so a row's bits depend on that row alone, not on M, the thread count or the split of N, and every
 // level's SIMD gives the portable build's bits (the integer parts are exact, `fold` is shared C).
+// On AVX-512 VNNI the work runs as 16-column tiles (quant_tile_avx512.h, quant_tile32_avx512.h), on AVX2
+// the K types as 8-column ones (quant_tile_avx2.h): they fold the columns on vector lanes, each lane the
+// same ops as `fold`.
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "quant_blocks.h"
 #include "quant_dot.h"
+#include "quant_tile32_avx512.h"
+#include "quant_tile_avx2.h"
 
 #define COLUMNS 16     // output columns per work item
 #define CHUNK_ROWS 64  // rows per work item: a column's decoded block serves all of them from L1
+#define THREAD_BYTES (64 << 10)  // weight bytes times rows a thread at least
 
 // Block b of one row folded into acc. s = the activation block's per-16 sums. With a = the activations'
 // scale and S = the block's integer dot product over signed values, each type's sequence is
@@ -78,24 +84,69 @@ static void columns_dispatch(int type, int simd, const qacts *x, const uint8_t *
                     COLUMNS_CASE(Q6_K) }
 }
 
+#if defined(KTILE) || defined(QTILE_K)
+#ifdef KTILE
+#define TILED(type) 1  // AVX-512: every type
+#else
+#define TILED(type) (QFORMATS[type].block == 256)  // AVX2: the K types
+#endif
+
+// The SIMD tiles (`tile_columns`, `pair_columns`) with the type a constant.
+static void tile_dispatch(int type, const qacts *x, const uint8_t *w, int64_t n, int64_t c0, int64_t r0, int64_t r1,
+                          float *out) {
+    if (type == Q4_K) tile_columns(Q4_K, x, w, n, c0, r0, r1, out);
+    if (type == Q5_K) tile_columns(Q5_K, x, w, n, c0, r0, r1, out);
+    if (type == Q6_K) tile_columns(Q6_K, x, w, n, c0, r0, r1, out);
+#ifdef KTILE
+    if (type == Q8_0) pair_columns(Q8_0, x, w, n, c0, r0, r1, out);
+    if (type == Q4_0) pair_columns(Q4_0, x, w, n, c0, r0, r1, out);
+    if (type == Q4_1) pair_columns(Q4_1, x, w, n, c0, r0, r1, out);
+#endif
+}
+#endif
+
+// Work item `item` of the call: COLUMNS columns by CHUNK_ROWS rows (items of one column tile adjacent).
+static void run_item(int type, int simd, const qacts *x, const uint8_t *w, int64_t m, int64_t n, int64_t item,
+                     float *out) {
+    const int64_t row_items = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    const int64_t c0 = item / row_items * COLUMNS, r0 = item % row_items * CHUNK_ROWS;
+    const int64_t c1 = c0 + COLUMNS < n ? c0 + COLUMNS : n, r1 = r0 + CHUNK_ROWS < m ? r0 + CHUNK_ROWS : m;
+#if defined(KTILE) || defined(QTILE_K)
+    if (simd && TILED(type)) {
+        tile_dispatch(type, x, w, n, c0, r0, r1, out);
+        return;
+    }
+#endif
+    columns_dispatch(type, simd, x, w, n, c0, c1, r0, r1, out);
+}
+
 // out [M, N] float32 = x [M, K] float32 @ W^T, W [N, K / block * bytes] of `type`'s blocks (K a multiple
 // of the block). `simd` 0 runs the portable definition, 1 this build's SIMD dot products (the same bits).
-// Threads split the work in items of COLUMNS columns by CHUNK_ROWS rows.
+// Threads split the work in items of COLUMNS columns by CHUNK_ROWS rows, at most one thread per
+// THREAD_BYTES of weights (a small matrix costs more to share than to compute); one thread runs no
+// OpenMP region.
 void tf_quant_matmul(const float *xf, int64_t m, int64_t k, const uint8_t *w, int64_t n, int type, float *out,
                      int threads, int simd) {
     const qformat f = QFORMATS[type];
     qacts x = {aligned_alloc(64, (size_t)((m * k + 127) / 64 * 64)), malloc(sizeof(float) * (size_t)(m * (k / f.block))),
                malloc(sizeof(int32_t) * (size_t)(m * (k / 16))), k, f.block};
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && m > 1)
-    for (int64_t r = 0; r < m; r++)
-        quantize_row(xf + r * k, k, f.block, x.q + r * k, x.d + r * (k / f.block), x.sums + r * (k / 16));
-    const int64_t col_items = (n + COLUMNS - 1) / COLUMNS, row_items = (m + CHUNK_ROWS - 1) / CHUNK_ROWS;
-    const int64_t work = col_items * row_items;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && work > 1)
-    for (int64_t item = 0; item < work; item++) {
-        const int64_t c0 = item / row_items * COLUMNS, r0 = item % row_items * CHUNK_ROWS;
-        const int64_t c1 = c0 + COLUMNS < n ? c0 + COLUMNS : n, r1 = r0 + CHUNK_ROWS < m ? r0 + CHUNK_ROWS : m;
-        columns_dispatch(type, simd, &x, w, n, c0, c1, r0, r1, out);
+    const int64_t work = (n + COLUMNS - 1) / COLUMNS * ((m + CHUNK_ROWS - 1) / CHUNK_ROWS);
+    const int64_t enough = n * (k / f.block) * f.bytes * m / THREAD_BYTES;  // threads the work pays for
+    if (threads > work) threads = (int)work;
+    if (threads > enough) threads = enough > 1 ? (int)enough : 1;
+    if (threads <= 1) {
+        for (int64_t r = 0; r < m; r++)
+            quantize_row(xf + r * k, k, f.block, x.q + r * k, x.d + r * (k / f.block), x.sums + r * (k / 16));
+        for (int64_t item = 0; item < work; item++) run_item(type, simd, &x, w, m, n, item, out);
+    } else {
+#pragma omp parallel num_threads(threads)
+        {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < m; r++)
+                quantize_row(xf + r * k, k, f.block, x.q + r * k, x.d + r * (k / f.block), x.sums + r * (k / 16));
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < work; item++) run_item(type, simd, &x, w, m, n, item, out);
+        }
     }
     free(x.q), free(x.d), free(x.sums);
 }

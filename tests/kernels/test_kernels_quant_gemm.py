@@ -165,3 +165,54 @@ def test_bad_inputs_raise_value_errors_naming_the_problem() -> None:
 def test_the_types_are_gguf_py_block_layouts() -> None:
     for name, qt in quant_gemm.QUANT_TYPES.items():
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == (qt.block_elems, qt.block_bytes)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_an_odd_block_count_and_a_partial_column_tile_give_the_portable_bits(qtype: str) -> None:
+    """The SIMD tiles' edges: K of 3 blocks (the 32-weight types pair blocks) and N = 16 + 3 columns."""
+    k = 3 * quant_gemm.QUANT_TYPES[qtype].block_elems
+    weight = torch.from_numpy(quantized_weight(qtype, n=19, k=k, seed=7))
+    for m in (1, 5):
+        x = _x(m, k=k, seed=8 + m)
+        assert torch.equal(quant_gemm.matmul(x, weight, qtype), quant_gemm._matmul(x, weight, qtype, simd=False))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_row_alone_equals_the_row_in_a_batch_split_over_two_threads(qtype: str) -> None:
+    """A weight large enough (> 128 KiB) that a call on 2 threads does split its columns."""
+    weight = torch.from_numpy(quantized_weight(qtype, n=160, k=1024, seed=9))
+    x = _x(3, k=1024, seed=10)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([quant_gemm.matmul(x[i : i + 1], weight, qtype) for i in range(3)])
+        torch.set_num_threads(2)
+        assert torch.equal(quant_gemm.matmul(x, weight, qtype), alone)
+        assert torch.equal(quant_gemm.matmul(x[1:2], weight, qtype), alone[1:2])
+        assert torch.equal(quant_gemm._matmul(x, weight, qtype, simd=False), alone)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_activation_ties_round_to_even_on_every_level(monkeypatch) -> None:
+    """Each block's max of 127 makes the scale 1, so x * (1 / d) lands on .5 exactly: every level's
+    quantization (lrintf, or AVX-512's VCVTPS2DQ) gives numpy's rint, checked through the Q8_0 fold."""
+    k = 64
+    x = torch.arange(k, dtype=torch.float32).reshape(1, k) % 9 - 4.5  # -4.5 .. 3.5, ties only
+    x[0, ::32] = 127.0
+    weight = quantized_weight("Q8_0", n=3, k=k, seed=11)
+    codes, scale = quantized_activations(x.numpy(), 32)
+    blocks = weight.reshape(3, -1, 34)
+    d_w = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q_w = blocks[..., 2:].copy().view(np.int8).astype(np.int64)
+    expected = np.zeros(3, dtype=np.float32)
+    for n in range(3):
+        for b in range(2):
+            dot = np.float32(int(q_w[n, b] @ codes[0, 32 * b : 32 * b + 32].astype(np.int64)))
+            expected[n] = np.float32(
+                expected[n] + np.float32(dot * np.float32(d_w[n, b] * np.float32(scale[0, 32 * b])))
+            )
+    for level in cpu_native.supported_levels():
+        monkeypatch.setenv("TENSORFOLD_KERNELS", level.name)
+        got = quant_gemm.matmul(x, torch.from_numpy(weight), "Q8_0").numpy()[0]
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), level.name
