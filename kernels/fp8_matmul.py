@@ -11,8 +11,8 @@ ascending tiles into one float32 accumulator: a row's bits depend on that row an
 import torch
 
 from kernels._triton import cdiv, dot_precision, jit, tl
-from kernels.checks import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_rank, output_buffer
-from kernels.matmul import BLOCK_K, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS
+from kernels.checks import FLOAT_DTYPES, check_device, check_dim, check_dtype, check_rank
+from kernels.matmul import BLOCK_K, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, output_for
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -70,12 +70,10 @@ def fp8_matmul(
     scales [N, ceil(K / block_k)] float32 holds each row's scale per block_k columns. Row m's bits depend on
     row m, the weight and the scales alone. `blocks`: the tile (tests and timings only)."""
     _check(x, weight, scales, block_k)
-    rows, cols = x.shape[0], weight.shape[0]
-    out = output_buffer(out, "out", (rows, cols), x.dtype, x.device)
-    if rows == 0 or cols == 0:
+    out, done = output_for(x, weight, out)
+    if done:
         return out
-    if x.shape[1] == 0:
-        return out.zero_()
+    rows, cols = out.shape
     block_m, block_n, block_k_tile = blocks
     _fp8_matmul_kernel[(cdiv(cols, block_n), cdiv(rows, block_m))](
         x,

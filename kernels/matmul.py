@@ -65,6 +65,16 @@ def _matmul_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+def output_for(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """x [M, K] @ weight [N, K]^T's output buffer, and whether it is already the answer (no rows, columns or K)."""
+    out = output_buffer(out, "out", (x.shape[0], weight.shape[0]), x.dtype, x.device)
+    if out.numel() == 0:
+        return out, True
+    if x.shape[1] == 0:
+        return out.zero_(), True
+    return out, False
+
+
 def invariant_matmul(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -74,12 +84,10 @@ def invariant_matmul(
     """x [M, K] @ weight [N, K]^T -> [M, N] in x's dtype (bf16, fp16 or fp32; float32 accumulation); row m's
     bits depend on row m and the weight alone. `blocks`: the tile (tests and timings only)."""
     _check(x, weight)
-    rows, cols = x.shape[0], weight.shape[0]
-    out = output_buffer(out, "out", (rows, cols), x.dtype, x.device)
-    if rows == 0 or cols == 0:
+    out, done = output_for(x, weight, out)
+    if done:
         return out
-    if x.shape[1] == 0:
-        return out.zero_()
+    rows, cols = out.shape
     block_m, block_n, block_k = blocks
     _matmul_kernel[(cdiv(cols, block_n), cdiv(rows, block_m))](
         x,

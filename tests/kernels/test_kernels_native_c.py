@@ -51,27 +51,23 @@ def _build(name: str) -> tuple[list[str], list[str]] | None:
     return None
 
 
+def _compile_and_run(
+    build: tuple[list[str], list[str]], program: Path, sources: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """Compile `sources` into `program` with this build's compiler and run it (under qemu for NEON), 2 threads."""
+    compile_head, run_head = build
+    command = [*compile_head, f"-I{cpu_native.CPU_DIR}", "-o", str(program), *sources, "-lm"]
+    subprocess.run(command, check=True, capture_output=True, timeout=240)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    return subprocess.run([*run_head, str(program)], capture_output=True, text=True, timeout=120, env=env)
+
+
 @pytest.mark.parametrize("name", ["avx2", "neon"])
 def test_the_portable_kernels_pass_their_c_checks(name: str, tmp_path: Path) -> None:
     build = _build(name)
     if build is None:
         pytest.skip(f"no {name} build here (neon: an ARM CPU, or gcc-aarch64-linux-gnu and qemu-user)")
-    compile_head, run_head = build
-    program = tmp_path / f"kernels_check_{name}"
-    sources = [*map(str, SOURCES), str(CHECK)]
-    subprocess.run(
-        [*compile_head, f"-I{cpu_native.CPU_DIR}", "-o", str(program), *sources, "-lm"],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
-    result = subprocess.run(
-        [*run_head, str(program)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "2"},
-    )
+    result = _compile_and_run(build, tmp_path / f"kernels_check_{name}", [*map(str, SOURCES), str(CHECK)])
     lines = result.stdout.splitlines()
     assert result.returncode == 0, result.stdout + result.stderr
     assert lines == [f"ok {check}" for check in CHECKS]
@@ -108,21 +104,7 @@ def test_the_quantized_gemm_passes_its_c_checks(name: str, tmp_path: Path) -> No
     build = _build(name)
     if build is None:
         pytest.skip(f"no {name} build here (neon: an ARM CPU, or gcc-aarch64-linux-gnu and qemu-user)")
-    compile_head, run_head = build
-    program = tmp_path / f"quant_check_{name}"
     sources = [str(cpu_native.CPU_DIR / "quant_gemm.c"), str(QUANT_CHECK)]
-    subprocess.run(
-        [*compile_head, f"-I{cpu_native.CPU_DIR}", "-o", str(program), *sources, "-lm"],
-        check=True,
-        capture_output=True,
-        timeout=240,
-    )
-    result = subprocess.run(
-        [*run_head, str(program)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "2"},
-    )
+    result = _compile_and_run(build, tmp_path / f"quant_check_{name}", sources)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == QUANT_CHECKS
