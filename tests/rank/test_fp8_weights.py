@@ -70,6 +70,7 @@ def test_greedy_ids_equal_transformers_on_the_float64_dequantized_copy(fp8_dir: 
 
     reference = _copy(fp8_dir, tmp_path / "dequantized", dequantize_all)
     model = load_model(fp8_dir, dtype="float32")
+    assert model.weights_format == f"fp8 e4m3 ({BLOCK}x{BLOCK} blocks) dequantized to float32"
     assert PagedHarness(model).generate(0, PROMPT, 8) == hf_greedy(reference, PROMPT, 8)
     ours = dict(model.named_parameters())["model.layers.0.self_attn.q_proj.weight"]
     assert torch.equal(ours, _tensors(reference)[Q_PROJ])
