@@ -49,7 +49,6 @@ class GgufFiles:
         config = json.loads((folder / "config.json").read_text())
         self.source = shards[0]
         self.heads = (config.get("num_attention_heads", 0), config.get("num_key_value_heads", 0))
-        self.experts = int(config.get("num_experts") or 0)
         try:
             self.readers = [(path, GGUFReader(path)) for path in shards]
         except Exception as exc:  # not GGUF bytes, truncated
