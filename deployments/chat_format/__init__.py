@@ -9,7 +9,7 @@ Rendering (the Renderer deployment, deployments/renderer/, wraps PromptRenderer 
   (deployments/messages/render.py), and tokenize/detokenize.
 
 Markup, one source each:
-- think.py: THINK, the think block's opener and closer, and what the Renderer and parser derive from them.
+- think.py: the think families (`<think>`, Gemma 4's thought channel): opener, closer, what is derived from them.
 - markups/: one file per tool-call family (glm.py, qwen_xml.py, hermes.py), each a ToolMarkup (base.py:
   how a template shows it, its call markers, parsing a call block, closing one an end token cut, the grammar
   of one call); the package is the registry (markup_for_template, markup_named). ReplyFormat.tool_format

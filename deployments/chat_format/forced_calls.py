@@ -5,9 +5,10 @@ With `tool_choice: "required"` or a named function, the answer is one or more ca
 tool's parameter schema; blank lines may separate calls, prose may not. Parsing the reply stays the reply
 parser's job: this only constrains generation. Blanks between two calls are bounded as between two JSON
 tokens (markups/grammar_pieces.py says how blanks inside a call are bounded); one line break may come
-before the first call and after the last.
+before the first call and after the last, and a family's turn end (ToolMarkup.turn_end) after that.
 """
 
+import json
 import re
 from typing import Any
 
@@ -35,4 +36,6 @@ def forced_call_ebnf(tools: list[dict[str, Any]], markup: str | None, parallel: 
     body = re.sub(r"^root ::=", "forced_call ::=", str(one), flags=re.MULTILINE)  # a rule the new root repeats
     between = f"[ \\n]{{0,{MAX_BLANKS}}}"  # blank lines may separate calls, up to the JSON bound
     repeated = f"forced_call ({between} forced_call)*" if parallel else "forced_call"
-    return f"root ::= {LINE_BREAK} {repeated} {LINE_BREAK}\n{body}"
+    # A template that ends a turn of calls with a marker of its own (Gemma's) lets the model write it.
+    end = f" {json.dumps(family.turn_end)}?" if family.turn_end else ""
+    return f"root ::= {LINE_BREAK} {repeated} {LINE_BREAK}{end}\n{body}"

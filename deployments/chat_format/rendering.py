@@ -17,7 +17,7 @@ from deployments.chat_format.conversation import (
 from deployments.chat_format.effort import template_kwargs, template_levels
 from deployments.chat_format.markups import markup_for_template
 from deployments.chat_format.template import ChatTemplate, TemplateRenderError
-from deployments.chat_format.think import THINK
+from deployments.chat_format.think import think_for_template
 from deployments.messages.render import ChatRenderRequest, RenderedPrompt, ReplyFormat, TokenizerCard
 from deployments.messages.replies import Refusal
 from deployments.messages.window import text_past_window
@@ -56,9 +56,10 @@ class PromptRenderer:
         markup = markup_for_template(source)
         self._tool_format = markup.name if markup else None
         self._clears_thinking = bool(source) and "clear_thinking" in source
-        self._opener_id = bundle.token_to_id(THINK.opener)
-        self._closer_id = bundle.token_to_id(THINK.closer)
-        self._close_ids = bundle.encode(THINK.forced_close, add_special_tokens=False)
+        self.think = think_for_template(source)
+        self._opener_id = bundle.token_to_id(self.think.opener)
+        self._closer_id = bundle.token_to_id(self.think.closer)
+        self._close_ids = bundle.encode(self.think.forced_close, add_special_tokens=False)
         self._max_token_bytes = bundle.max_token_bytes  # read over the vocabulary once, at load
 
     @classmethod
@@ -94,12 +95,13 @@ class PromptRenderer:
         reply = ReplyFormat(
             think_opener_id=self._opener_id,
             think_closer_id=self._closer_id,
-            prompt_opens_thinking=THINK.prompt_opens(text),
+            prompt_opens_thinking=self.think.prompt_opens(text),
             enable_thinking=enable if isinstance(enable, bool) else None,
-            prompt_closes_thinking=THINK.prompt_closes(text),
+            prompt_closes_thinking=self.think.prompt_closes(text),
             tool_format=self._tool_format,
             think_close_ids=list(self._close_ids),
             reasoning_effort=kwargs.get("reasoning_effort"),
+            think_format=self.think.name,
         )
         return RenderedPrompt(prompt_token_ids=ids, reply=reply)
 

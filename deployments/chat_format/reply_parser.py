@@ -7,8 +7,9 @@ prefix of the final one; `ReplyStream` sends the differences, and the joined del
 Rules: a reply-written leading think opener is removed when the template supplies no opener; reasoning
 ends at the closer, or where a tool call starts when the reply ends inside the block; a call only mentioned
 while thinking (the block closed after it) stays reasoning; a call block that does not parse stays content;
-an end token inside a call block closes its markup when it then parses strictly. The think markup is
-think.py's THINK; the call markup is the template's family (markups/), known only through ToolMarkup.
+an end token inside a call block closes its markup when it then parses strictly; a family's turn end after
+calls (Gemma's `<|tool_response>`) ends the reply there. The think markup is the
+template's family (think.py), the call markup its call family (markups/), known only through ToolMarkup.
 `ReplyReader` is one reply's reading as every chat family's framer takes it: whole, or streamed.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.chat_format.markups import ToolMarkup, markup_named
-from deployments.chat_format.think import THINK
+from deployments.chat_format.think import think_named
 from deployments.chat_format.tool_calls import ParsedCall, tool_schemas
 from deployments.messages.render import ReplyFormat
 
@@ -48,6 +49,7 @@ class ReplyParser:
         self, reply: ReplyFormat, tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True
     ) -> None:
         self.reply = reply
+        self.think = think_named(reply.think_format)
         self.markup = markup_named(reply.tool_format) if tools else None  # calls are parsed only when tools are offered
         self.schemas = tool_schemas(tools)
         self.parallel = parallel_tool_calls
@@ -71,26 +73,30 @@ class ReplyParser:
 
     def _think_start(self, text: str, final: bool) -> int | None:
         """Where reasoning starts (-1: no think section; None: cannot tell yet)."""
-        return 0 if self.reply.prompt_opens_thinking else THINK.reply_opening(text, final)
+        return 0 if self.reply.prompt_opens_thinking else self.think.reply_opening(text, final)
 
     def _split_think(self, text: str, start: int, final: bool) -> tuple[str, str | None]:
-        close = text.find(THINK.closer, start)
+        think = self.think
+        close = text.find(think.closer, start)
         if close >= 0:
-            return text[start:close].strip(), text[close + len(THINK.closer) :]
+            return think.reasoning(text[start:close], True), text[close + len(think.closer) :]
         call_open = self.markup.call_open if self.markup else None
         call_at = text.find(call_open, start) if call_open else -1
         if final:
             if call_at >= 0:  # the reply ended inside the block: a call written there is the reply's call
-                return text[start:call_at].strip(), text[call_at:]
-            return text[start:].strip(), ""
-        markers = (THINK.closer, call_open) if call_open else (THINK.closer,)
+                return think.reasoning(text[start:call_at], True), text[call_at:]
+            return think.reasoning(text[start:], True), ""
+        markers = (think.closer, call_open) if call_open else (think.closer,)
         shown = text[start:call_at] if call_at >= 0 else _without_partial(text[start:], markers)
-        return shown.strip(), None
+        return think.reasoning(shown, False), None
 
     def _answer(self, answer: str, final: bool, ended_by_end_token: bool) -> tuple[str, list[ParsedCall]]:
         markup = self.markup
         if markup is None:
             return answer, []
+        if markup.turn_end and markup.turn_end in answer:  # the turn ended there: the rest is not the reply's
+            answer, final = answer[: answer.index(markup.turn_end)], True
+        held = (markup.call_open, markup.turn_end) if markup.turn_end else (markup.call_open,)
         content: list[str] = []
         calls: list[ParsedCall] = []
         pos = 0
@@ -98,7 +104,7 @@ class ReplyParser:
             opened = answer.find(markup.call_open, pos)
             if opened < 0:
                 tail = answer[pos:]
-                content.append(tail if final else _without_partial(tail, (markup.call_open,)))
+                content.append(tail if final else _without_partial(tail, held))
                 break
             content.append(answer[pos:opened])
             body_at = opened + len(markup.call_open)

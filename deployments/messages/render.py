@@ -24,14 +24,15 @@ class ChatRenderRequest:
 class ReplyFormat:
     """What the reply parser and usage need to know about the reply this prompt asks for."""
 
-    think_opener_id: int | None = None  # the `<think>` token, when the vocabulary has it as one id
-    think_closer_id: int | None = None  # the `</think>` token
+    think_opener_id: int | None = None  # the think opener (`<think>`), when the vocabulary has it as one id
+    think_closer_id: int | None = None  # the think closer (`</think>`)
     prompt_opens_thinking: bool = False  # the rendered prompt ends inside an open think block
     enable_thinking: bool | None = None  # the toggle the template heard, if the request set one
     prompt_closes_thinking: bool = False  # the prompt ends with a closed (empty) think block: thinking off
     tool_format: str | None = None  # the name of the call markup family the template teaches (chat_format.markups)
     think_close_ids: list[int] = field(default_factory=list)  # "\n</think>\n\n": a forced close of the block
     reasoning_effort: str | None = None  # the level the template heard
+    think_format: str = "think"  # the name of the think markup family the template writes (chat_format.think)
 
 
 @dataclass

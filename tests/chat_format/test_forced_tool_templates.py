@@ -1,7 +1,7 @@
 """Forced tool calls on random checkpoints with vendor chat templates: only the grammar makes the calls valid.
 
 For each call markup (GLM: tiny-glm's, GLM-4.6's and GLM-4.7-Flash's templates; Qwen XML: Qwen3-Coder's,
-Qwen3.5's and Nemotron 3's; Hermes JSON: Qwen3's), `tool_choice: "required"` and a named function give, streamed
+Qwen3.5's and Nemotron 3's; Hermes JSON: Qwen3's; Gemma 4's own), `tool_choice: "required"` and a named function give, streamed
 and not, greedy and sampled (seed 0 greedy), calls to offered tools (the named one) whose arguments validate
 against the tool's parameter schema, with finish_reason "tool_calls"; `parallel_tool_calls: false` gives exactly
 one call. A random model fills every gap the grammar leaves with blanks, so its replies also show the blank
@@ -24,6 +24,7 @@ from openai.types.chat import ChatCompletion
 
 from deployments.chat_format.forced_calls import forced_call_ebnf
 from deployments.chat_format.rendering import PromptRenderer
+from deployments.chat_format.think import think_named
 from deployments.config import EngineConfig
 from deployments.ingress.app import build_api
 from deployments.ingress.context import IngressSettings
@@ -45,6 +46,7 @@ TEMPLATES = {  # name: (template file, architecture, tokenizer family)
     # The hybrid architectures these checkpoints are have no offline fixture yet: the grammar is what is tested.
     "Qwen3.5": (VENDOR_TEMPLATES / "Qwen3.5-4B.jinja", "qwen3", "qwen"),
     "Nemotron-3": (VENDOR_TEMPLATES / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "qwen3", "qwen"),
+    "Gemma-4": (VENDOR_TEMPLATES / "google-gemma-4-31B-it.jinja", "qwen3", "gemma"),
 }
 PARAMETERS = {  # strings, enums, bounded integers, booleans, a nested object and a bounded array
     "get_weather": {
@@ -227,8 +229,9 @@ def test_the_grammar_takes_the_calls_the_template_shows(
         if thinking:
             turn["reasoning_content"] = "call them"
         text, reply = shown_reply(renderer, TOOLS, turn, {"enable_thinking": thinking})
-        closer = text.find("</think>")  # the engine lets a few blanks follow the closer before the grammar
-        return (text if closer < 0 else text[closer + len("</think>") :].lstrip()), reply.tool_format
+        mark = think_named(reply.think_format).closer
+        closer = text.find(mark)  # the engine lets a few blanks follow the closer before the grammar
+        return (text if closer < 0 else text[closer + len(mark) :].lstrip()), reply.tool_format
 
     both_calls, markup = shown(add, weather)
     one_call = shown(add)[0]

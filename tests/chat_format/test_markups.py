@@ -13,7 +13,7 @@ import xgrammar as xgr
 
 from deployments.chat_format import markups
 from deployments.chat_format.forced_calls import forced_call_ebnf
-from deployments.chat_format.markups import GLM, HERMES, QWEN_XML, ToolMarkup, markup_for_template, markup_named
+from deployments.chat_format.markups import GEMMA, GLM, HERMES, QWEN_XML, ToolMarkup, markup_for_template, markup_named
 from deployments.chat_format.reply_parser import ReplyParser
 from deployments.chat_format.tool_calls import ParsedCall
 from deployments.messages.render import ReplyFormat
@@ -31,7 +31,7 @@ VENDOR_FAMILIES = {  # template file: the family it teaches (None: no family her
     "Qwen3-Coder.jinja": QWEN_XML,
     "Qwen3.5-4B.jinja": QWEN_XML,
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": QWEN_XML,
-    "google-gemma-4-31B-it.jinja": None,
+    "google-gemma-4-31B-it.jinja": GEMMA,
     "deepseek-ai-DeepSeek-V4.jinja": None,
 }
 
@@ -47,7 +47,7 @@ def test_vendor_templates_pick_their_family(file: str) -> None:
 
 def test_every_family_is_found_by_its_name() -> None:
     names = [family.name for family in markups.FAMILIES]
-    assert len(set(names)) == len(names) and {GLM, QWEN_XML, HERMES} <= set(names)
+    assert len(set(names)) == len(names) and {GLM, QWEN_XML, GEMMA, HERMES} <= set(names)
     assert all(markup_named(name) is family for name, family in zip(names, markups.FAMILIES))
     assert markup_named(None) is None and markup_named("") is None and markup_named("unknown") is None
     assert markup_for_template(None) is None and markup_for_template("") is None

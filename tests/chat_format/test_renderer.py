@@ -238,6 +238,7 @@ def _templates() -> dict[str, str]:
         "Qwen3-Coder",
         "Qwen3.5-4B",
         "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+        "google-gemma-4-31B-it",
     ):
         path = VENDOR_TEMPLATES / f"{name}.jinja"
         if path.exists():

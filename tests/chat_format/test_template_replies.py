@@ -29,9 +29,13 @@ TEMPLATES_WITH_CALLS = {  # name: template file
     "Qwen3-Coder": VENDOR_TEMPLATES / "Qwen3-Coder.jinja",
     "Qwen3.5": VENDOR_TEMPLATES / "Qwen3.5-4B.jinja",
     "Nemotron-3": VENDOR_TEMPLATES / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+    "Gemma-4": VENDOR_TEMPLATES / "google-gemma-4-31B-it.jinja",
 }
 WITHOUT_THINKING = {"Qwen3-Coder"}  # its template shows no reasoning
-END_OF_TURN = "<|im_end|>"  # the ChatML templates' end token; the GLM ones end a turn with the next role's
+# The ChatML templates' end token and Gemma 4's; the GLM ones end a turn with the next role's. Gemma's
+# turn of calls ends with `<|tool_response>` instead (the parser reads it as the reply's end too).
+END_OF_TURN = ("<|im_end|>", "<turn|>", "<|tool_response>")
+EMPTY_THOUGHT = "<|channel>thought\n<channel|>"  # Gemma 4's prompt with thinking off; history turns lack it
 PROPERTIES = {
     "city": {"type": "string"},
     "days": {"type": "integer"},
@@ -72,13 +76,19 @@ def shown_reply(
     history, _ = renderer.render_text(
         ChatRenderRequest([*USER, turn], tools, dict(kwargs), add_generation_prompt=False)
     )
+    if not history.startswith(prompt) and prompt.endswith(EMPTY_THOUGHT):
+        prompt = prompt.removesuffix(EMPTY_THOUGHT)  # the model writes its reply after the empty block
     assert history.startswith(prompt), (prompt[-80:], history[len(prompt) - 80 :])
     reply = history[len(prompt) :]
-    end = reply.rfind(END_OF_TURN)
+    end = max(reply.rfind(marker) for marker in END_OF_TURN)
     return (reply if end < 0 else reply[:end]), renderer.render_chat(asking).reply
 
 
 def renderer_for(source: str, tokenizer_dir: Path) -> PromptRenderer:
+    if "<|turn>" in source:  # Gemma 4's markup is single ids only in its own vocabulary
+        from serve_app.fixtures.tokenizer_builder import build_tokenizer
+
+        tokenizer_dir = build_tokenizer(tokenizer_dir.parent / "gemma-tok", vocab_size=512, family="gemma")
     bundle = load_tokenizer(tokenizer_dir)
     bundle.chat_template = source
     return PromptRenderer(bundle)

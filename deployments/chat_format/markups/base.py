@@ -21,6 +21,9 @@ class ToolMarkup(ABC):
     name: ClassVar[str]  # what ReplyFormat.tool_format carries from the Renderer to Ingress
     call_open: ClassVar[str] = "<tool_call>"  # opens a call block in the reply
     call_close: ClassVar[str] = "</tool_call>"  # closes it
+    # What the template writes after a turn's calls in place of the turn's end (None: the end token itself);
+    # the reply ends there, and what a model writes past it is not the reply's.
+    turn_end: ClassVar[str | None] = None
 
     def shown_in(self, source: str) -> bool:
         """Whether a chat template's source teaches this markup (the registry asks families in its order).
