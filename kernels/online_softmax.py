@@ -7,6 +7,10 @@ Decode kernels store each split's partial state and `merge_splits` merges them; 
 in registers with the same operations. Tiles that a row cannot see, whole or in part, are exact no-ops
 (their probabilities are exactly 0), so a row's result is the same whichever block of rows it shares.
 
+With a sliding window a row sees keys [lo, n) (`window_start`). Splits and tiles keep their places counted
+from key 0; those wholly below lo are skipped rather than masked (their blocks may already be freed), which
+gives the same bits, since from an empty state they would have been exact no-ops too.
+
 A state is (m: running max score, den: softmax denominator, acc: unnormalised output). Scores arrive in
 log2 units (scale * log2(e) folded in), so exp2 is the only transcendental.
 """
@@ -16,6 +20,12 @@ import torch
 from kernels._triton import cdiv, jit, next_pow2, tl
 
 NEG_INF = float("-inf")
+
+
+@jit
+def window_start(length, window):
+    """First key a query at position length - 1 sees: length - window clamped at 0, or 0 when window is 0."""
+    return tl.where(window > 0, tl.maximum(length - window, 0), 0)
 
 
 @jit
@@ -49,6 +59,7 @@ def _merge_splits_kernel(
     row_len_ptr,  # [R] int32
     out_ptr,  # [T, H, Dv]
     num_heads,
+    window,
     stride_ar,
     stride_ah,
     stride_as,
@@ -68,12 +79,14 @@ def _merge_splits_kernel(
     head_ok = heads < num_heads
     tile_ok = head_ok[:, None] & (dims[None, :] < V_DIM)
     length = tl.load(row_len_ptr + row)
+    # Split s of a row holds its keys from split lo // KV_SPLIT + s on: splits below the window were not run.
+    splits = tl.cdiv(length, KV_SPLIT) - window_start(length, window) // KV_SPLIT
     m_run = tl.full([BLOCK_H], float("-inf"), tl.float32)
     den_run = tl.zeros([BLOCK_H], tl.float32)
     acc_run = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     ml_base = part_ml_ptr + row * stride_mr + heads * stride_mh
     acc_base = part_acc_ptr + row * stride_ar + heads[:, None] * stride_ah + dims[None, :]
-    for split in range(0, tl.cdiv(length, KV_SPLIT)):
+    for split in range(0, splits):
         m = tl.load(ml_base + split * stride_ms, mask=head_ok, other=float("-inf"))
         den = tl.load(ml_base + split * stride_ms + 1, mask=head_ok, other=0.0)
         acc = tl.load(acc_base + split * stride_as, mask=tile_ok, other=0.0)
@@ -101,8 +114,12 @@ def merge_splits(
     row_len: torch.Tensor,
     out: torch.Tensor,
     kv_split: int,
+    window: int = 0,
 ) -> None:
-    """out[row_token[r], h] = merged splits of row r (out [T, H, Dv]); each row merges only its own splits."""
+    """out[row_token[r], h] = merged splits of row r (out [T, H, Dv]); each row merges only its own splits.
+
+    With window > 0, split s of row r holds its keys from split window_start // kv_split + s on.
+    """
     rows, heads, _, v_dim = part_acc.shape
     if rows == 0:
         return
@@ -116,6 +133,7 @@ def merge_splits(
         row_len,
         out,
         heads,
+        window,
         *part_acc.stride()[:3],
         *part_ml.stride()[:3],
         out.stride(0),

@@ -3,6 +3,8 @@
 A program owns (row, kv head, split): it loads the row's GROUP query heads once and streams the split's
 keys and values from the paged cache. Splits hold a fixed KV_SPLIT keys, so how a row is cut never depends
 on the other rows, and `merge_splits` merges each row's own splits in order (see online_softmax.py).
+With a sliding window a row of length n sees keys [n - window, n) only: the grid's split axis then covers
+the splits a window can touch, counted from the row's first one, and tiles below the window are never read.
 Reference: attention_torch.paged_attention_torch (rows are a sequence's last query tokens, causal).
 """
 
@@ -19,7 +21,7 @@ from kernels.checks import (
     check_rank,
     check_same_dtype,
 )
-from kernels.online_softmax import merge_splits, softmax_tile, split_buffers
+from kernels.online_softmax import merge_splits, softmax_tile, split_buffers, window_start
 from kernels.paged_meta import PagedMeta
 
 __all__ = ["BLOCK_N", "KV_SPLIT", "paged_attention_torch", "paged_decode_attention"]
@@ -54,6 +56,7 @@ def _paged_decode_kernel(
     part_acc_ptr,  # [R, Hq, splits, Dv] float32
     part_ml_ptr,  # [R, Hq, splits, 2] float32
     scale_log2,
+    window,  # keys a row sees back from its own; 0 = all
     stride_qt,
     stride_qh,
     stride_kb,
@@ -82,12 +85,14 @@ def _paged_decode_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)  # row * stride reaches 2**31 on long contexts
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    split = tl.program_id(2)  # counted from the row's first split in the window
     length = tl.load(row_len_ptr + row)
-    start = split * KV_SPLIT
+    lo = window_start(length, window)
+    start = (lo // KV_SPLIT + split) * KV_SPLIT
     if start >= length:  # shorter rows have fewer splits; the grid is sized for the longest
         return
     end = tl.minimum(start + KV_SPLIT, length)
+    first = tl.maximum(start, lo // BLOCK_N * BLOCK_N)  # tiles keep their places; those below lo are skipped
     token = tl.load(row_token_ptr + row).to(tl.int64)
     seq = tl.load(row_seq_ptr + row).to(tl.int64)
     g = tl.arange(0, BLOCK_G)
@@ -103,9 +108,9 @@ def _paged_decode_kernel(
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     den = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(first, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        valid = pos < end
+        valid = (pos >= lo) & (pos < end)
         k = load_paged_tile(
             k_cache_ptr, table, pos, valid, kv_head * stride_kh, stride_kb, stride_ks, d, d_ok, BLOCK_SIZE
         )
@@ -156,6 +161,23 @@ def check_tiling(kv_split: int, block_n: int) -> None:
         raise ValueError(f"block_n ({block_n}) must be a power of two >= 16 dividing kv_split ({kv_split})")
 
 
+def check_window(window: int) -> None:
+    if window < 0:
+        raise ValueError(f"window ({window}) must be >= 0 (0 = full causal attention)")
+
+
+def decode_splits(max_row_len: int, kv_split: int, window: int) -> int:
+    """Splits per row in the grid: those of the longest row, or at most those a window of keys can touch.
+
+    A window's count is rounded up to a multiple of 8 like max_row_len's (paged_meta.ROW_LEN_QUANTUM), so the
+    split buffers' strides keep one specialisation.
+    """
+    splits = cdiv(max_row_len, kv_split)
+    if window > 0:  # keys [lo, lo + window) touch at most cdiv(window - 1, kv_split) + 1 splits
+        splits = min(splits, -(-(cdiv(window - 1, kv_split) + 1) // 8) * 8)
+    return splits
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -165,16 +187,21 @@ def paged_decode_attention(
     out: torch.Tensor,
     kv_split: int = KV_SPLIT,
     block_n: int = BLOCK_N,
+    window: int = 0,
 ) -> None:
-    """Writes out[token] for every row of `meta` (other tokens untouched): q [T, Hq, D] -> out [T, Hq, Dv]."""
+    """Writes out[token] for every row of `meta` (other tokens untouched): q [T, Hq, D] -> out [T, Hq, Dv].
+
+    window > 0: a row at position p sees keys p - window < j <= p only (sliding window); 0 = all j <= p.
+    """
     check_paged_kv(q, k_cache, v_cache, out)
     check_meta(meta, q)
     check_tiling(kv_split, block_n)
+    check_window(window)
     if meta.num_rows == 0:
         return
     kv_heads, v_dim = k_cache.shape[2], v_cache.shape[3]
     group = q.shape[1] // kv_heads
-    splits = cdiv(meta.max_row_len, kv_split)
+    splits = decode_splits(meta.max_row_len, kv_split, window)
     part_acc, part_ml = split_buffers(meta.num_rows, q.shape[1], splits, v_dim, q.device)
     _paged_decode_kernel[(meta.num_rows, kv_heads, splits)](
         q,
@@ -187,6 +214,7 @@ def paged_decode_attention(
         part_acc,
         part_ml,
         scale * 1.4426950408889634,
+        window,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -209,4 +237,4 @@ def paged_decode_attention(
         KV_SPLIT=kv_split,
         DOT_PRECISION=dot_precision(q.dtype),
     )
-    merge_splits(part_acc, part_ml, meta.row_token, meta.row_len, out, kv_split)
+    merge_splits(part_acc, part_ml, meta.row_token, meta.row_len, out, kv_split, window)
