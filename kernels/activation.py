@@ -22,3 +22,17 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     if x.dtype in _WIDE:
         return 1 / (1 + torch.exp(-x))
     return torch.sigmoid(x)
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) = 2 / (1 + exp(-2x)) - 1 in float32/64 (torch's own tanh has the same two paths as silu)."""
+    if x.dtype in _WIDE:
+        return 2 / (1 + torch.exp(-2 * x)) - 1
+    return torch.tanh(x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation (transformers' `gelu_pytorch_tanh`), composed in float32 for narrow dtypes."""
+    wide = x if x.dtype in _WIDE else x.float()
+    inner = 0.7978845608028654 * (wide + 0.044715 * wide * wide * wide)  # sqrt(2 / pi) (x + 0.044715 x^3)
+    return (0.5 * wide * (1 + tanh(inner))).to(x.dtype)

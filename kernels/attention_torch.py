@@ -21,10 +21,11 @@ def gather_cache(cache: torch.Tensor, block_table: list[int], length: int) -> to
     return rows.reshape(num_blocks * block_size, *cache.shape[2:])[:length]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
     """One sequence's new queries over its whole context.
 
-    q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> [Tq, Hq, Dv]; query j sits at position Tk - Tq + j.
+    q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> [Tq, Hq, Dv]; query j sits at position Tk - Tq + j and,
+    with `window` > 0, sees only the keys of the last `window` positions up to its own.
     """
     num_q, num_heads = q.shape[0], q.shape[1]
     num_k, group = k.shape[0], num_heads // k.shape[1]
@@ -35,8 +36,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     kh = k.to(compute).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Tk, D]
     vh = v.to(compute).repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Tk, Dv]
     scores = torch.matmul(qh, kh.transpose(1, 2)) * scale  # [Hq, Tq, Tk]
-    future = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).triu(num_k - num_q + 1)  # [Tq, Tk]
-    scores = scores.masked_fill(future, float("-inf"))
+    hidden = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).triu(num_k - num_q + 1)  # [Tq, Tk]
+    if window > 0:  # and keys at or before position - window
+        hidden |= torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(num_k - num_q - window)
+    scores = scores.masked_fill(hidden, float("-inf"))
     softmax_dtype = torch.float64 if compute == torch.float64 else torch.float32
     probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(compute)  # [Hq, Tq, Tk]
     out = torch.matmul(probs, vh)  # [Hq, Tq, Dv]
@@ -60,13 +63,15 @@ def paged_attention_torch(
     context_lens: list[int],
     block_tables: list[list[int]],
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Each sequence's new queries over its cached context: q [T, Hq, D] -> [T, Hq, Dv]."""
+    """Each sequence's new queries over its cached context (`window`: as causal_attention's): q [T, Hq, D] ->
+    [T, Hq, Dv]."""
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])  # [T, Hq, Dv]
     for (start, end), length, table in zip(sequence_spans(query_lens), context_lens, block_tables):
         if end == start:
             continue
         keys = gather_cache(k_cache, table, length)  # [ctx, Hkv, D]
         values = gather_cache(v_cache, table, length)  # [ctx, Hkv, Dv]
-        out[start:end] = causal_attention(q[start:end], keys, values, scale)
+        out[start:end] = causal_attention(q[start:end], keys, values, scale, window)
     return out

@@ -1,7 +1,8 @@
 """Paged causal attention on CPU in float32 with a fixed per-row order (kernels/cpu/paged_attention.c).
 
 Each (query row, head) is computed whole by one thread over its own keys in ascending order, so a row's
-bits never depend on how many rows, sequences or threads share the step; no K/V gather copies are made.
+bits never depend on how many rows, sequences or threads share the step; no K/V gather copies are made. On
+a sliding-window layer a row's keys are its window's alone.
 """
 
 import weakref
@@ -69,9 +70,10 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> b
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout, scale: float, window: int = 0
 ) -> torch.Tensor:
-    """q [T, Hq, D] over caches [blocks, bs, Hkv, D|Dv] -> [T, Hq, Dv] (K/V of this step already written)."""
+    """q [T, Hq, D] over caches [blocks, bs, Hkv, D|Dv] -> [T, Hq, Dv] (K/V of this step already written);
+    `window` > 0: a row at position p sees keys p - window + 1..p only (a sliding-window layer)."""
     lib = cpu_native.library()
     assert lib is not None
     q = q.contiguous()
@@ -96,6 +98,7 @@ def paged_attention(
         v_dim,
         block_size,
         layout.max_keys,
+        window,
         scale,
         DTYPE_CODES[q.dtype],
         cpu_native.threads(),

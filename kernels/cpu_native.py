@@ -98,6 +98,7 @@ SIGNATURES = {
         _i64,
         _i64,
         _i64,
+        _i64,
         _f32,
         _int,
         _int,

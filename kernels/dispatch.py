@@ -151,20 +151,21 @@ def write_cache(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.T
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepLayout, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepLayout, scale: float, window: int = 0
 ) -> torch.Tensor:
-    """Replaces PagedAttention.forward's per-sequence loop: q [T, Hq, D] -> [T, Hq, Dv] (K/V already written)."""
+    """Replaces PagedAttention.forward's per-sequence loop: q [T, Hq, D] -> [T, Hq, Dv] (K/V already written);
+    `window` > 0: each query sees the keys of its last `window` positions only (a sliding-window layer)."""
     if backend(q, k_cache) == "torch":
         if cpu_attention.supports(q, k_cache, v_cache):
             layout = cpu_attention.row_layout(batch.query_lens, batch.context_lens, batch.block_tables, batch)
-            return cpu_attention.paged_attention(q, k_cache, v_cache, layout, scale)
+            return cpu_attention.paged_attention(q, k_cache, v_cache, layout, scale, window)
         return attention_torch.paged_attention_torch(
-            q, k_cache, v_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale
+            q, k_cache, v_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale, window
         )
     meta = step_meta(batch, k_cache.shape[1], q.device, DECODE_MAX_QUERY)
     out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[3], dtype=q.dtype, device=q.device)
-    paged_decode_attention(q, k_cache, v_cache, meta, scale, out)
-    paged_prefill_attention(q, k_cache, v_cache, meta, scale, out)
+    paged_decode_attention(q, k_cache, v_cache, meta, scale, out, window=window)
+    paged_prefill_attention(q, k_cache, v_cache, meta, scale, out, window=window)
     return out
 
 

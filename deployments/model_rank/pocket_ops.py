@@ -19,6 +19,7 @@ from deployments.messages.slide import (
     TrainSteps,
 )
 from deployments.messages.step import StepPlan
+from deployments.model_rank.layers.decoder import DecoderLayer
 from deployments.model_rank.models.base import CausalLM
 from deployments.model_rank.pocket import Pocket, RowSpan
 from deployments.model_rank.pocket_training import PocketTraining
@@ -38,9 +39,12 @@ class PocketOps:
     """The pocket on the model's last layer, and the one fact being trained."""
 
     def __init__(self, model: CausalLM, neurons: int, device: torch.device) -> None:
+        last = model.model.layers[-1]
+        if not isinstance(last, DecoderLayer):  # the pocket joins DecoderLayer's MLP sum
+            raise ValueError(f"living weights (slide) are not served on {model.config.model_type} checkpoints")
         self.model = model
         self.pocket = Pocket(model.config.hidden_size, neurons, device)
-        model.model.layers[-1].pocket = self.pocket
+        last.pocket = self.pocket
         self.training: PocketTraining | None = None
 
     def answer(self, call: PocketCall[Any]) -> object:

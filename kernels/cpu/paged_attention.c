@@ -1,12 +1,14 @@
 // Paged causal attention for the CPU path in float32, a few query rows at a time.
 //
-// A row (sequence s, query head h, query i at position p) reads keys 0..p of its sequence through the
-// block table and always runs the same sequence of ops: scores in ascending key order (a 16-lane dot and
+// A row (sequence s, query head h, query i at position p) reads keys lo..p of its sequence through the
+// block table (lo = 0, or p - window + 1 on a sliding-window layer) and always runs the same sequence of ops: scores in ascending key order (a 16-lane dot and
 // one fixed horizontal sum each), the max, exp in 16-key chunks, their sum in the same chunks, then the
 // weighted V sum in ascending key order. Rows that share a sequence and a KV head are computed together in
 // tiles, so each K and V row is loaded and widened once for the tile and the tile's independent V sums hide
 // each other's FMA latency; but a tile only interleaves its rows' ops, never mixes them, so a row's bits are
-// the same alone, batched, in any tile, any prefill chunking, during decode and on any thread count.
+// the same alone, batched, in any tile, any prefill chunking, during decode and on any thread count. Keys below
+// a row's lo are never read (their blocks may be reused), and the 16-key chunks stay counted from key 0: a
+// chunk of keys wholly below lo only ever added exact zeros, so skipping it changes no bit.
 #include <math.h>
 #include <stdlib.h>
 
@@ -23,7 +25,7 @@ typedef struct {
     const int64_t *table_starts;  // [S]: where sequence s's block ids start in `tables`
     const int64_t *row_seq;  // [T]: the sequence of each query row
     const int64_t *row_pos;  // [T]: each query row's position in its sequence
-    int64_t hq, hkv, d, dv, block_size;
+    int64_t hq, hkv, d, dv, block_size, window;  // window 0: every earlier key
     float scale;
     int dtype;
 } attention_args;
@@ -42,15 +44,19 @@ static inline __attribute__((always_inline)) void attend_tile_as(
     const int64_t dq = DQ ? DQ : (a->d + 15) / 16, dvq = DVQ ? DVQ : (a->dv + 15) / 16;
     const int64_t s = a->row_seq[ts[0]], kv_head = hs[0] / (a->hq / a->hkv);
     const int64_t *table = a->tables + a->table_starts[s];
-    int64_t keys[MAX_TILE], most = 0, fewest = INT64_MAX;
+    int64_t keys[MAX_TILE], lo[MAX_TILE], most = 0, fewest = INT64_MAX, lowest = INT64_MAX;
     for (int r = 0; r < n; r++) {
         keys[r] = a->row_pos[ts[r]] + 1;
+        lo[r] = a->window > 0 && keys[r] > a->window ? keys[r] - a->window : 0;
         most = keys[r] > most ? keys[r] : most;
         fewest = keys[r] < fewest ? keys[r] : fewest;
+        lowest = lo[r] < lowest ? lo[r] : lowest;
     }
-    for (int64_t j = 0, b = 0; j < most; b++) {  // each key's cache row, walking the block table
+    const int64_t first = lowest / 16 * 16;  // the first 16-key chunk any row of the tile reads
+    for (int64_t j = first, b = first / a->block_size; j < most; b++) {  // each key's cache row, by block table
         const int64_t base = table[b] * a->block_size;
-        for (int64_t slot = 0; slot < a->block_size && j < most; slot++, j++) rows[j] = (base + slot) * a->hkv + kv_head;
+        for (int64_t slot = j % a->block_size; slot < a->block_size && j < most; slot++, j++)
+            rows[j] = (base + slot) * a->hkv + kv_head;
     }
     vf16 q[MAX_TILE][MAX_HEAD_DIM / 16], best[MAX_TILE];
     for (int r = 0; r < n; r++) {
@@ -58,11 +64,11 @@ static inline __attribute__((always_inline)) void attend_tile_as(
         for (int64_t c = 0; c < dq; c++)
             q[r][c] = load16(a->q, (ts[r] * a->hq + hs[r]) * a->d + c * 16, dtype, a->d - c * 16);
     }
-    for (int64_t j0 = 0; j0 < most; j0 += 16) {  // scores of 16 keys at a time
+    for (int64_t j0 = first; j0 < most; j0 += 16) {  // scores of 16 keys at a time
         vf16 partial[MAX_TILE][16];
         for (int i = 0; i < 16; i++) {
             const int64_t j = j0 + i;
-            if (j >= most) {
+            if (j >= most || j < lowest) {
                 for (int r = 0; r < n; r++) partial[r][i] = vf_zero();
                 continue;
             }
@@ -70,14 +76,16 @@ static inline __attribute__((always_inline)) void attend_tile_as(
             for (int64_t c = 0; c < dq; c++) k[c] = load16(a->k_cache, rows[j] * a->d + c * 16, dtype, a->d - c * 16);
             for (int r = 0; r < n; r++) {
                 vf16 dot = vf_zero();
-                if (j < keys[r])
+                if (j < keys[r] && j >= lo[r])
                     for (int64_t c = 0; c < dq; c++) dot = vf_fma(q[r][c], k[c], dot);
                 partial[r][i] = dot;
             }
         }
         for (int r = 0; r < n; r++) {
-            if (j0 >= keys[r]) continue;
-            const vf16 group = vf_mul(sum_lanes_of_16(partial[r]), vf_set1(a->scale));
+            if (j0 >= keys[r] || j0 + 16 <= lo[r]) continue;
+            const int64_t below = lo[r] > j0 ? lo[r] - j0 : 0;  // lanes left of the window
+            const vf16 group = vf_select(vf_tail(below), vf_set1(-INFINITY),
+                                         vf_mul(sum_lanes_of_16(partial[r]), vf_set1(a->scale)));
             vf_store_f32(scores + r * padded + j0, keys[r] - j0, group);
             best[r] = vf_select(vf_tail(keys[r] - j0), vf_max(best[r], group), best[r]);
         }
@@ -87,9 +95,10 @@ static inline __attribute__((always_inline)) void attend_tile_as(
         float *row_scores = scores + r * padded;
         const vf16 top = vf_set1(vf_reduce_max(best[r]));
         vf16 total = vf_zero();
-        for (int64_t j0 = 0; j0 < keys[r]; j0 += 16) {
-            const int64_t left = keys[r] - j0;
-            const vf16 e = vf_select(vf_tail(left), exp_nonpositive(vf_sub(vf_load_f32(row_scores + j0, left), top)), vf_zero());
+        for (int64_t j0 = lo[r] / 16 * 16; j0 < keys[r]; j0 += 16) {
+            const int64_t left = keys[r] - j0, below = lo[r] > j0 ? lo[r] - j0 : 0;
+            vf16 e = vf_select(vf_tail(left), exp_nonpositive(vf_sub(vf_load_f32(row_scores + j0, left), top)), vf_zero());
+            e = vf_select(vf_tail(below), vf_zero(), e);  // exp of -inf is not 0 here: the window's left edge
             vf_store_f32(row_scores + j0, left, e);
             total = vf_add(total, e);
         }
@@ -101,12 +110,12 @@ static inline __attribute__((always_inline)) void attend_tile_as(
         vf16 acc[MAX_TILE][V_CHUNK];
         for (int r = 0; r < n; r++)
             for (int c = 0; c < chunk; c++) acc[r][c] = vf_zero();
-        for (int64_t j = 0; j < most; j++) {  // every row in ascending key order, each over its own keys
+        for (int64_t j = lowest; j < most; j++) {  // every row in ascending key order, each over its own keys
             vf16 v[V_CHUNK];
             for (int c = 0; c < chunk; c++)
                 v[c] = load16(a->v_cache, rows[j] * a->dv + (c0 + c) * 16, dtype, a->dv - (c0 + c) * 16);
             for (int r = 0; r < n; r++) {
-                if (j >= fewest && j >= keys[r]) continue;  // a key only the tile's later rows see
+                if ((j >= fewest && j >= keys[r]) || j < lo[r]) continue;  // a key outside this row's span
                 const vf16 p = vf_set1(scores[r * padded + j]);
                 for (int c = 0; c < chunk; c++) acc[r][c] = vf_fma(p, v[c], acc[r][c]);
             }
@@ -138,9 +147,9 @@ TILE_OF(DT_F16)
 void tf_paged_attention(const void *q, const void *k_cache, const void *v_cache, void *out, const int64_t *tables,
                         const int64_t *table_starts, const int64_t *row_seq, const int64_t *row_pos, int64_t rows,
                         int64_t hq, int64_t hkv, int64_t d, int64_t dv, int64_t block_size, int64_t max_keys,
-                        float scale, int dtype, int threads) {
+                        int64_t window, float scale, int dtype, int threads) {
     const attention_args a = {q, k_cache, v_cache, out, tables, table_starts, row_seq, row_pos,
-                              hq, hkv, d, dv, block_size, scale, dtype};
+                              hq, hkv, d, dv, block_size, window, scale, dtype};
     const int64_t group = hq / hkv, per_tile = MAX_TILE;
     // Runs of query rows of one sequence (a step's rows are grouped by sequence), and the first tile of each.
     int64_t *run_start = (int64_t *)malloc((size_t)(rows + 1) * sizeof(int64_t));

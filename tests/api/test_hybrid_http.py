@@ -12,7 +12,7 @@ import torch
 from serve_app.fixtures.archs import HYBRID_ARCHS
 from serve_app.fixtures.checkpoints import build_random_checkpoint
 from serve_app.fixtures.tokenizer_builder import build_tokenizer
-from tests.support.local_app import local_client
+from tests.support.local_app import greedy_ids_over_http, local_client
 from tests.support.reference import hf_greedy
 
 pytest.importorskip("transformers")
@@ -36,21 +36,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_greedy_ids_over_http_equal_transformers(arch: str, backend: str, checkpoints: dict[str, Path]) -> None:
     prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
     expected = hf_greedy(checkpoints[arch], prompt, NEW_TOKENS)
-    body = {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": NEW_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
     for chunk in (512, 7):
         settings = dict(window=128, dtype="float32", prefill_chunk_size=chunk, backend=backend)
-        with local_client(str(checkpoints[arch]), **settings) as client:
-            reply = client.post("/v1/completions", json=body)
-            assert reply.status_code == 200, reply.text
-            assert reply.json()["choices"][0]["token_ids"] == expected, f"prefill chunks of {chunk}"
-            assert client.get("/health").json().get("backend") == ("mlx" if backend == "mlx" else None)
+        ids = greedy_ids_over_http(str(checkpoints[arch]), prompt, NEW_TOKENS, **settings)
+        assert ids == expected, f"prefill chunks of {chunk}"
 
 
 def test_health_and_memory_count_the_state_slots(checkpoints: dict[str, Path]) -> None:

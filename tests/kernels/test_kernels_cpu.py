@@ -174,26 +174,27 @@ class Step:
         self.v = torch.randn(shape, generator=gen).to(dtype)
         self.q = {i: torch.randn(n, heads, dim, generator=gen).to(dtype) for i, n in enumerate(lengths)}
 
-    def run(self, queries: list[tuple[int, int, int]]) -> torch.Tensor:
+    def run(self, queries: list[tuple[int, int, int]], window: int = 0) -> torch.Tensor:
         """queries: (sequence, first query position, count) -> the rows' outputs, in order."""
         q = torch.cat([self.q[s][first : first + count] for s, first, count in queries])
         query_lens = [count for _, _, count in queries]
         context_lens = [first + count for _, first, count in queries]
         tables = [self.tables[s] for s, _, _ in queries]
         layout = cpu_attention.row_layout(query_lens, context_lens, tables)
-        return cpu_attention.paged_attention(q, self.k, self.v, layout, scale=0.125)
+        return cpu_attention.paged_attention(q, self.k, self.v, layout, scale=0.125, window=window)
 
 
+@pytest.mark.parametrize("window", [0, 1, 20, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_attention_matches_a_float64_reference(dtype: torch.dtype) -> None:
+def test_attention_matches_a_float64_reference(dtype: torch.dtype, window: int) -> None:
     step = Step([37, 5, 70], dtype)
-    ours = step.run([(0, 30, 7), (1, 4, 1), (2, 0, 70)]).double()
+    ours = step.run([(0, 30, 7), (1, 4, 1), (2, 0, 70)], window).double()
     reference = []
     for s, first, count in [(0, 30, 7), (1, 4, 1), (2, 0, 70)]:
         keys = attention_torch.gather_cache(step.k, step.tables[s], first + count).double()
         values = attention_torch.gather_cache(step.v, step.tables[s], first + count).double()
         reference.append(
-            attention_torch.causal_attention(step.q[s][first : first + count].double(), keys, values, 0.125)
+            attention_torch.causal_attention(step.q[s][first : first + count].double(), keys, values, 0.125, window)
         )
     expected = torch.cat(reference)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -202,20 +203,31 @@ def test_attention_matches_a_float64_reference(dtype: torch.dtype) -> None:
 
 # Head sizes with a compiled variant (64, 128) and without (96); KV groups that cut a row's heads across tiles
 # (3 heads per KV head, 4 rows a tile), fill whole tiles (8) or give one head per KV head.
+# Windows (sliding-window layers) that start mid-chunk and mid-block, and one wider than every context.
+@pytest.mark.parametrize("window", [0, 13, 40, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(6, 2, 64), (8, 1, 128), (4, 4, 96)])
 def test_attention_rows_do_not_depend_on_the_step(
-    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, threads
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, window: int, threads
 ) -> None:
     step = Step([50, 23, 90], dtype, heads, kv_heads, dim)
-    whole = step.run([(0, 0, 50)])
+    whole = step.run([(0, 0, 50)], window)
     for chunk in (1, 7, 16):  # prefill in chunks: each chunk's rows equal the whole pass's
-        parts = [step.run([(0, at, min(chunk, 50 - at))]) for at in range(0, 50, chunk)]
+        parts = [step.run([(0, at, min(chunk, 50 - at))], window) for at in range(0, 50, chunk)]
         assert torch.equal(torch.cat(parts), whole), chunk
-    mixed = step.run([(1, 10, 13), (0, 40, 10), (2, 0, 90)])  # batched with other sequences
+    mixed = step.run([(1, 10, 13), (0, 40, 10), (2, 0, 90)], window)  # batched with other sequences
     assert torch.equal(mixed[13:23], whole[40:50])
-    one = threads(1, step.run, [(2, 0, 90)])
-    assert torch.equal(threads(2, step.run, [(2, 0, 90)]), one)
+    one = threads(1, step.run, [(2, 0, 90)], window)
+    assert torch.equal(threads(2, step.run, [(2, 0, 90)], window), one)
+
+
+def test_a_window_reads_no_key_before_it() -> None:
+    step = Step([90], torch.float32)
+    before = step.run([(0, 80, 10)], window=20)
+    for block in step.tables[0][:3]:  # keys 0..47: below every row's window (rows see 61.. and later)
+        step.k[block] = float("nan")
+        step.v[block] = float("nan")
+    assert torch.equal(step.run([(0, 80, 10)], window=20), before)
 
 
 # ---- the layer's elementwise parts and the greedy argmax ---------------------------------------------------

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/rank/conftest.py
 
 PROMPT, NEW_TOKENS = [(7 * j) % 500 + 2 for j in range(24)], 12
-ARCHS = ("qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "nemotron_h", "qwen3_next", "qwen3_5")
+ARCHS = ("qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "nemotron_h", "qwen3_next", "qwen3_5", "gemma4_text")
 Edit = Callable[[dict], None]
 
 
@@ -62,6 +62,24 @@ REFUSED: dict[str, tuple[str, Edit, str]] = {
     "glm gelu MLP": ("glm4_moe", _set(hidden_act="gelu"), "hidden_act 'gelu'"),
     "qwen3_5 two mrope sections": ("qwen3_5", _text_rope(mrope_section=[2, 2]), "rope_parameters.mrope_section"),
     "qwen3_5 vision yarn": ("qwen3_5", _vision_rope(rope_type="yarn"), "vision_config.rope_parameters.rope_type"),
+    "gemma4 expert block": (
+        "gemma4_text",
+        _set(enable_moe_block=True, num_experts=4, top_k_experts=2),
+        "enable_moe_block",
+    ),
+    "gemma4 bidirectional text": (
+        "gemma4_text",
+        _set(use_bidirectional_attention="all"),
+        "use_bidirectional_attention",
+    ),
+    "gemma4 silu MLP": ("gemma4_text", _set(hidden_activation="silu"), "hidden_activation 'silu'"),
+    "gemma4 yarn on full layers": (
+        "gemma4_text",
+        lambda config: config["rope_parameters"]["full_attention"].update(rope_type="yarn"),
+        "rope_parameters.full_attention",
+    ),
+    "gemma4 shared layers with no source": ("gemma4_text", _set(num_kv_shared_layers=5), "num_kv_shared_layers"),
+    "gemma4 empty window": ("gemma4_text", _set(sliding_window=-1), "sliding_window"),
 }
 
 
@@ -83,6 +101,11 @@ DEFAULTED: dict[str, tuple[str, Edit]] = {
     "glm-lite experts per token": ("glm4_moe_lite", _drop("num_experts_per_tok")),  # transformers: 4 of the 8
     "glm experts per token": ("glm4_moe", lambda c: c.update(n_group=1) or c.pop("num_experts_per_tok")),  # all 8
     "qwen3 swish": ("qwen3", _set(hidden_act="swish")),
+    # The full layers' shape as the keys transformers folds into per_layer_config when it builds a config.
+    "gemma4 global head keys": (
+        "gemma4_text",
+        lambda c: c.pop("per_layer_config") and c.update(global_head_dim=32, num_global_key_value_heads=1),
+    ),
 }
 
 

@@ -15,7 +15,7 @@ from serve_app.fixtures.checkpoints import ARCHS, build_random_checkpoint
 from serve_app.fixtures.tiny_glm.corpus import CONVERSATIONS
 from serve_app.fixtures.tokenizer_builder import build_tokenizer
 from tests.conftest import REPO
-from tests.support.local_app import local_client
+from tests.support.local_app import greedy_ids_over_http, local_client
 from tests.support.reference import hf_greedy
 
 mx = pytest.importorskip("mlx.core")
@@ -37,22 +37,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[str, Path]) -> None:
     prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
     expected = hf_greedy(checkpoints[arch], prompt, NEW_TOKENS)
-    body = {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": NEW_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
     for chunk in (512, 7):  # the prompt whole, and in 7-token chunks
-        with local_client(
-            str(checkpoints[arch]), window=256, backend="mlx", dtype="float32", prefill_chunk_size=chunk
-        ) as client:
-            reply = client.post("/v1/completions", json=body)
-            assert reply.status_code == 200, reply.text
-            assert reply.json()["choices"][0]["token_ids"] == expected
-            assert client.get("/health").json()["backend"] == "mlx"
+        settings = dict(window=256, backend="mlx", dtype="float32", prefill_chunk_size=chunk)
+        assert greedy_ids_over_http(str(checkpoints[arch]), prompt, NEW_TOKENS, **settings) == expected
 
 
 def test_tiny_glm_writes_its_scripted_replies(served_model: str) -> None:

@@ -1,5 +1,6 @@
 """Model code against transformers on tiny random checkpoints, batch invariance, and tensor parallelism;
-for hybrid models (HYBRID_ARCHS) also their recurrent states captured after a row and resumed elsewhere."""
+for hybrid models (HYBRID_ARCHS) also their recurrent states captured after a row and resumed elsewhere;
+sliding-window models (WINDOW_ARCHS) with prompts four windows long."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,14 +12,14 @@ import torch.multiprocessing as mp
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
 from kernels import cpu_gemm
-from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, build_random_checkpoint
+from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, WINDOW_ARCHS, build_random_checkpoint
 from tests.support.kernel_levels import other_kernel_levels
 from tests.support.model_harness import PagedHarness, tp_worker
 from tests.support.reference import hf_model
 
 transformers = pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 64, 32
-ALL_ARCHS = ARCHS + HYBRID_ARCHS  # hybrids run with a state slot per sequence (PagedHarness)
+ALL_ARCHS = ARCHS + HYBRID_ARCHS + WINDOW_ARCHS  # hybrids run with a state slot per sequence (PagedHarness)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -136,6 +137,24 @@ VARIANTS = {
     "nemotron_h-biases": (
         "nemotron_h",
         dict(hybrid_override_pattern="*ME-M", use_bias=True, mlp_bias=True, use_conv_bias=False),
+    ),
+    # Gemma 4 without per-layer inputs, shared KV, K-as-V or a softcap; transformers' default layer pattern
+    # (the last forced full), and full layers turning half their pairs. Three layers: six sandwich-normed
+    # ones put transformers' own float32 logits 1.5e-4 from float64, past this test's bar (the fixture has four).
+    "gemma4_text-plain": (
+        "gemma4_text",
+        dict(
+            num_hidden_layers=3,
+            hidden_size_per_layer_input=0,
+            num_kv_shared_layers=0,
+            attention_k_eq_v=False,
+            final_logit_softcapping=None,
+            layer_types=None,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6},
+            },
+        ),
     ),
 }
 
@@ -302,6 +321,22 @@ def test_tensor_parallel_matches_single_rank(checkpoints: dict[str, Path], promp
         expected = PagedHarness(model).step([(0, prompt[:24])], all_logits=True)
         assert (logits - expected).abs().max().item() < 1e-5, name
         assert continuation == PagedHarness(model).generate(0, prompt[:24], 16), name
+
+
+def test_sliding_window_tensor_parallel_matches_single_rank(
+    checkpoints: dict[str, Path], prompt: list[int], tmp_path: Path
+) -> None:
+    """Gemma 4 (sliding and full layers, a kv head replicated on both ranks, shared KV, per-layer inputs) over
+    two ranks: equal greedy continuations, logits within 1e-4 of one rank's. The bar is the family's float32
+    noise, not the 1e-5 above: a norm after each sublayer rescales the attention and MLP outputs (small
+    vectors) to unit RMS, so the all-reduce's other summation order reaches the logits 60 ulps wide (1.4e-5
+    on the fixture's first row); transformers' own float32 logits of a six-layer one lie 1.5e-4 from float64."""
+    name = str(checkpoints["gemma4_text"])
+    logits, continuation, _ = _tensor_parallel_results([name], prompt[:24], tmp_path)[name]
+    model = load_model(name, dtype="float32")
+    expected = PagedHarness(model).step([(0, prompt[:24])], all_logits=True)
+    assert (logits - expected).abs().max().item() < 1e-4
+    assert continuation == PagedHarness(model).generate(0, prompt[:24], 16)
 
 
 def test_hybrid_tensor_parallel_matches_single_rank(

@@ -50,3 +50,21 @@ def local_client(served_model: str, window: int = WINDOW, **engine: object) -> I
     with local_backend(served_model, window, **engine) as backend:
         with TestClient(build_api(backend, IngressSettings(served_name="tiny", model_ids=["tiny"]))) as client:
             yield client
+
+
+def greedy_ids_over_http(served_model: str, prompt: list[int], new_tokens: int, **settings: object) -> list[int]:
+    """The greedy continuation `/v1/completions` returns (end tokens ignored), over `local_client(**settings)`;
+    the replica's `/health` backend is checked against `settings`' too."""
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    with local_client(served_model, **settings) as client:  # type: ignore[arg-type]
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        assert client.get("/health").json().get("backend") == ("mlx" if settings.get("backend") == "mlx" else None)
+        return reply.json()["choices"][0]["token_ids"]

@@ -19,11 +19,14 @@ from kernels.activation import sigmoid
 class PagedAttention(nn.Module):
     """Writes new K/V into this layer's paged cache and attends each sequence over its cached context."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, v_head_dim: int = 0) -> None:
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, v_head_dim: int = 0, window: int = 0
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.spec = LayerCacheSpec(kind="kv", num_kv_heads=num_kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
         self.scale = scale
+        self.window = window  # > 0: a sliding-window layer, each query sees its last `window` positions
         self.cache: tuple[torch.Tensor, ...] | None = None
 
     def bind_cache(self, cache: tuple[torch.Tensor, ...]) -> None:
@@ -41,7 +44,14 @@ class PagedAttention(nn.Module):
         k_cache, v_cache = self.cache
         dispatch.write_cache(k_cache, k, batch.slot_mapping)
         dispatch.write_cache(v_cache, v, batch.slot_mapping)
-        return dispatch.paged_attention(q, k_cache, v_cache, batch, self.scale)  # [T, Hq, Dv]
+        return self.attend(q, batch)
+
+    def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """q [T, Hq, D] over the cache as it stands (a layer sharing this one's K/V reads it so, no copy)."""
+        if self.cache is None:
+            raise RuntimeError("KV caches are not bound: call bind_kv_caches() before forward()")
+        k_cache, v_cache = self.cache
+        return dispatch.paged_attention(q, k_cache, v_cache, batch, self.scale, self.window)  # [T, Hq, Dv]
 
 
 def kv_head_sharding(num_kv_heads: int, parallel: ParallelContext) -> tuple[int, int, int]:

@@ -131,7 +131,8 @@ class Mirror:
     def layer(self, module: nn.Module) -> Callable[[mx.array, MlxBatch], mx.array]:
         if isinstance(module, NemotronHBlock):
             return nemotron_block(self, module)
-        assert isinstance(module, TorchDecoderLayer)
+        if not isinstance(module, TorchDecoderLayer):  # Gemma 4's sandwich layers: the torch rank serves them
+            raise TypeError(f"no MLX mirror for {type(module).__name__}: serve this model on the torch backend")
         mixer = module.mixer
         return DecoderLayer(
             self.norm(module.input_layernorm),

@@ -15,6 +15,7 @@ from deployments.model_rank.fp8_kept import keep_fp8_projections
 from deployments.model_rank.fp8_weights import Fp8Files, Fp8Scheme, fp8_scheme
 from deployments.model_rank.layers.packing import mark_block_params, pack_projections
 from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
+from deployments.model_rank.models.gemma4 import Gemma4Config, Gemma4ForCausalLM
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
 from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
@@ -43,6 +44,9 @@ ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
     "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+    # Sliding-window and full attention layers, shared KV, per-layer inputs.
+    "gemma4_text": (Gemma4Config, Gemma4ForCausalLM),
+    "gemma4": (Gemma4Config, Gemma4ForCausalLM),  # the text model of the image-text checkpoint
     # Hybrids: Gated DeltaNet layers beside attention, with per-sequence state slots.
     "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
     "qwen3_5": (Qwen3_5Config, Qwen3_5ForCausalLM),

@@ -53,6 +53,23 @@ def id_list(value: Any) -> list[int]:
     return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
 
 
+OUTER_KEYS = ("dtype", "torch_dtype", "eos_token_id")  # taken from the top level where text_config lacks them
+
+
+def text_config(raw: dict[str, Any], tied_default: bool = False) -> dict[str, Any]:
+    """The language model's keys: `text_config` of a multimodal config.json (tie_word_embeddings from the top
+    level, where transformers reads it for the whole model), else the config itself."""
+    nested = raw.get("text_config")
+    if not isinstance(nested, dict):
+        return raw
+    text = dict(nested)
+    for key in OUTER_KEYS:
+        if text.get(key) is None and raw.get(key) is not None:
+            text[key] = raw[key]
+    text["tie_word_embeddings"] = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", tied_default))
+    return text
+
+
 @dataclass
 class DecoderConfig:
     """Keys every supported architecture reads from config.json."""

@@ -21,29 +21,14 @@ import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.gated_delta import SplitProjectionDeltaNet
-from deployments.model_rank.models.base import require
+from deployments.model_rank.models.base import require, text_config
 from deployments.model_rank.models.qwen3_5_vision import VisionConfig, VisionTower
 from deployments.model_rank.models.qwen3_moe import Qwen3MoeConfig
 from deployments.model_rank.models.qwen3_next import HybridConfig, HybridQwenForCausalLM
 from deployments.model_rank.weights import WeightTarget
 
 LANGUAGE_MODEL, VISION_TOWER = "model.language_model.", "model.visual."
-OUTER_KEYS = ("dtype", "torch_dtype", "eos_token_id")  # taken from the top level where text_config lacks them
 MROPE_SECTION = (11, 11, 10)  # transformers' Qwen3.5 rotary where rope_parameters has no mrope_section
-
-
-def text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """The language model's keys: `text_config` of a multimodal config.json (tie_word_embeddings from the top
-    level, where transformers reads it for the whole model), else the config itself."""
-    nested = raw.get("text_config")
-    if not isinstance(nested, dict):
-        return raw
-    text = dict(nested)
-    for key in OUTER_KEYS:
-        if text.get(key) is None and raw.get(key) is not None:
-            text[key] = raw[key]
-    text["tie_word_embeddings"] = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    return text
 
 
 def vision_keys(raw: dict[str, Any]) -> tuple[VisionConfig | None, int | None]:

@@ -16,7 +16,7 @@ void tf_fma_gemm(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const uin
 void tf_paged_attention(const void *q, const void *k_cache, const void *v_cache, void *out, const int64_t *tables,
                         const int64_t *table_starts, const int64_t *row_seq, const int64_t *row_pos, int64_t rows,
                         int64_t hq, int64_t hkv, int64_t d, int64_t dv, int64_t block_size, int64_t max_keys,
-                        float scale, int dtype, int threads);
+                        int64_t window, float scale, int dtype, int threads);
 void tf_rms_norm(const void *x, const void *residual, const void *weight, void *out, void *summed, int64_t rows,
                  int64_t hidden, float eps, int dtype, int threads);
 void tf_rotary(const void *x, void *out, const void *cos, const void *sin, int64_t tokens, int64_t heads,
@@ -109,12 +109,12 @@ static void check_attention(void) {
     double worst = 0.0;
     int invariant = 1;
     for (int threads = 1; threads <= 2; threads++)
-        tf_paged_attention(q, kc, vc, out, tables, starts, row_seq, row_pos, rows, HQ, HKV, D, D, BS, 70, 0.125f, F32,
+        tf_paged_attention(q, kc, vc, out, tables, starts, row_seq, row_pos, rows, HQ, HKV, D, D, BS, 70, 0, 0.125f, F32,
                            threads);
     for (int64_t t = 0; t < rows; t++) {
         const int64_t s = row_seq[t], pos = row_pos[t], seq[1] = {0};
         tf_paged_attention(q + t * HQ * D, kc, vc, one, tables + starts[s], seq, seq, &pos, 1, HQ, HKV, D, D, BS, pos + 1,
-                           0.125f, F32, 1);
+                           0, 0.125f, F32, 1);
         invariant &= memcmp(one, out + t * HQ * D, sizeof(float) * HQ * D) == 0;
         for (int h = 0; h < HQ; h++) {
             double scores[70], top = -INFINITY, total = 0.0;

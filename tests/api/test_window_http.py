@@ -1,0 +1,44 @@
+"""Sliding-window families over the real routes (in-process renderer and engine): greedy token ids over HTTP
+equal transformers' on a tiny random checkpoint (Gemma 4: a 16-token window, shared KV, per-layer inputs),
+the 60-token prompt whole and in 7-token chunks; the MLX rank refuses the family at startup, naming it."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from serve_app.fixtures.archs import WINDOW_ARCHS, tokenizer_family
+from serve_app.fixtures.checkpoints import build_random_checkpoint
+from serve_app.fixtures.tokenizer_builder import build_tokenizer
+from tests.support.local_app import greedy_ids_over_http, local_client
+from tests.support.reference import hf_greedy
+
+pytest.importorskip("transformers")
+PROMPT_LEN, NEW_TOKENS = 60, 24
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("window-http")
+    made = {}
+    for arch in WINDOW_ARCHS:
+        made[arch] = build_random_checkpoint(arch, root / arch)
+        build_tokenizer(made[arch], family=tokenizer_family(arch))
+    return made
+
+
+@pytest.mark.parametrize("arch", WINDOW_ARCHS)
+def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[str, Path]) -> None:
+    prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
+    expected = hf_greedy(checkpoints[arch], prompt, NEW_TOKENS)
+    for chunk in (512, 7):
+        settings = dict(window=128, dtype="float32", prefill_chunk_size=chunk)
+        assert greedy_ids_over_http(str(checkpoints[arch]), prompt, NEW_TOKENS, **settings) == expected, chunk
+
+
+@pytest.mark.parametrize("arch", WINDOW_ARCHS)
+def test_the_mlx_rank_refuses_the_family(arch: str, checkpoints: dict[str, Path]) -> None:
+    pytest.importorskip("mlx.core")
+    with pytest.raises(TypeError, match="no MLX mirror for SandwichLayer"):
+        with local_client(str(checkpoints[arch]), window=128, dtype="float32", backend="mlx"):
+            pass
