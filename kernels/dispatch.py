@@ -301,14 +301,16 @@ def moe_experts(
     up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """Replaces Experts.forward: x [T, H], weights/ids [T, k] -> [T, H]; `linear` is used by the torch path.
-    `gate_proj` None: relu^2 experts without a gate (layers/latent_moe.py)."""
+    `gate_proj` None: relu^2 experts without a gate (layers/latent_moe.py); `activation`: the gate's
+    (fused_moe.ACTIVATIONS)."""
     if backend(x, up_proj) == "triton":
-        return fused_moe.fused_moe(x, weights, ids, gate_proj, up_proj, down_proj)
+        return fused_moe.fused_moe(x, weights, ids, gate_proj, up_proj, down_proj, activation=activation)
     if gate_proj is None:
         return fused_moe.relu2_moe_torch(x, weights, ids, up_proj, down_proj, linear)
-    return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear)
+    return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear, activation)
 
 
 def causal_conv_scan(

@@ -1,8 +1,8 @@
 """Fused MoE experts: the routed (token, expert) pairs as one grouped GEMM pass per projection.
 
 Pairs are sorted by expert and each expert's run padded to BLOCK_M, so a program's BLOCK_M rows share
-one expert's weights. Pass 1 computes silu(x W_gate^T) * (x W_up^T) for those rows (or, for experts
-without a gate, Nemotron-H's relu(x W_up^T)^2); pass 2 multiplies by W_down^T and the routing weight and
+one expert's weights. Pass 1 computes act(x W_gate^T) * (x W_up^T) for those rows, act SiLU or GELU-tanh
+(Gemma 4), or, for experts without a gate, Nemotron-H's relu(x W_up^T)^2; pass 2 multiplies by W_down^T and the routing weight and
 writes each pair's row to its own slot; a last pass sums a token's k slots in slot order. No atomics
 anywhere: a token's result does not depend on the other tokens (batch invariance), only on its own
 routing. Nothing reads the device from the host either (the sort is device-side), so a step holding it
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import cdiv, dot_precision, jit, next_pow2, tl
-from kernels.activation import silu
+from kernels.activation import gelu_tanh, silu
 from kernels.checks import (
     FLOAT_DTYPES,
     check_device,
@@ -31,6 +31,7 @@ BLOCK_N = 64  # output features per program
 BLOCK_K = 64  # reduction step
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
 @jit
@@ -53,6 +54,7 @@ def _gate_up_kernel(
     stride_ip,
     TOP_K: tl.constexpr,
     GATED: tl.constexpr,  # False: relu(x W_up^T)^2, gate_ptr unread
+    GELU: tl.constexpr,  # the gate's activation: GELU-tanh (True) or SiLU
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -81,7 +83,10 @@ def _gate_up_kernel(
             acc_gate = tl.dot(a, w_gate, acc_gate, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         w_up = tl.load(up_ptr + expert * stride_ue + cols[None, :] * stride_ui + kk[:, None], mask=w_mask, other=0.0)
         acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
-    if GATED:
+    if GATED and GELU:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up, tanh from exp
+        inner = 0.7978845608028654 * (acc_gate + 0.044715 * acc_gate * acc_gate * acc_gate)
+        hidden_act = 0.5 * acc_gate * (2.0 / (1.0 + tl.exp(-2.0 * inner))) * acc_up
+    elif GATED:
         hidden_act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
     else:
         relu = tl.maximum(acc_up, 0.0)
@@ -186,17 +191,20 @@ def fused_moe_torch(
     up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     linear: Linear = F.linear,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """layers/moe.py's Experts.forward: x [T, H], weights/ids [T, k], gate/up [E, I, H], down [E, H, I] -> [T, H].
 
-    `linear` is the layer's batch-invariant matmul, so the CPU path keeps its bits.
+    `linear` is the layer's batch-invariant matmul, so the CPU path keeps its bits; `activation` names the
+    gate's (ACTIVATIONS).
     """
+    act = ACTIVATIONS[activation]
     top_k = ids.shape[1]
     slots = torch.zeros(x.shape[0], top_k, x.shape[1], dtype=x.dtype, device=x.device)  # [T, k, H]
     for expert in torch.unique(ids).tolist():
         tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
         rows = x[tokens]  # [n, H]
-        hidden = silu(linear(rows, gate_proj[expert])) * linear(rows, up_proj[expert])
+        hidden = act(linear(rows, gate_proj[expert])) * linear(rows, up_proj[expert])
         out = linear(hidden, down_proj[expert])  # [n, H]
         slots[tokens, slot] = (out * weights[tokens, slot, None]).to(x.dtype)
     total = slots[:, 0]
@@ -268,10 +276,13 @@ def fused_moe(
     down_proj: torch.Tensor,
     block_m: int = BLOCK_M,
     out: torch.Tensor | None = None,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """Triton experts: same arguments and result as fused_moe_torch (without `linear`): [T, H] (into `out`);
     `gate_proj` None: relu^2 experts, as relu2_moe_torch (each pair's weighted row kept in float32)."""
     _check(x, weights, ids, gate_proj, up_proj, down_proj)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
     num_experts, inter, hidden = up_proj.shape
     gated = gate_proj is not None
     gate = gate_proj if gate_proj is not None else up_proj  # an unread stand-in without a gate
@@ -304,6 +315,7 @@ def fused_moe(
         inter_rows.stride(0),
         TOP_K=top_k,
         GATED=gated,
+        GELU=activation == "gelu_tanh",
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,

@@ -1,6 +1,7 @@
 """Sliding-window families over the real routes (in-process renderer and engine): greedy token ids over HTTP
-equal transformers' on a tiny random checkpoint (Gemma 4: a 16-token window, shared KV, per-layer inputs),
-the 60-token prompt whole and in 7-token chunks; the MLX rank refuses the family at startup, naming it."""
+equal transformers' on tiny random checkpoints (Gemma 4: a 16-token window, shared KV, per-layer inputs; the
+image-text checkpoint's text model; the expert block beside every MLP), the 60-token prompt whole and in
+7-token chunks; the MLX rank refuses the family at startup, naming it."""
 
 from pathlib import Path
 
@@ -15,19 +16,21 @@ from tests.support.reference import hf_greedy
 
 pytest.importorskip("transformers")
 PROMPT_LEN, NEW_TOKENS = 60, 24
+EXPERTS = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+CHECKPOINTS = {arch: (arch, {}) for arch in WINDOW_ARCHS} | {"gemma4_text-experts": ("gemma4_text", EXPERTS)}
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("window-http")
     made = {}
-    for arch in WINDOW_ARCHS:
-        made[arch] = build_random_checkpoint(arch, root / arch)
-        build_tokenizer(made[arch], family=tokenizer_family(arch))
+    for name, (arch, overrides) in CHECKPOINTS.items():
+        made[name] = build_random_checkpoint(arch, root / name, **overrides)
+        build_tokenizer(made[name], family=tokenizer_family(arch))
     return made
 
 
-@pytest.mark.parametrize("arch", WINDOW_ARCHS)
+@pytest.mark.parametrize("arch", CHECKPOINTS)
 def test_greedy_ids_over_http_equal_transformers(arch: str, checkpoints: dict[str, Path]) -> None:
     prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
     expected = hf_greedy(checkpoints[arch], prompt, NEW_TOKENS)

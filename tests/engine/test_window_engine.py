@@ -1,4 +1,5 @@
-"""Sliding-window models in the engine (Gemma 4 on a tiny random checkpoint: a 16-token window, shared KV):
+"""Sliding-window models in the engine (Gemma 4 on tiny random checkpoints: a 16-token window, shared KV, and
+with the expert block beside every MLP):
 replies are the same solo and batched, whole and chunked (chunks that cross window edges), fresh and resumed
 from the prefix cache or from disk, preempted or not, drafted or serial, in float32 and bfloat16; a
 conversation's next turn finds its previous prompt and reply cached."""
@@ -14,7 +15,9 @@ from deployments.prompt_store.links import LocalStoreLink
 from deployments.scheduler.engine.core import Engine
 from tests.support.requests import alternating, greedy, reply_tokens
 
-CASES = [("gemma4_text", dtype) for dtype in ("float32", "bfloat16")]  # gemma4's text model is the same code
+EXPERTS = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+# gemma4's text model is the same code as gemma4_text's; routing adds per-token expert choices.
+CASES = [(name, dtype) for name in ("gemma4_text", "gemma4_text-experts") for dtype in ("float32", "bfloat16")]
 PROMPT = [(13 * j) % 400 + 20 for j in range(150)]  # over nine windows
 
 
@@ -24,10 +27,10 @@ def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    arch, dtype = request.param
-    out = tmp_path_factory.mktemp(f"{arch}-{dtype}")
-    build_random_checkpoint(arch, out, seed=5, dtype=dtype)
-    build_tokenizer(out, family=tokenizer_family(arch))
+    name, dtype = request.param
+    out = tmp_path_factory.mktemp(f"{name}-{dtype}")
+    build_random_checkpoint("gemma4_text", out, seed=5, dtype=dtype, **(EXPERTS if "experts" in name else {}))
+    build_tokenizer(out, family=tokenizer_family("gemma4_text"))
     return str(out), dtype
 
 

@@ -10,6 +10,7 @@ pytest.importorskip(
     "triton", reason="Triton is not importable: kernel tests need it (pip install triton)", exc_type=ImportError
 )
 
+from kernels.activation import gelu_tanh  # noqa: E402
 from kernels.fused_moe import fused_moe, fused_moe_torch, relu2_moe_torch, sort_by_expert  # noqa: E402
 from kernels.moe_routing import grouped_topk, grouped_topk_torch  # noqa: E402
 
@@ -96,3 +97,22 @@ def test_fused_relu_squared_experts_without_a_gate(dtype, tokens):
     assert_close(out, ref, dtype)
     alone = fused_moe(x[-1:], weights[-1:], ids[-1:], None, up, down)
     assert torch.equal(alone[0], out[-1])  # a token's result does not depend on the others
+
+
+@pytest.mark.parametrize("dtype, tokens", [(torch.float32, 5), (torch.bfloat16, 6), (torch.float32, 1)])
+def test_fused_gelu_tanh_experts(dtype, tokens):
+    """Gemma 4's experts (GELU-tanh gates): the Triton path against the CPU path's loop in float64, whose
+    composed GELU is torch's own to 1e-12, and a token's result alone equals its result among the others."""
+    gen = case_generator("gelu moe", dtype, tokens)
+    x = randn(tokens, 64, dtype=dtype, device=DEVICE, gen=gen)
+    gate, up, down = expert_weights(dtype, 8, 64, 96, gen)
+    weights, ids = routing(tokens, 8, 2, gen)
+    poison = poisoned(tokens, 64, dtype=dtype, device=DEVICE)
+    out = fused_moe(x, weights, ids, gate, up, down, out=poison, activation="gelu_tanh")
+    wide = x.double(), weights.double(), gate.double(), up.double(), down.double()
+    ref = fused_moe_torch(wide[0], wide[1], ids, *wide[2:], activation="gelu_tanh")
+    assert_close(out, ref, dtype)
+    rows = wide[0] @ wide[2][0].T
+    assert (gelu_tanh(rows) - torch.nn.functional.gelu(rows, approximate="tanh")).abs().max() < 1e-12
+    alone = fused_moe(x[-1:], weights[-1:], ids[-1:], gate, up, down, activation="gelu_tanh")
+    assert torch.equal(alone[0], out[-1])

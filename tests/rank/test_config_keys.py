@@ -62,10 +62,10 @@ REFUSED: dict[str, tuple[str, Edit, str]] = {
     "glm gelu MLP": ("glm4_moe", _set(hidden_act="gelu"), "hidden_act 'gelu'"),
     "qwen3_5 two mrope sections": ("qwen3_5", _text_rope(mrope_section=[2, 2]), "rope_parameters.mrope_section"),
     "qwen3_5 vision yarn": ("qwen3_5", _vision_rope(rope_type="yarn"), "vision_config.rope_parameters.rope_type"),
-    "gemma4 expert block": (
+    "gemma4 more experts per token than experts": (
         "gemma4_text",
-        _set(enable_moe_block=True, num_experts=4, top_k_experts=2),
-        "enable_moe_block",
+        _set(enable_moe_block=True, num_experts=4, top_k_experts=5, moe_intermediate_size=32),
+        r"top_k_experts \(5\)",
     ),
     "gemma4 bidirectional text": (
         "gemma4_text",

@@ -156,6 +156,11 @@ VARIANTS = {
             },
         ),
     ),
+    # Gemma 4's expert block beside every MLP: four GELU-tanh experts, two per token.
+    "gemma4_text-experts": (
+        "gemma4_text",
+        dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+    ),
 }
 
 

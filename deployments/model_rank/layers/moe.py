@@ -1,4 +1,5 @@
-"""Mixture-of-experts: routers (Qwen3 softmax top-k, GLM grouped sigmoid), experts, the sparse blocks.
+"""Mixture-of-experts: routers (Qwen3 softmax top-k, GLM grouped sigmoid, Gemma 4's scaled softmax), experts,
+the sparse blocks.
 
 Every token's result is independent of its neighbours: routing is row-wise, each expert runs the
 batch-invariant linear over the rows routed to it, and the k expert outputs of a token are summed in its
@@ -14,6 +15,7 @@ from torch import nn
 from deployments.model_rank.forward_batch import ParallelContext
 from deployments.model_rank.layers.linear import ReplicatedLinear, invariant_linear
 from deployments.model_rank.layers.mlp import GatedMLP
+from deployments.model_rank.layers.norm import unscaled_rms_norm
 from deployments.model_rank.layers.parallel import all_reduce, copy_shard, default_loader, divide
 from kernels import dispatch
 from kernels.activation import sigmoid
@@ -109,6 +111,28 @@ class Router(nn.Module):
         )
 
 
+class ScaledSoftmaxRouter(nn.Module):
+    """Gemma 4's router: the token RMS-normed (no weight), times a learned scale and 1/sqrt(H); a softmax over
+    the experts (float32), the top k renormalised, each times its expert's learned scale. Returns float32
+    (weights [T, k], ids [T, k]); checkpoint names `router.proj`, `router.scale`, `router.per_expert_scale`."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, eps: float) -> None:
+        super().__init__()
+        self.top_k, self.eps, self.root = top_k, eps, hidden_size**-0.5
+        self.proj = ReplicatedLinear(hidden_size, num_experts)
+        self.scale = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.scale.weight_loader = default_loader
+        self.per_expert_scale = nn.Parameter(torch.ones(num_experts), requires_grad=False)
+        self.per_expert_scale.weight_loader = default_loader
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.proj(unscaled_rms_norm(x, self.eps) * self.scale * self.root)  # [T, E] in the model dtype
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[ids], ids
+
+
 def stacked_expert_param(experts: int, rows: int, cols: int, shard_dim: int, parallel: ParallelContext) -> nn.Parameter:
     """One projection of every expert, stacked [E, rows, cols] (this rank's shard of dim `shard_dim` of each
     expert's [rows, cols]); it loads per-expert tensors or one fused [E, ...] tensor."""
@@ -127,14 +151,23 @@ def stacked_expert_param(experts: int, rows: int, cols: int, shard_dim: int, par
 
 
 class Experts(nn.Module):
-    """E gated-SiLU experts stored stacked: gate/up [E, I/tp, H], down [E, H, I/tp].
+    """E gated experts stored stacked: gate/up [E, I/tp, H], down [E, H, I/tp]; the gate's activation is SiLU, or
+    GELU-tanh (Gemma 4's, `activation="gelu_tanh"`).
 
     Loads per-expert hub tensors (`experts.{e}.gate_proj.weight`, ...) or the fused transformers layout
     (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]).
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, parallel: ParallelContext) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        parallel: ParallelContext,
+        activation: str = "silu",
+    ) -> None:
         super().__init__()
+        self.activation = activation
         local = divide(intermediate_size, parallel.tp_size, "expert intermediate size")
         self.gate_proj = stacked_expert_param(num_experts, local, hidden_size, 0, parallel)
         self.up_proj = stacked_expert_param(num_experts, local, hidden_size, 0, parallel)
@@ -142,7 +175,8 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, H], weights/ids [T, k] -> [T, H] (this rank's partial sum under TP)."""
-        return dispatch.moe_experts(x, weights, ids, self.gate_proj, self.up_proj, self.down_proj, invariant_linear)
+        projections = (self.gate_proj, self.up_proj, self.down_proj)
+        return dispatch.moe_experts(x, weights, ids, *projections, invariant_linear, self.activation)
 
 
 class SparseMoE(nn.Module):

@@ -1,5 +1,6 @@
 """Gemma's decoder pieces: the sandwich-normed layer (a norm before and after each sublayer, a learned scalar
-on the layer's output), per-layer input embeddings, and the GELU-tanh gated MLP.
+on the layer's output), its variant with an expert block beside the MLP, per-layer input embeddings, and
+the GELU-tanh gated MLP.
 
 Norms scale the float32 normalised row and round once (WideScaleRMSNorm), as transformers' Gemma4RMSNorm
 does. Every op is row-wise, so a row's result never depends on the batch around it.
@@ -10,20 +11,15 @@ import math
 import torch
 from torch import nn
 
-from deployments.model_rank.forward_batch import ForwardBatch
+from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.layers.decoder import DecoderStack
 from deployments.model_rank.layers.embedding import VocabEmbedding
 from deployments.model_rank.layers.linear import ReplicatedLinear
 from deployments.model_rank.layers.mlp import GatedMLP
+from deployments.model_rank.layers.moe import Experts, ScaledSoftmaxRouter
 from deployments.model_rank.layers.norm import WideScaleRMSNorm
-from deployments.model_rank.layers.parallel import default_loader
+from deployments.model_rank.layers.parallel import all_reduce, default_loader
 from kernels.activation import gelu_tanh
-
-
-def unscaled_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without a weight (Gemma's value norm), in float32, rounded once."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def scaled_by(value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -85,6 +81,36 @@ class SandwichLayer(nn.Module):
 
     def bind_cache(self, cache: tuple[torch.Tensor, ...]) -> None:
         self.self_attn.bind_cache(cache)
+
+
+class SandwichMoELayer(SandwichLayer):
+    """A sandwich layer whose feed-forward is the MLP and an expert block beside it (Gemma 4's
+    `enable_moe_block`): each normed on its way out, the experts routed on the layer's residual stream."""
+
+    def __init__(
+        self,
+        self_attn: nn.Module,
+        mlp: nn.Module,
+        hidden_size: int,
+        eps: float,
+        per_layer: int,
+        experts: tuple[int, int, int],  # (count, per token, intermediate size)
+        parallel: ParallelContext,
+    ) -> None:
+        super().__init__(self_attn, mlp, hidden_size, eps, per_layer)
+        count, top_k, intermediate = experts
+        self.parallel = parallel
+        self.router = ScaledSoftmaxRouter(hidden_size, count, top_k, eps)
+        self.experts = Experts(count, hidden_size, intermediate, parallel, activation="gelu_tanh")
+        self.post_feedforward_layernorm_1 = WideScaleRMSNorm(hidden_size, eps)
+        self.pre_feedforward_layernorm_2 = WideScaleRMSNorm(hidden_size, eps)
+        self.post_feedforward_layernorm_2 = WideScaleRMSNorm(hidden_size, eps)
+
+    def feed_forward(self, normed: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        dense = self.post_feedforward_layernorm_1(self.mlp(normed))  # [T, H]
+        weights, ids = self.router(residual)
+        routed = self.experts(self.pre_feedforward_layernorm_2(residual), weights, ids)  # this rank's share
+        return dense + self.post_feedforward_layernorm_2(all_reduce(routed, self.parallel))
 
 
 class PerLayerInputs(nn.Module):

@@ -10,7 +10,9 @@ attention layers over `layer_types`.
   its kind, with no copy (and, with `use_double_wide_mlp`, has an MLP twice as wide).
 - Sandwich norms, a per-layer output scalar, per-layer input embeddings, GELU-tanh MLPs, an embedding
   scaled by sqrt(hidden), and `final_logit_softcapping` on the logits (layers/sandwich.py).
-Refused at startup, naming the key: the MoE block, bidirectional attention, other activations or RoPE types;
+- With `enable_moe_block`, every layer's MLP has an expert block beside it (`num_experts`, `top_k_experts`,
+  `moe_intermediate_size`; layers/moe.py's ScaledSoftmaxRouter and GELU-tanh Experts).
+Refused at startup, naming the key: bidirectional attention, other activations or RoPE types;
 `--vision` on a `gemma4` checkpoint (its tower is not served yet).
 """
 
@@ -23,15 +25,15 @@ from torch import nn
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.layers.attention import PagedAttention, kv_head_sharding
 from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
-from deployments.model_rank.layers.norm import WideScaleRMSNorm
+from deployments.model_rank.layers.norm import WideScaleRMSNorm, unscaled_rms_norm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding
 from deployments.model_rank.layers.sandwich import (
     GeluTanhMLP,
     PerLayerInputs,
     SandwichLayer,
+    SandwichMoELayer,
     SandwichStack,
-    unscaled_rms_norm,
 )
 from deployments.model_rank.models.base import CausalLM, DecoderConfig, require, text_config
 from deployments.model_rank.weights import WeightTarget
@@ -99,6 +101,13 @@ def _layer_shapes(raw: dict[str, Any], kinds: list[str], head_dim: int, kv_heads
     return shapes
 
 
+def _experts(raw: dict[str, Any]) -> tuple[int, int, int]:
+    count, top_k = int(require(raw, "num_experts")), int(require(raw, "top_k_experts"))
+    if not 0 < top_k <= count:
+        raise ValueError(f"top_k_experts ({top_k}) must be between 1 and num_experts ({count})")
+    return count, top_k, int(require(raw, "moe_intermediate_size"))
+
+
 def _kind_rope(raw: dict[str, Any], kind: str) -> KindRope:
     params = (raw.get("rope_parameters") or {}).get(kind) or {}
     rope_type = params.get("rope_type", "default")
@@ -121,14 +130,13 @@ class Gemma4Config(DecoderConfig):
     per_layer_vocab: int
     softcap: float | None
     double_wide: bool
+    experts: tuple[int, int, int] | None = None  # (count, per token, intermediate size) with the expert block
     model_type: str = "gemma4_text"
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> Self:
         model_type = str(raw.get("model_type", "gemma4_text"))
         raw = text_config(raw, tied_default=True)
-        if raw.get("enable_moe_block"):
-            raise ValueError("enable_moe_block: Gemma 4's expert block is not served yet")
         if raw.get("use_bidirectional_attention") == "all":
             raise ValueError("use_bidirectional_attention 'all' (non-causal text) is not supported")
         if raw.get("hidden_activation", ACTIVATIONS[0]) not in ACTIVATIONS:
@@ -150,6 +158,7 @@ class Gemma4Config(DecoderConfig):
             per_layer_vocab=int(raw.get("vocab_size_per_layer_input") or common["vocab_size"]),
             softcap=float(raw["final_logit_softcapping"]) if raw.get("final_logit_softcapping") else None,
             double_wide=bool(raw.get("use_double_wide_mlp", False)),
+            experts=_experts(raw) if raw.get("enable_moe_block") else None,
             model_type=model_type,
         )
 
@@ -222,7 +231,11 @@ class Gemma4ForCausalLM(CausalLM):
             width = cfg.intermediate_size * (2 if cfg.double_wide and shape.shares is not None else 1)
             attention = Gemma4Attention(cfg, shape, rotaries[key], parallel)
             mlp = GeluTanhMLP(cfg.hidden_size, width, parallel)
-            layers.append(SandwichLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, cfg.per_layer))
+            shape_args = (attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, cfg.per_layer)
+            if cfg.experts is None:
+                layers.append(SandwichLayer(*shape_args))
+            else:
+                layers.append(SandwichMoELayer(*shape_args, cfg.experts, parallel))
         for layer, shape in zip(layers, cfg.shapes):
             if shape.shares is not None:
                 layer.self_attn.source.append(layers[shape.shares].self_attn.attn)
