@@ -71,7 +71,9 @@ def paged_attention_torch(
     for (start, end), length, table in zip(sequence_spans(query_lens), context_lens, block_tables):
         if end == start:
             continue
-        keys = gather_cache(k_cache, table, length)  # [ctx, Hkv, D]
-        values = gather_cache(v_cache, table, length)  # [ctx, Hkv, Dv]
+        # Keys before the first query's window are never read: their blocks may hold anything.
+        first = max(0, length - (end - start) - window + 1) if window > 0 else 0
+        keys = gather_cache(k_cache, table, length)[first:]  # [ctx, Hkv, D]
+        values = gather_cache(v_cache, table, length)[first:]  # [ctx, Hkv, Dv]
         out[start:end] = causal_attention(q[start:end], keys, values, scale, window)
     return out

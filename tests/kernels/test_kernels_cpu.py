@@ -222,12 +222,19 @@ def test_attention_rows_do_not_depend_on_the_step(
 
 
 def test_a_window_reads_no_key_before_it() -> None:
+    """Native and torch paths alike: blocks wholly below every row's window may hold anything."""
     step = Step([90], torch.float32)
-    before = step.run([(0, 80, 10)], window=20)
+    q = step.q[0][80:90]
+
+    def torch_path() -> torch.Tensor:
+        return attention_torch.paged_attention_torch(q, step.k, step.v, [10], [90], step.tables, 0.125, 20)
+
+    before, torch_before = step.run([(0, 80, 10)], window=20), torch_path()
     for block in step.tables[0][:3]:  # keys 0..47: below every row's window (rows see 61.. and later)
         step.k[block] = float("nan")
         step.v[block] = float("nan")
     assert torch.equal(step.run([(0, 80, 10)], window=20), before)
+    assert torch.equal(torch_path(), torch_before)
 
 
 # ---- the layer's elementwise parts and the greedy argmax ---------------------------------------------------
