@@ -229,3 +229,24 @@ def test_reasoning_effort_switches_the_channel(
         not thinking,
         thinking,
     )
+
+
+def test_a_grammar_starts_after_the_channel_closes(client: TestClient) -> None:
+    """With thinking on, response_format constrains only what follows `<channel|>`: the budget closes the
+    channel, then the answer is JSON under the schema while the reasoning before it was free."""
+    digit = {"type": "integer", "minimum": 0, "maximum": 9}
+    schema = {"type": "object", "properties": {"n": digit}, "required": ["n"], "additionalProperties": False}
+    body = {
+        "messages": [{"role": "user", "content": "A number, as JSON."}],
+        "max_tokens": 200,  # room for the JSON's gaps at their bound of 32 blanks each: it always ends
+        "temperature": 0,
+        "thinking_budget": 4,
+        "chat_template_kwargs": {"enable_thinking": True},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        "return_token_ids": True,
+    }
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    written = client.post("/detokenize", json={"tokens": choice["token_ids"]}).json()["prompt"]
+    assert "\n<channel|>" in written and choice["message"]["reasoning_content"], written
+    assert choice["finish_reason"] == "stop", written
+    assert json.loads(choice["message"]["content"])["n"] in range(10), written
