@@ -32,7 +32,8 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GELU's tanh approximation (transformers' `gelu_pytorch_tanh`), composed in float32 for narrow dtypes."""
+    """GELU's tanh approximation (transformers' `gelu_pytorch_tanh`), composed in float32 for narrow dtypes:
+    x (1 + tanh(u)) / 2 = x / (1 + exp(-2u)), which has no cancellation where u is large and negative."""
     wide = x if x.dtype in _WIDE else x.float()
-    inner = 0.7978845608028654 * (wide + 0.044715 * wide * wide * wide)  # sqrt(2 / pi) (x + 0.044715 x^3)
-    return (0.5 * wide * (1 + tanh(inner))).to(x.dtype)
+    inner = 0.7978845608028654 * (wide + 0.044715 * wide * wide * wide)  # u = sqrt(2 / pi) (x + 0.044715 x^3)
+    return (wide / (1 + torch.exp(-2 * inner))).to(x.dtype)

@@ -57,6 +57,18 @@ def rms_norm(
     return out, summed
 
 
+def rms_norm_wide(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with the weight applied to the float32 normalised row, rounded once, in x's dtype."""
+    lib = cpu_native.library()
+    assert lib is not None
+    hidden = x.shape[-1]
+    rows = x.numel() // hidden if hidden else 0
+    out = torch.empty_like(x)
+    args = (x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, hidden, eps)
+    lib.tf_rms_norm_wide(*args, DTYPE_CODES[x.dtype], cpu_native.threads())
+    return out
+
+
 def rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,3 +151,15 @@ def _cos_sin(
     table = (cos[:, 0].contiguous(), sin[:, 0].contiguous())
     _COS_SIN[:] = [(weakref.ref(positions), inv_freq, scaling, dtype, table)]
     return table
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, stride: int) -> torch.Tensor:
+    """gelu_tanh(gate) * up, elementwise, in their dtype; rows `stride` elements apart, as silu_mul's."""
+    lib = cpu_native.library()
+    assert lib is not None
+    cols = gate.shape[-1]
+    rows = gate.numel() // cols if cols else 0
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    args = (gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, stride)
+    lib.tf_gelu_tanh_mul(*args, DTYPE_CODES[gate.dtype], cpu_native.threads())
+    return out

@@ -106,6 +106,8 @@ SIGNATURES = {
     "tf_rms_norm": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
     "tf_rotary": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int, _int],
     "tf_silu_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
+    "tf_gelu_tanh_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
+    "tf_rms_norm_wide": [_ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
     "tf_rank_head": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int],
     "tf_keyed_draw": [_ptr, _i64, _i64, _ptr, _int, _ptr, _ptr, _int],

@@ -39,7 +39,7 @@ from kernels import (
     rotary,
 )
 from kernels._triton import HAS_TRITON
-from kernels.activation import silu
+from kernels.activation import gelu_tanh, silu
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_meta import ALL_ROWS, DECODE_MAX_QUERY, PagedMeta, build_paged_meta
 from kernels.paged_prefill_attention import paged_prefill_attention
@@ -212,6 +212,14 @@ def add_rms_norm(
     return rmsnorm.add_rms_norm_torch(x, residual, weight, eps)
 
 
+def wide_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm scaled in float32 and rounded once (WideScaleRMSNorm's convention): one native call on CPU in
+    bfloat16/float16, else torch's ops."""
+    if backend(x, weight) == "torch" and _native_norm(x, weight):
+        return cpu_layer_ops.rms_norm_wide(x, weight, eps)
+    return rmsnorm.wide_rms_norm_torch(x, weight.float(), eps)
+
+
 def _native_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The CPU native RMSNorm takes x [..., H] and weight [H] of one narrow dtype (float32 keeps torch's bits)."""
     return (
@@ -231,6 +239,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if stride is not None and gate.device.type == "cpu" and cpu_native.available():
             return cpu_layer_ops.silu_mul(gate, up, stride)
     return silu(gate) * up
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up: Gemma's gated MLP activation (one native call on CPU in bfloat16/float16; float32
+    keeps kernels/activation.py's composed GELU)."""
+    if gate.dtype in cpu_layer_ops.NARROW and gate.dtype == up.dtype and backend(gate, up) == "torch":
+        stride = cpu_layer_ops.rows_of(gate, up)
+        if stride is not None and gate.device.type == "cpu" and cpu_native.available():
+            return cpu_layer_ops.gelu_tanh_mul(gate, up, stride)
+    return gelu_tanh(gate) * up
 
 
 def apply_rotary(

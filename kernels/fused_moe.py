@@ -83,9 +83,9 @@ def _gate_up_kernel(
             acc_gate = tl.dot(a, w_gate, acc_gate, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         w_up = tl.load(up_ptr + expert * stride_ue + cols[None, :] * stride_ui + kk[:, None], mask=w_mask, other=0.0)
         acc_up = tl.dot(a, w_up, acc_up, input_precision=DOT_PRECISION)
-    if GATED and GELU:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up, tanh from exp
+    if GATED and GELU:  # g (1 + tanh(u)) / 2 * up = g / (1 + exp(-2u)) * up, u = sqrt(2 / pi) (g + 0.044715 g^3)
         inner = 0.7978845608028654 * (acc_gate + 0.044715 * acc_gate * acc_gate * acc_gate)
-        hidden_act = 0.5 * acc_gate * (2.0 / (1.0 + tl.exp(-2.0 * inner))) * acc_up
+        hidden_act = acc_gate / (1.0 + tl.exp(-2.0 * inner)) * acc_up
     elif GATED:
         hidden_act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
     else:

@@ -1,6 +1,6 @@
 // The elementwise parts of a decoder layer on the CPU path, one call each instead of a dozen small torch
-// ops: RMSNorm (with the residual add before it), rotate-half RoPE and SiLU(gate) * up; and the greedy
-// rows' argmax over the vocabulary.
+// ops: RMSNorm (with the residual add before it, or its float32-scaled variant), rotate-half RoPE and
+// SiLU(gate) * up or GELU-tanh(gate) * up; and the greedy rows' argmax over the vocabulary.
 //
 // Each row or element is one fixed sequence of ops whatever the row count or thread count, so results
 // are batch-invariant. Where torch rounds to the element type between two ops, these kernels round at
@@ -38,6 +38,28 @@ void tf_rms_norm(const void *x, const void *residual, const void *weight, void *
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t left = hidden - c * 16;
             const vf16 normed = round_to(dtype, vf_mul(load16(source, base + c * 16, dtype, left), scale));
+            store16(out, base + c * 16, dtype, left, vf_mul(load16(weight, c * 16, dtype, left), normed));
+        }
+    }
+}
+
+// out = round(float(weight) * x * rsqrt(mean(x^2) + eps)) per row of `hidden`: the scale applied to the
+// float32 normalised row and rounded once (Gemma's and Nemotron-H's convention), the same sum of squares.
+void tf_rms_norm_wide(const void *x, const void *weight, void *out, int64_t rows, int64_t hidden, float eps,
+                      int dtype, int threads) {
+    const int64_t chunks = (hidden + 15) / 16;
+#pragma omp parallel for num_threads(threads) if (rows >= PARALLEL_ROWS) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t base = r * hidden;
+        vf16 squares = vf_zero();
+        for (int64_t c = 0; c < chunks; c++) {
+            const vf16 v = load16(x, base + c * 16, dtype, hidden - c * 16);
+            squares = vf_fma(v, v, squares);
+        }
+        const vf16 scale = vf_set1(1.0f / sqrtf(vf_reduce_add(squares) / (float)hidden + eps));
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t left = hidden - c * 16;
+            const vf16 normed = vf_mul(load16(x, base + c * 16, dtype, left), scale);
             store16(out, base + c * 16, dtype, left, vf_mul(load16(weight, c * 16, dtype, left), normed));
         }
     }
@@ -86,6 +108,27 @@ void tf_silu_mul(const void *gate, const void *up, void *out, int64_t rows, int6
             const vf16 numerator = vf_select(vf_lt(g, vf_zero()), vf_mul(g, e), g);
             const vf16 silu = round_to(dtype, vf_div(numerator, vf_add(vf_set1(1.0f), e)));
             store16(out, r * cols + c * 16, dtype, left, vf_mul(silu, load16(up, r * stride + c * 16, dtype, left)));
+        }
+    }
+}
+
+// out [rows, cols] = round(gelu_tanh(gate)) * up, rounded, as tf_silu_mul lays rows out. gelu_tanh(g) =
+// g (1 + tanh(u)) / 2 = g / (1 + exp(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3), with exp taken of -2|u|
+// only (u >= 0: g / (1 + e); u < 0: g e / (1 + e)), as tf_silu_mul takes silu.
+void tf_gelu_tanh_mul(const void *gate, const void *up, void *out, int64_t rows, int64_t cols, int64_t stride,
+                      int dtype, int threads) {
+    const int64_t chunks = (cols + 15) / 16;
+#pragma omp parallel for num_threads(threads) if (rows * chunks >= 4096) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t left = cols - c * 16;
+            const vf16 g = load16(gate, r * stride + c * 16, dtype, left);
+            const vf16 cube = vf_mul(vf_mul(g, g), g);
+            const vf16 u = vf_mul(vf_set1(0.7978845608028654f), vf_fma(vf_set1(0.044715f), cube, g));
+            const vf16 e = exp_nonpositive(vf_mul(vf_set1(-2.0f), vf_abs(u)));
+            const vf16 numerator = vf_select(vf_lt(u, vf_zero()), vf_mul(g, e), g);
+            const vf16 gelu = round_to(dtype, vf_div(numerator, vf_add(vf_set1(1.0f), e)));
+            store16(out, r * cols + c * 16, dtype, left, vf_mul(gelu, load16(up, r * stride + c * 16, dtype, left)));
         }
     }
 }

@@ -293,6 +293,38 @@ def test_silu_mul_is_elementwise_and_matches_torch(dtype: torch.dtype) -> None:
     assert torch.equal(dispatch.silu_mul(*halves), ours)
 
 
+@pytest.mark.parametrize("dtype", NARROW)
+def test_wide_rms_norm_rows_are_their_own_and_match_torch(dtype: torch.dtype, threads) -> None:
+    """The float32-scaled RMSNorm (Gemma's sandwich norms): within a step of torch's composition, each row's bits
+    the same in any call and thread count."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(130, 200, generator=gen).to(dtype)
+    weight = (1 + 0.1 * torch.randn(200, generator=gen)).to(dtype)
+    ours = cpu_layer_ops.rms_norm_wide(x, weight, 1e-6)
+    expected = rmsnorm.wide_rms_norm_torch(x, weight.float(), 1e-6)
+    assert _close_in_dtype(ours, expected) and (ours == expected).float().mean() > 0.999
+    for rows in (1, 3, 17, 64):
+        assert torch.equal(cpu_layer_ops.rms_norm_wide(x[rows : 2 * rows], weight, 1e-6), ours[rows : 2 * rows])
+    one = threads(1, cpu_layer_ops.rms_norm_wide, x, weight, 1e-6)
+    assert torch.equal(threads(2, cpu_layer_ops.rms_norm_wide, x, weight, 1e-6), one)
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_gelu_tanh_mul_is_elementwise_and_matches_torch(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(9)
+    gate, up = (4 * torch.randn(40, 1000, generator=gen)).to(dtype), torch.randn(40, 1000, generator=gen).to(dtype)
+    # torch's tanh form saturates to exactly -0.0 below about -7 (1 + tanh(u) cancels); ours keeps the tail
+    # (|gelu| < 1e-16 there), so the comparison has an absolute floor.
+    expected = torch.nn.functional.gelu(gate.double(), approximate="tanh").to(dtype) * up
+    ours = cpu_layer_ops.gelu_tanh_mul(gate, up, 1000)
+    gap = (ours.double() - expected.double()).abs()
+    step = expected.double().abs() * (2.0**-7 if dtype == torch.bfloat16 else 2.0**-10)
+    assert bool((gap <= 2 * step + 1e-15).all()) and (ours == expected).float().mean() > 0.95
+    assert torch.equal(cpu_layer_ops.gelu_tanh_mul(gate[7:8], up[7:8], 1000), ours[7:8])
+    fused = torch.cat([gate, up], dim=-1)  # a fused gate/up output's halves
+    assert torch.equal(dispatch.gelu_tanh_mul(fused[:, :1000], fused[:, 1000:]), ours)
+
+
 def test_argmax_rows_is_torchs_argmax() -> None:
     gen = torch.Generator().manual_seed(8)
     for cols in (1, 15, 16, 17, 1000):

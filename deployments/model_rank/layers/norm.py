@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from deployments.model_rank.layers.parallel import default_loader
-from kernels import dispatch
+from kernels import dispatch, rmsnorm
 from kernels.activation import silu
 
 
@@ -37,13 +37,21 @@ class WideScaleRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.shares_float32_kernels:
             return super().forward(x)
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.scale()).to(x.dtype)  # [..., size]
+        return rmsnorm.wide_rms_norm_torch(x, self.scale(), self.eps)  # [..., size]
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         summed = x + residual
         return self(summed), summed  # [..., size] each
+
+
+class NativeWideRMSNorm(WideScaleRMSNorm):
+    """WideScaleRMSNorm in one native call in bfloat16/float16 (Gemma 4's norms: four a layer). Nemotron-H
+    keeps torch's ops, which its MLX mirror reproduces bit for bit."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        return dispatch.wide_rms_norm(x, self.weight, self.eps)  # [..., size]
 
 
 class ZeroCentredRMSNorm(WideScaleRMSNorm):

@@ -2,7 +2,7 @@
 on the layer's output), its variant with an expert block beside the MLP, per-layer input embeddings, and
 the GELU-tanh gated MLP.
 
-Norms scale the float32 normalised row and round once (WideScaleRMSNorm), as transformers' Gemma4RMSNorm
+Norms scale the float32 normalised row and round once (NativeWideRMSNorm), as transformers' Gemma4RMSNorm
 does. Every op is row-wise, so a row's result never depends on the batch around it.
 """
 
@@ -17,8 +17,9 @@ from deployments.model_rank.layers.embedding import VocabEmbedding
 from deployments.model_rank.layers.linear import ReplicatedLinear
 from deployments.model_rank.layers.mlp import GatedMLP
 from deployments.model_rank.layers.moe import Experts, ScaledSoftmaxRouter
-from deployments.model_rank.layers.norm import WideScaleRMSNorm
+from deployments.model_rank.layers.norm import NativeWideRMSNorm
 from deployments.model_rank.layers.parallel import all_reduce, default_loader
+from kernels import dispatch
 from kernels.activation import gelu_tanh
 
 
@@ -35,7 +36,7 @@ class GeluTanhMLP(GatedMLP):
             gate, up = self.gate_up(x)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(gelu_tanh(gate) * up)  # [T, H]
+        return self.down_proj(dispatch.gelu_tanh_mul(gate, up))  # [T, H]
 
 
 class SandwichLayer(nn.Module):
@@ -47,17 +48,17 @@ class SandwichLayer(nn.Module):
         super().__init__()
         self.self_attn = self_attn
         self.mlp = mlp
-        self.input_layernorm = WideScaleRMSNorm(hidden_size, eps)
-        self.post_attention_layernorm = WideScaleRMSNorm(hidden_size, eps)
-        self.pre_feedforward_layernorm = WideScaleRMSNorm(hidden_size, eps)
-        self.post_feedforward_layernorm = WideScaleRMSNorm(hidden_size, eps)
+        self.input_layernorm = NativeWideRMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = NativeWideRMSNorm(hidden_size, eps)
+        self.pre_feedforward_layernorm = NativeWideRMSNorm(hidden_size, eps)
+        self.post_feedforward_layernorm = NativeWideRMSNorm(hidden_size, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
         self.layer_scalar.weight_loader = default_loader
         self.per_layer = per_layer
         if per_layer:
             self.per_layer_input_gate = ReplicatedLinear(hidden_size, per_layer)
             self.per_layer_projection = ReplicatedLinear(per_layer, hidden_size)
-            self.post_per_layer_input_norm = WideScaleRMSNorm(hidden_size, eps)
+            self.post_per_layer_input_norm = NativeWideRMSNorm(hidden_size, eps)
 
     @property
     def mixer(self) -> nn.Module:
@@ -102,9 +103,9 @@ class SandwichMoELayer(SandwichLayer):
         self.parallel = parallel
         self.router = ScaledSoftmaxRouter(hidden_size, count, top_k, eps)
         self.experts = Experts(count, hidden_size, intermediate, parallel, activation="gelu_tanh")
-        self.post_feedforward_layernorm_1 = WideScaleRMSNorm(hidden_size, eps)
-        self.pre_feedforward_layernorm_2 = WideScaleRMSNorm(hidden_size, eps)
-        self.post_feedforward_layernorm_2 = WideScaleRMSNorm(hidden_size, eps)
+        self.post_feedforward_layernorm_1 = NativeWideRMSNorm(hidden_size, eps)
+        self.pre_feedforward_layernorm_2 = NativeWideRMSNorm(hidden_size, eps)
+        self.post_feedforward_layernorm_2 = NativeWideRMSNorm(hidden_size, eps)
 
     def feed_forward(self, normed: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         dense = self.post_feedforward_layernorm_1(self.mlp(normed))  # [T, H]
@@ -122,7 +123,7 @@ class PerLayerInputs(nn.Module):
         self.layers, self.size, self.hidden_size = layers, size, hidden_size
         self.embed_tokens_per_layer = VocabEmbedding(vocab_size, layers * size)
         self.per_layer_model_projection = ReplicatedLinear(hidden_size, layers * size)
-        self.per_layer_projection_norm = WideScaleRMSNorm(size, eps)
+        self.per_layer_projection_norm = NativeWideRMSNorm(size, eps)
 
     def forward(self, input_ids: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         tokens = self.embed_tokens_per_layer(input_ids)  # [T, L*P]
@@ -137,7 +138,7 @@ class SandwichStack(DecoderStack):
     model has them (`per_layer`), then the layers and the final norm."""
 
     def __init__(self, vocab_size: int, hidden_size: int, layers: list[SandwichLayer], eps: float) -> None:
-        super().__init__(vocab_size, hidden_size, layers, eps, norm=WideScaleRMSNorm)  # type: ignore[arg-type]
+        super().__init__(vocab_size, hidden_size, layers, eps, norm=NativeWideRMSNorm)  # type: ignore[arg-type]
         self.hidden_size = hidden_size
         self.per_layer_inputs: PerLayerInputs | None = None
 

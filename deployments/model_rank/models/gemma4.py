@@ -25,7 +25,7 @@ from torch import nn
 from deployments.model_rank.forward_batch import ForwardBatch, LayerCacheSpec, ParallelContext
 from deployments.model_rank.layers.attention import PagedAttention, kv_head_sharding
 from deployments.model_rank.layers.linear import ColumnParallelLinear, RowParallelLinear
-from deployments.model_rank.layers.norm import WideScaleRMSNorm, unscaled_rms_norm
+from deployments.model_rank.layers.norm import NativeWideRMSNorm, unscaled_rms_norm
 from deployments.model_rank.layers.parallel import divide
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding
 from deployments.model_rank.layers.sandwich import (
@@ -184,13 +184,13 @@ class Gemma4Attention(nn.Module):
         self.local_heads = divide(heads, parallel.tp_size, "attention heads")
         self.local_kv_heads, kv_index, kv_shards = kv_head_sharding(shape.kv_heads, parallel)
         self.q_proj = ColumnParallelLinear(hidden, heads * self.head_dim, parallel, bias)
-        self.q_norm = WideScaleRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.q_norm = NativeWideRMSNorm(self.head_dim, cfg.rms_norm_eps)
         if shape.shares is None:
             kv_out = shape.kv_heads * self.head_dim
             self.k_proj = ColumnParallelLinear(hidden, kv_out, parallel, bias, kv_index, kv_shards)
             k_is_v = cfg.k_eq_v and shape.kind == FULL
             self.v_proj = None if k_is_v else ColumnParallelLinear(hidden, kv_out, parallel, bias, kv_index, kv_shards)
-            self.k_norm = WideScaleRMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = NativeWideRMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, parallel, bias=bias)
         self.rotary = rotary
         window = cfg.sliding_window if shape.kind == SLIDING else 0
