@@ -1,8 +1,8 @@
 """Forced tool calls on random checkpoints with vendor chat templates: only the grammar makes the calls valid.
 
 For each call markup (GLM: tiny-glm's, GLM-4.6's and GLM-4.7-Flash's templates; Qwen XML: Qwen3-Coder's,
-Qwen3.5's and Nemotron 3's; Hermes JSON: Qwen3's; Gemma 4's own), `tool_choice: "required"` and a named function give, streamed
-and not, greedy and sampled (seed 0 greedy), calls to offered tools (the named one) whose arguments validate
+Qwen3.5's and Nemotron 3's; Hermes JSON: Qwen3's; Gemma 4's own, on a Gemma 4 checkpoint),
+`tool_choice: "required"` and a named function give, streamed and not, greedy and sampled (seed 0 greedy), calls to offered tools (the named one) whose arguments validate
 against the tool's parameter schema, with finish_reason "tool_calls"; `parallel_tool_calls: false` gives exactly
 one call. A random model fills every gap the grammar leaves with blanks, so its replies also show the blank
 bound: no run of more than 32 blank characters, between calls or inside them, in the reply text the engine
@@ -46,7 +46,7 @@ TEMPLATES = {  # name: (template file, architecture, tokenizer family)
     # The hybrid architectures these checkpoints are have no offline fixture yet: the grammar is what is tested.
     "Qwen3.5": (VENDOR_TEMPLATES / "Qwen3.5-4B.jinja", "qwen3", "qwen"),
     "Nemotron-3": (VENDOR_TEMPLATES / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "qwen3", "qwen"),
-    "Gemma-4": (VENDOR_TEMPLATES / "google-gemma-4-31B-it.jinja", "qwen3", "gemma"),
+    "Gemma-4": (VENDOR_TEMPLATES / "google-gemma-4-31B-it.jinja", "gemma4_text", "gemma"),
 }
 PARAMETERS = {  # strings, enums, bounded integers, booleans, a nested object and a bounded array
     "get_weather": {

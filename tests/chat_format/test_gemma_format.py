@@ -2,9 +2,9 @@
 
 The oracle is Gemma 4's own template: arguments it writes into an earlier turn read back as the same JSON,
 whole and streamed; the forced-call grammar takes what it writes and refuses what it never writes. Over HTTP
-(a random checkpoint with the Gemma vocabulary and template, its generation prompt opening the channel) a
-thinking budget closes the channel with the template's `\\n<channel|>`, and the chat, Messages and Responses
-routes report the same reasoning and answer.
+(a random Gemma 4 checkpoint with the Gemma vocabulary and template, its generation prompt opening the
+channel) a thinking budget closes the channel with the template's `\\n<channel|>`, the chat and Messages
+routes report the same reasoning and answer, and a response_format grammar holds only after the channel.
 """
 
 import json
@@ -168,7 +168,7 @@ def client(gemma_source: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
     model = tmp_path_factory.mktemp("gemma-format")
     build_tokenizer(model, vocab_size=512, family="gemma")
-    build_random_checkpoint("qwen3", model, vocab_size=512, seed=3, max_position_embeddings=2048)
+    build_random_checkpoint("gemma4_text", model, vocab_size=512, seed=3, max_position_embeddings=2048)
     # The generation prompt opens the channel itself (the model then starts inside it), so the budget applies.
     opening = gemma_source.replace(
         "{{- '<|turn>model\\n' -}}",
