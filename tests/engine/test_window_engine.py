@@ -2,8 +2,10 @@
 with the expert block beside every MLP):
 replies are the same solo and batched, whole and chunked (chunks that cross window edges), fresh and resumed
 from the prefix cache or from disk, preempted or not, drafted or serial, in float32 and bfloat16; a
-conversation's next turn finds its previous prompt and reply cached."""
+conversation's next turn finds its previous prompt and reply cached. On the torch rank and the MLX rank
+(where mlx imports)."""
 
+import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,26 +19,32 @@ from tests.support.requests import alternating, greedy, reply_tokens
 
 EXPERTS = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
 # gemma4's text model is the same code as gemma4_text's; routing adds per-token expert choices.
-CASES = [(name, dtype) for name in ("gemma4_text", "gemma4_text-experts") for dtype in ("float32", "bfloat16")]
+NAMES = ("gemma4_text", "gemma4_text-experts")
+NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+CASES = [(name, dtype, "torch") for name in NAMES for dtype in ("float32", "bfloat16")] + [
+    pytest.param((name, dtype, "mlx"), marks=NO_MLX) for name in NAMES for dtype in ("float32", "bfloat16")
+]
 PROMPT = [(13 * j) % 400 + 20 for j in range(150)]  # over nine windows
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
-def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
+def checkpoint(request, tmp_path_factory) -> tuple[str, str, str]:
     from serve_app.fixtures.archs import tokenizer_family
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    name, dtype = request.param
+    name, dtype, backend = request.param
     out = tmp_path_factory.mktemp(f"{name}-{dtype}")
     build_random_checkpoint("gemma4_text", out, seed=5, dtype=dtype, **(EXPERTS if "experts" in name else {}))
     build_tokenizer(out, family=tokenizer_family("gemma4_text"))
-    return str(out), dtype
+    return str(out), dtype, backend
 
 
-def _engine(checkpoint: tuple[str, str], learn_dir: Path | None = None, **overrides: object) -> Engine:
-    path, dtype = checkpoint
-    settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off")
+def _engine(checkpoint: tuple[str, str, str], learn_dir: Path | None = None, **overrides: object) -> Engine:
+    path, dtype, backend = checkpoint
+    settings = dict(
+        model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off", backend=backend
+    )
     if learn_dir is not None:
         settings.update(learn_dir=str(learn_dir), learn_conversations=True)
     settings.update(overrides)

@@ -26,7 +26,9 @@ from deployments.model_rank.mlx_rank.hybrid_mirror import hybrid_mlp, nemotron_b
 from deployments.model_rank.mlx_rank.layers import GatedMLP, Linear, RMSNorm, Rotary, Router, SparseMoE
 from deployments.model_rank.mlx_rank.mtp import MtpLayer
 from deployments.model_rank.mlx_rank.recurrent import RecurrentMixer
+from deployments.model_rank.mlx_rank.sandwich_mirror import sandwich_stack
 from deployments.model_rank.models import CausalLM
+from deployments.model_rank.models.gemma4 import Gemma4ForCausalLM
 from deployments.model_rank.models.nemotron_h import NemotronHBlock
 from deployments.model_rank.models.nemotron_h_mtp import NemotronHMTP
 
@@ -131,8 +133,8 @@ class Mirror:
     def layer(self, module: nn.Module) -> Callable[[mx.array, MlxBatch], mx.array]:
         if isinstance(module, NemotronHBlock):
             return nemotron_block(self, module)
-        if not isinstance(module, TorchDecoderLayer):  # Gemma 4's sandwich layers: the torch rank serves them
-            raise TypeError(f"no MLX mirror for {type(module).__name__}: serve this model on the torch backend")
+        if not isinstance(module, TorchDecoderLayer):
+            raise TypeError(f"no MLX mirror for {type(module).__name__}")
         mixer = module.mixer
         return DecoderLayer(
             self.norm(module.input_layernorm),
@@ -166,6 +168,9 @@ def mirror_model(model: CausalLM, mtp: bool) -> MirroredModel:
     """The MLX twin of a torch CausalLM loaded on the CPU without packed weights (its tensors are freed),
     with its MTP layer where `mtp` asks for it and the model has one."""
     mirror = Mirror()
+    if isinstance(model, Gemma4ForCausalLM):  # sandwich layers, shared caches: mlx_rank/sandwich_mirror.py
+        decoder = sandwich_stack(mirror, model)
+        return MirroredModel(decoder, None, attention_modules(decoder.layers), [])
     stack = model.model
     layers = [mirror.layer(layer) for layer in stack.layers]
     embed = mirror.array(stack.embed_tokens.weight)
