@@ -101,6 +101,7 @@ DEFAULTED: dict[str, tuple[str, Edit]] = {
     "glm-lite experts per token": ("glm4_moe_lite", _drop("num_experts_per_tok")),  # transformers: 4 of the 8
     "glm experts per token": ("glm4_moe", lambda c: c.update(n_group=1) or c.pop("num_experts_per_tok")),  # all 8
     "qwen3 swish": ("qwen3", _set(hidden_act="swish")),
+    "gemma4 rope left out": ("gemma4_text", _drop("rope_parameters")),  # full layers: proportional, a quarter
     # The full layers' shape as the keys transformers folds into per_layer_config when it builds a config.
     "gemma4 global head keys": (
         "gemma4_text",

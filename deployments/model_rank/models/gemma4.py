@@ -47,6 +47,11 @@ PER_LAYER_NAMES = (
     "model.per_layer_projection_norm.",
 )
 SHARED_SKIPPED = ("k_proj", "v_proj", "k_norm", "v_norm")  # a kv-shared layer's own K/V weights go unused
+# transformers' RoPE of each layer kind where config.json gives none.
+DEFAULT_ROPE: dict[str, dict[str, Any]] = {
+    SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+    FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+}
 LANGUAGE_MODEL = "model.language_model."  # a `gemma4` checkpoint's text model
 TOWERS = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 
@@ -109,13 +114,13 @@ def _experts(raw: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def _kind_rope(raw: dict[str, Any], kind: str) -> KindRope:
-    params = (raw.get("rope_parameters") or {}).get(kind) or {}
+    params = (raw.get("rope_parameters") or DEFAULT_ROPE).get(kind) or DEFAULT_ROPE[kind]
     rope_type = params.get("rope_type", "default")
     if rope_type not in ("default", "proportional") or params.get("factor", 1.0) != 1.0:
         raise ValueError(
             f"rope_parameters.{kind}: rope type {rope_type!r} with factor {params.get('factor')} is not supported"
         )
-    theta = float(params.get("rope_theta", 10_000.0 if kind == SLIDING else 1_000_000.0))
+    theta = float(params.get("rope_theta", DEFAULT_ROPE[kind]["rope_theta"]))
     return KindRope(theta, float(params.get("partial_rotary_factor", 1.0)) if rope_type == "proportional" else 1.0)
 
 
