@@ -3,8 +3,8 @@
 The oracle is Gemma 4's own template: arguments it writes into an earlier turn read back as the same JSON,
 whole and streamed; the forced-call grammar takes what it writes and refuses what it never writes. Over HTTP
 (a random Gemma 4 checkpoint with the Gemma vocabulary and template, its generation prompt opening the
-channel) a thinking budget closes the channel with the template's `\\n<channel|>`, the chat and Messages
-routes report the same reasoning and answer, and a response_format grammar holds only after the channel.
+channel) a thinking budget closes the channel with the template's `\\n<channel|>`, the chat, Messages and
+Responses routes report the same reasoning and answer, and a response_format grammar holds only after the channel.
 """
 
 import json
@@ -211,6 +211,13 @@ def test_a_thinking_budget_closes_the_channel_and_every_route_reads_it_alike(cli
     ).json()
     blocks = [(b["type"], b.get("thinking", b.get("text"))) for b in messages["content"]]
     assert blocks[0] == ("thinking", reasoning) and (not content or blocks[1] == ("text", content)), blocks
+    responses = client.post(
+        "/v1/responses",
+        json={"model": "tiny", "input": "Plan it.", "max_output_tokens": 12, "temperature": 0}
+        | {"reasoning": {"effort": "low"}, "thinking_budget": 5},
+    ).json()
+    items = {item["type"]: "".join(part["text"] for part in item["content"]) for item in responses["output"]}
+    assert items["reasoning"] == reasoning and items.get("message", "") == content, items
 
 
 @pytest.mark.parametrize(("effort", "thinking"), [("none", False), ("minimal", True), ("high", True)])
