@@ -41,8 +41,8 @@ class GeluTanhMLP(GatedMLP):
 
 class SandwichLayer(nn.Module):
     """h + post_attn(attn(pre(h))), then h + post_ff(ff(pre_ff(h))), then the per-layer input's residual
-    (when the model has per-layer inputs), all times `layer_scalar`. `ff` is the MLP, or the MLP and an
-    expert block beside it (layers/moe.py's ParallelExperts)."""
+    (when the model has per-layer inputs), all times `layer_scalar`. `ff` is the MLP here, the MLP and an
+    expert block beside it in SandwichMoELayer."""
 
     def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, eps: float, per_layer: int) -> None:
         super().__init__()
