@@ -7,13 +7,14 @@
 // meet, so a row's bits depend on that row alone, not on M, the thread count or the split of N, and every
 // level's SIMD gives the portable build's bits (the integer parts are exact, `fold` is shared C).
 // On AVX-512 VNNI the work runs as 16-column tiles (quant_tile_avx512.h, quant_tile32_avx512.h), on AVX2
-// the K types as 8-column ones (quant_tile_avx2.h): they fold the columns on vector lanes, each lane the
-// same ops as `fold`.
+// as 8-column ones (quant_tile_avx2.h, quant_tile32_avx2.h): they fold the columns on vector lanes, each lane
+// the same ops as `fold`.
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "quant_blocks.h"
 #include "quant_dot.h"
+#include "quant_tile32_avx2.h"
 #include "quant_tile32_avx512.h"
 #include "quant_tile_avx2.h"
 
@@ -85,23 +86,15 @@ static void columns_dispatch(int type, int simd, const qacts *x, const uint8_t *
 }
 
 #if defined(KTILE) || defined(QTILE_K)
-#ifdef KTILE
-#define TILED(type) 1  // AVX-512: every type
-#else
-#define TILED(type) (QFORMATS[type].block == 256)  // AVX2: the K types
-#endif
-
-// The SIMD tiles (`tile_columns`, `pair_columns`) with the type a constant.
+// The SIMD tiles (this build's `tile_columns` and `pair_columns`, AVX-512 or AVX2) with the type a constant.
 static void tile_dispatch(int type, const qacts *x, const uint8_t *w, int64_t n, int64_t c0, int64_t r0, int64_t r1,
                           float *out) {
     if (type == Q4_K) tile_columns(Q4_K, x, w, n, c0, r0, r1, out);
     if (type == Q5_K) tile_columns(Q5_K, x, w, n, c0, r0, r1, out);
     if (type == Q6_K) tile_columns(Q6_K, x, w, n, c0, r0, r1, out);
-#ifdef KTILE
     if (type == Q8_0) pair_columns(Q8_0, x, w, n, c0, r0, r1, out);
     if (type == Q4_0) pair_columns(Q4_0, x, w, n, c0, r0, r1, out);
     if (type == Q4_1) pair_columns(Q4_1, x, w, n, c0, r0, r1, out);
-#endif
 }
 #endif
 
@@ -112,7 +105,7 @@ static void run_item(int type, int simd, const qacts *x, const uint8_t *w, int64
     const int64_t c0 = item / row_items * COLUMNS, r0 = item % row_items * CHUNK_ROWS;
     const int64_t c1 = c0 + COLUMNS < n ? c0 + COLUMNS : n, r1 = r0 + CHUNK_ROWS < m ? r0 + CHUNK_ROWS : m;
 #if defined(KTILE) || defined(QTILE_K)
-    if (simd && TILED(type)) {
+    if (simd) {  // every type has a tile on AVX-512 and AVX2
         tile_dispatch(type, x, w, n, c0, r0, r1, out);
         return;
     }
