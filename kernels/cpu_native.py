@@ -40,6 +40,7 @@ HEADERS = [
         "quant_dot.h",
         "quant_tile_avx512.h",
         "quant_tile32_avx512.h",
+        "quant_tile32_avx2.h",
         "quant_tile_avx2.h",
     )
 ]
