@@ -111,21 +111,18 @@ def rows_of(gate: torch.Tensor, up: torch.Tensor) -> int | None:
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, stride: int) -> torch.Tensor:
     """silu(gate) * up, elementwise, in their dtype; rows of gate and up are `stride` elements apart."""
+    return _gated("tf_silu_mul", gate, up, stride)
+
+
+def _gated(kernel: str, gate: torch.Tensor, up: torch.Tensor, stride: int) -> torch.Tensor:
+    """One of layer_ops.c's act(gate) * up kernels over rows `stride` elements apart."""
     lib = cpu_native.library()
     assert lib is not None
     cols = gate.shape[-1]
     rows = gate.numel() // cols if cols else 0
     out = torch.empty(gate.shape, dtype=gate.dtype)
-    lib.tf_silu_mul(
-        gate.data_ptr(),
-        up.data_ptr(),
-        out.data_ptr(),
-        rows,
-        cols,
-        stride,
-        DTYPE_CODES[gate.dtype],
-        cpu_native.threads(),
-    )
+    args = (gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, stride)
+    getattr(lib, kernel)(*args, DTYPE_CODES[gate.dtype], cpu_native.threads())
     return out
 
 
@@ -155,11 +152,4 @@ def _cos_sin(
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor, stride: int) -> torch.Tensor:
     """gelu_tanh(gate) * up, elementwise, in their dtype; rows `stride` elements apart, as silu_mul's."""
-    lib = cpu_native.library()
-    assert lib is not None
-    cols = gate.shape[-1]
-    rows = gate.numel() // cols if cols else 0
-    out = torch.empty(gate.shape, dtype=gate.dtype)
-    args = (gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, cols, stride)
-    lib.tf_gelu_tanh_mul(*args, DTYPE_CODES[gate.dtype], cpu_native.threads())
-    return out
+    return _gated("tf_gelu_tanh_mul", gate, up, stride)

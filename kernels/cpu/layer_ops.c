@@ -12,6 +12,16 @@
 
 #define PARALLEL_ROWS 64  // fewer rows run on the calling thread: a decode step's rows cost less than a fork
 
+// 1 / sqrt(mean(x^2) + eps) of one row, its squares summed in 16-lane chunks (every RMSNorm here).
+static inline vf16 rms_scale(const void *x, int64_t base, int64_t hidden, float eps, int dtype) {
+    vf16 squares = vf_zero();
+    for (int64_t c = 0; c < (hidden + 15) / 16; c++) {
+        const vf16 v = load16(x, base + c * 16, dtype, hidden - c * 16);
+        squares = vf_fma(v, v, squares);
+    }
+    return vf_set1(1.0f / sqrtf(vf_reduce_add(squares) / (float)hidden + eps));
+}
+
 // out = weight * round(x * rsqrt(mean(x^2) + eps)) per row of `hidden`, as RMSNorm in float32 then the
 // element type. With `residual`, x is first round(x + residual), also written to `summed`.
 void tf_rms_norm(const void *x, const void *residual, const void *weight, void *out, void *summed, int64_t rows,
@@ -29,12 +39,7 @@ void tf_rms_norm(const void *x, const void *residual, const void *weight, void *
             }
             source = summed;
         }
-        vf16 squares = vf_zero();
-        for (int64_t c = 0; c < chunks; c++) {
-            const vf16 v = load16(source, base + c * 16, dtype, hidden - c * 16);
-            squares = vf_fma(v, v, squares);
-        }
-        const vf16 scale = vf_set1(1.0f / sqrtf(vf_reduce_add(squares) / (float)hidden + eps));
+        const vf16 scale = rms_scale(source, base, hidden, eps, dtype);
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t left = hidden - c * 16;
             const vf16 normed = round_to(dtype, vf_mul(load16(source, base + c * 16, dtype, left), scale));
@@ -51,12 +56,7 @@ void tf_rms_norm_wide(const void *x, const void *weight, void *out, int64_t rows
 #pragma omp parallel for num_threads(threads) if (rows >= PARALLEL_ROWS) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t base = r * hidden;
-        vf16 squares = vf_zero();
-        for (int64_t c = 0; c < chunks; c++) {
-            const vf16 v = load16(x, base + c * 16, dtype, hidden - c * 16);
-            squares = vf_fma(v, v, squares);
-        }
-        const vf16 scale = vf_set1(1.0f / sqrtf(vf_reduce_add(squares) / (float)hidden + eps));
+        const vf16 scale = rms_scale(x, base, hidden, eps, dtype);
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t left = hidden - c * 16;
             const vf16 normed = vf_mul(load16(x, base + c * 16, dtype, left), scale);
