@@ -362,6 +362,19 @@ def gated_delta_scan(
     return recurrent_scan.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, rows)
 
 
+
+def kda_scan(
+    state_pool: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    rows: ScanRows,
+) -> torch.Tensor:
+    """Kimi delta attention's recurrence over a step's sequences (recurrent_scan.py): o [T, H, Dv] float32."""
+    return recurrent_scan.kda_scan(state_pool, q, k, v, g, beta, rows)
+
 def mamba2_scan(
     state_pool: torch.Tensor,
     x: torch.Tensor,

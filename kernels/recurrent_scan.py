@@ -103,6 +103,37 @@ def gated_delta_scan(
     return out
 
 
+
+def kda_scan(
+    state_pool: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    rows: ScanRows,
+) -> torch.Tensor:
+    """Kimi delta attention's rule per token: Gated DeltaNet's with one decay per key channel, not per head.
+    state_pool [S, H, Dk, Dv] float32 (advanced in place); q, k [T, H, Dk] float32 (l2-normalised, q scaled);
+    v [T, H, Dv] float32; g [T, H, Dk] float32 log-decays (<= 0); beta [T, H] float32. Per head:
+        S = S * exp(g)[:, None];  S = S + k (x) beta * (v - k S);  o = q S
+    Returns o [T, H, Dv] float32."""
+    out = torch.empty_like(v)
+    for index, (start, end, slot) in enumerate(zip(rows.starts, rows.ends, rows.slots)):
+        if end == start:
+            continue
+        captures, state = rows.captures_in(index), state_pool[slot].clone()
+        for offset, t in enumerate(range(start, end)):
+            state.mul_(torch.exp(g[t])[:, :, None])
+            remembered = (state * k[t, :, :, None]).sum(dim=-2)  # [H, Dv]
+            delta = (v[t] - remembered) * beta[t, :, None]
+            state.add_(k[t, :, :, None] * delta[:, None, :])
+            out[t] = (state * q[t, :, :, None]).sum(dim=-2)
+            for target in captures.get(offset, ()):
+                state_pool[target].copy_(state)
+        state_pool[slot].copy_(state)
+    return out
+
 def mamba2_scan(
     state_pool: torch.Tensor,
     x: torch.Tensor,
