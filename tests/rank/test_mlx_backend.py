@@ -11,7 +11,8 @@ import torch
 
 from deployments.config import EngineConfig, StartupError
 from deployments.model_rank.backend import MLX_INSTALL, resolve_backend
-from serve_app.fixtures.checkpoints import ARCHS, build_random_checkpoint
+from serve_app.fixtures.archs import ARCHS
+from serve_app.fixtures.checkpoints import build_random_checkpoint
 from serve_app.fixtures.tiny_glm.corpus import CONVERSATIONS
 from serve_app.fixtures.tokenizer_builder import build_tokenizer
 from tests.conftest import REPO

@@ -10,7 +10,8 @@ import torch
 
 from deployments.messages.step import ZERO_STATE, SeqDraw, SeqStep, StepPlan, StepResult
 from deployments.model_rank.models import load_model
-from serve_app.fixtures.checkpoints import HYBRID_ARCHS, build_random_checkpoint
+from serve_app.fixtures.archs import HYBRID_ARCHS
+from serve_app.fixtures.checkpoints import build_random_checkpoint
 from tests.rank.test_model_parity import VARIANTS
 from tests.support.model_harness import PagedHarness
 

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.models import load_model
 from kernels import cpu_gemm
-from serve_app.fixtures.checkpoints import ARCHS, HYBRID_ARCHS, WINDOW_ARCHS, build_random_checkpoint
+from serve_app.fixtures.archs import ARCHS, HYBRID_ARCHS, WINDOW_ARCHS
+from serve_app.fixtures.checkpoints import build_random_checkpoint
 from tests.support.kernel_levels import other_kernel_levels
 from tests.support.model_harness import PagedHarness, tp_worker
 from tests.support.reference import hf_model

@@ -30,6 +30,7 @@ class MLADims:
     qk_rope_head_dim: int
     v_head_dim: int
     attention_bias: bool = False
+    lora_eps: float = LORA_NORM_EPS  # the q and kv latents' RMSNorms
 
     @property
     def qk_head_dim(self) -> int:
@@ -37,7 +38,11 @@ class MLADims:
 
 
 class MLAAttention(nn.Module):
-    def __init__(self, dims: MLADims, rotary: RotaryEmbedding, scale: float, parallel: ParallelContext) -> None:
+    """`rotary` None: a NoPE model (qk_rope_head_dim 0, GLM-5.3-Flash's) whose keys carry no position."""
+
+    def __init__(
+        self, dims: MLADims, rotary: RotaryEmbedding | None, scale: float, parallel: ParallelContext, index_dim: int = 0
+    ) -> None:
         super().__init__()
         self.dims = dims
         self.scale = scale
@@ -48,16 +53,18 @@ class MLAAttention(nn.Module):
             self.q_proj = ColumnParallelLinear(dims.hidden_size, q_out, parallel)
         else:
             self.q_a_proj = ReplicatedLinear(dims.hidden_size, dims.q_lora_rank, bias=dims.attention_bias)
-            self.q_a_layernorm = RMSNorm(dims.q_lora_rank, LORA_NORM_EPS)
+            self.q_a_layernorm = RMSNorm(dims.q_lora_rank, dims.lora_eps)
             self.q_b_proj = ColumnParallelLinear(dims.q_lora_rank, q_out, parallel)
         latent = dims.kv_lora_rank + dims.qk_rope_head_dim
         self.kv_a_proj_with_mqa = ReplicatedLinear(dims.hidden_size, latent, bias=dims.attention_bias)
-        self.kv_a_layernorm = RMSNorm(dims.kv_lora_rank, LORA_NORM_EPS)
+        self.kv_a_layernorm = RMSNorm(dims.kv_lora_rank, dims.lora_eps)
         kv_b_out = dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim)
         self.kv_b_proj = ColumnParallelLinear(dims.kv_lora_rank, kv_b_out, parallel)
         o_in = dims.num_heads * dims.v_head_dim
         self.o_proj = RowParallelLinear(o_in, dims.hidden_size, parallel, bias=dims.attention_bias)
-        self.spec = LayerCacheSpec(kind="latent", latent_dim=latent)
+        self.latent_width = latent
+        # A DSA layer's index keys ride in the same row, after the latent (layers/dsa_attention.py).
+        self.spec = LayerCacheSpec(kind="latent", latent_dim=latent + index_dim)
         self.cache: torch.Tensor | None = None
 
     def cache_spec(self) -> LayerCacheSpec:
@@ -69,23 +76,49 @@ class MLAAttention(nn.Module):
             raise ValueError(f"latent cache of shape {tuple(latent.shape)} does not match {self.spec}")
         self.cache = latent
 
-    def _queries(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.dims.q_lora_rank is None:
-            q = self.q_proj(hidden)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+    def q_latent(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The normalised q latent [T, q_lora_rank] (None without one): q's input, and a DSA indexer's."""
+        return None if self.dims.q_lora_rank is None else self.q_a_layernorm(self.q_a_proj(hidden))
+
+    def queries(self, hidden: torch.Tensor, q_latent: torch.Tensor | None) -> torch.Tensor:
+        q = self.q_proj(hidden) if q_latent is None else self.q_b_proj(q_latent)
         return q.view(hidden.shape[0], self.local_heads, self.dims.qk_head_dim)  # [T, Hl, nope + rope]
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def project(
+        self, hidden: torch.Tensor, q_latent: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q_nope [T, Hl, nope], q_rot [T, Hl, rope] rotated, the cache rows' latents [T, kv_lora + rope])."""
+        d = self.dims
+        q_nope, q_rot = self.queries(hidden, q_latent).split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
+        kv_nope, k_rot = self.kv_a_proj_with_mqa(hidden).split([d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
+        if self.rotary is not None:
+            q_rot, k_rot = self.rotary(batch.positions, q_rot, k_rot[:, None, :])  # [T, Hl, rope], [T, 1, rope]
+            k_rot = k_rot[:, 0]
+        return q_nope, q_rot, torch.cat([self.kv_a_layernorm(kv_nope), k_rot], dim=-1)
+
+    def attend(
+        self,
+        q_nope: torch.Tensor,
+        q_rot: torch.Tensor,
+        batch: ForwardBatch,
+        keeps: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Attention over the written cache rows (`keeps`: a sparse selection per sequence), projected: [T, H]."""
+        d, cache = self.dims, self.bound_cache()
+        if self.latent_width != cache.shape[2]:
+            cache = cache[..., : self.latent_width]  # the latents without the indexer's columns
+        weight = self.kv_b_proj.weight
+        out = dispatch.mla_attention(
+            q_nope, q_rot, cache, batch, self.scale, weight, d.v_head_dim, kv_b=self.kv_b_proj, keeps=keeps
+        )  # [T, Hl, v]
+        return self.o_proj(out.reshape(q_nope.shape[0], self.local_heads * d.v_head_dim))  # [T, H]
+
+    def bound_cache(self) -> torch.Tensor:
         if self.cache is None:
             raise RuntimeError("KV caches are not bound: call bind_kv_caches() before forward()")
-        d = self.dims
-        q_nope, q_rot = self._queries(hidden).split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
-        kv_nope, k_rot = self.kv_a_proj_with_mqa(hidden).split([d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
-        q_rot, k_rot = self.rotary(batch.positions, q_rot, k_rot[:, None, :])  # [T, Hl, rope], [T, 1, rope]
-        latents = torch.cat([self.kv_a_layernorm(kv_nope), k_rot[:, 0]], dim=-1)  # [T, kv_lora + rope]
-        dispatch.write_cache(self.cache, latents, batch.slot_mapping)
-        out = dispatch.mla_attention(
-            q_nope, q_rot, self.cache, batch, self.scale, self.kv_b_proj.weight, d.v_head_dim, kv_b=self.kv_b_proj
-        )  # [T, Hl, v]
-        return self.o_proj(out.reshape(hidden.shape[0], self.local_heads * d.v_head_dim))  # [T, H]
+        return self.cache
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q_nope, q_rot, latents = self.project(hidden, self.q_latent(hidden), batch)
+        dispatch.write_cache(self.bound_cache(), latents, batch.slot_mapping)
+        return self.attend(q_nope, q_rot, batch)

@@ -47,6 +47,13 @@ def default_loader(param: torch.Tensor, loaded: torch.Tensor) -> None:
     copy_shard(param, loaded, None, 0, 1)
 
 
+def replicated_param(*shape: int) -> nn.Parameter:
+    """A parameter held whole on every rank, loaded as the checkpoint stores it."""
+    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    param.weight_loader = default_loader
+    return param
+
+
 def sharded_vector(count: int, parallel: ParallelContext) -> nn.Parameter:
     """A per-head (or per-channel) parameter of `count` entries in the checkpoint: this rank's contiguous
     count / tp_size of them."""

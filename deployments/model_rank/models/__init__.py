@@ -18,6 +18,7 @@ from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.gemma4 import Gemma4Config, Gemma4ForCausalLM
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+from deployments.model_rank.models.glm_moe_dsa import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
 from deployments.model_rank.models.nemotron_h import NemotronHConfig, NemotronHForCausalLM
 from deployments.model_rank.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
@@ -44,6 +45,8 @@ ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     "glm4_moe": (Glm4MoeConfig, Glm4MoeForCausalLM),
     "glm4_moe_lite": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM),
+    # MLA with DeepSeek sparse attention: an indexer picks each query's keys.
+    "glm_moe_dsa": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
     # Sliding-window and full attention layers, shared KV, per-layer inputs.
     "gemma4_text": (Gemma4Config, Gemma4ForCausalLM),
     "gemma4": (Gemma4Config, Gemma4ForCausalLM),  # the text model of the image-text checkpoint

@@ -27,18 +27,25 @@ class Glm4MoeLiteConfig(GlmExpertsConfig):
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "Glm4MoeLiteConfig":
+        return cls(**cls.lite_keys(raw, first_dense=1, experts=(64, 4, 1.8)))
+
+    @staticmethod
+    def lite_keys(raw: dict[str, Any], first_dense: int, experts: tuple[int, int, float]) -> dict[str, Any]:
+        """The fields as keyword arguments; `first_dense` and `experts` (count, top-k, scaling): the family's
+        transformers defaults."""
         layers = int(require(raw, "num_hidden_layers"))
         rope_dim = int(require(raw, "qk_rope_head_dim"))
         types = raw.get("mlp_layer_types")
         if types is None:
-            dense = int(raw.get("first_k_dense_replace", 1))
+            dense = int(raw.get("first_k_dense_replace", first_dense))
             types = ["dense" if i < dense else "sparse" for i in range(layers)]
         if len(types) != layers or set(types) - {"dense", "sparse"}:
             raise ValueError(f"mlp_layer_types {types} does not give dense/sparse for each of {layers} layers")
         q_lora = raw.get("q_lora_rank")
-        return cls(
-            **DecoderConfig.common(raw, max_positions=202752, eps=1e-5, default_head_dim=rope_dim),
-            **GlmExpertsConfig.expert_keys(raw, experts=64, top_k=4, scaling=1.8),
+        count, top_k, scaling = experts
+        return dict(
+            **DecoderConfig.common(raw, max_positions=202752, eps=1e-5, default_head_dim=rope_dim or None),
+            **GlmExpertsConfig.expert_keys(raw, experts=count, top_k=top_k, scaling=scaling),
             q_lora_rank=int(q_lora) if q_lora is not None else None,
             kv_lora_rank=int(require(raw, "kv_lora_rank")),
             qk_nope_head_dim=int(require(raw, "qk_nope_head_dim")),
