@@ -63,10 +63,15 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = norm(hidden_size, eps)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        """The step's input rows [T, H]: token embeddings, image placeholders taking their image's rows."""
         hidden = self.embed_tokens(batch.input_ids)  # [T, H]
-        if batch.image_rows is not None and batch.image_embeds is not None:  # placeholders take their image's rows
+        if batch.image_rows is not None and batch.image_embeds is not None:
             hidden = hidden.index_copy(0, batch.image_rows, batch.image_embeds.to(hidden.dtype))
+        return hidden
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.embed(batch)
         for layer in self.layers:
             hidden = layer(hidden, batch)
         return self.norm(hidden)  # [T, H]

@@ -47,7 +47,9 @@ class IndexedMLAAttention(MLAAttention):
         assert self.indexer is not None and q_latent is not None  # DSA configs always have a q latent
         queries = self.indexer.queries(hidden, q_latent, batch.positions)
         cache, keeps = self.bound_cache(), []
-        for (start, end), length, table in zip(sequence_spans(batch.query_lens), batch.context_lens, batch.block_tables):
+        for (start, end), length, table in zip(
+            sequence_spans(batch.query_lens), batch.context_lens, batch.block_tables
+        ):
             if end == start:
                 keeps.append(torch.zeros(0, length, dtype=torch.bool, device=hidden.device))
                 continue

@@ -80,11 +80,14 @@ class TokenIndexer(nn.Module):
 class PoolIndexer(nn.Module):
     """glm5_next's k-pool indexer: a key row and a gate row [index_head_dim each] per token."""
 
-    def __init__(self, hidden_size: int, q_lora_rank: int, heads: int, head_dim: int, topk: int, pool: int) -> None:
+    def __init__(
+        self, hidden_size: int, q_lora_rank: int, heads: int, head_dim: int, topk: int, pool: int, tail: bool = True
+    ) -> None:
         super().__init__()
-        if topk % pool:
+        if pool < 1 or topk % pool:
             raise ValueError(f"index_topk ({topk}) is not a multiple of index_kpool ({pool})")
         self.heads, self.head_dim, self.pools_kept, self.pool = heads, head_dim, topk // pool, pool
+        self.tail = tail  # index_kpool_always_select_tail: the incomplete pool's tokens are always read
         self.wq_b = ReplicatedLinear(q_lora_rank, heads * head_dim)
         self.wk = ReplicatedLinear(hidden_size, head_dim)
         self.k_norm = IndexKeyNorm(head_dim)
@@ -121,6 +124,8 @@ class PoolIndexer(nn.Module):
         chosen &= pool_ids[None, :] < visible[:, None]
         keep = chosen.repeat_interleave(self.pool, dim=1)  # [Tq, P * pool]
         keep = F.pad(keep, (0, length - keep.shape[1]))
+        if not self.tail:
+            return keep
         token = torch.arange(length, device=rows.device)
         tail = (token[None, :] >= (visible * self.pool)[:, None]) & (token[None, :] <= positions[:, None])
         return keep | tail

@@ -13,6 +13,7 @@ class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)); intermediate features sharded across ranks.
 
     `reduce=False` leaves the partial sum for the caller to all-reduce together with other partial sums.
+    `limit` (GLM-5.3's swiglu_limit): gate clamped to at most limit and up to [-limit, limit] first.
     """
 
     def __init__(
@@ -22,8 +23,10 @@ class GatedMLP(nn.Module):
         parallel: ParallelContext,
         bias: bool = False,
         reduce: bool = True,
+        limit: float | None = None,
     ) -> None:
         super().__init__()
+        self.limit = limit
         self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, parallel, bias=bias)
         self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, parallel, bias=bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, parallel, bias=bias, reduce=reduce)
@@ -40,6 +43,8 @@ class GatedMLP(nn.Module):
             gate, up = self.gate_up(x)  # [T, I] halves of one [T, 2I] output
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.limit is not None:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
         return self.down_proj(dispatch.silu_mul(gate, up))  # [T, H]
 
 

@@ -165,9 +165,10 @@ class Experts(nn.Module):
         intermediate_size: int,
         parallel: ParallelContext,
         activation: str = "silu",
+        swiglu_limit: float | None = None,
     ) -> None:
         super().__init__()
-        self.activation = activation
+        self.activation, self.swiglu_limit = activation, swiglu_limit
         local = divide(intermediate_size, parallel.tp_size, "expert intermediate size")
         self.gate_proj = stacked_expert_param(num_experts, local, hidden_size, 0, parallel)
         self.up_proj = stacked_expert_param(num_experts, local, hidden_size, 0, parallel)
@@ -176,7 +177,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, H], weights/ids [T, k] -> [T, H] (this rank's partial sum under TP)."""
         projections = (self.gate_proj, self.up_proj, self.down_proj)
-        return dispatch.moe_experts(x, weights, ids, *projections, invariant_linear, self.activation)
+        limit = self.swiglu_limit
+        return dispatch.moe_experts(x, weights, ids, *projections, invariant_linear, self.activation, limit)
 
 
 class SparseMoE(nn.Module):
@@ -189,18 +191,22 @@ class SparseMoE(nn.Module):
         routing: RoutingConfig,
         parallel: ParallelContext,
         shared_intermediate_size: int = 0,
+        swiglu_limit: float | None = None,
     ) -> None:
         super().__init__()
-        self.parallel = parallel
+        self.parallel, self.swiglu_limit = parallel, swiglu_limit
         self.gate = Router(hidden_size, routing)
-        self.experts = Experts(routing.num_experts, hidden_size, moe_intermediate_size, parallel)
+        args = (routing.num_experts, hidden_size, moe_intermediate_size, parallel)
+        self.experts = Experts(*args, swiglu_limit=swiglu_limit)
         self.shared_experts: GatedMLP | None = None
         if shared_intermediate_size:
             self.add_shared(hidden_size, shared_intermediate_size)
 
     def add_shared(self, hidden_size: int, intermediate_size: int) -> None:
         """The experts every token runs besides its routed ones (this rank's partial sum under TP)."""
-        self.shared_experts = GatedMLP(hidden_size, intermediate_size, self.parallel, reduce=False)
+        self.shared_experts = GatedMLP(
+            hidden_size, intermediate_size, self.parallel, reduce=False, limit=self.swiglu_limit
+        )
 
     def shared(self, x: torch.Tensor) -> torch.Tensor | None:
         return None if self.shared_experts is None else self.shared_experts(x)  # [T, H]

@@ -18,6 +18,7 @@ from deployments.model_rank.models.base import CausalLM, ModelInfo, id_list
 from deployments.model_rank.models.gemma4 import Gemma4Config, Gemma4ForCausalLM
 from deployments.model_rank.models.glm4_moe import Glm4MoeConfig, Glm4MoeForCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+from deployments.model_rank.models.glm5_next import Glm5NextConfig, Glm5NextForCausalLM
 from deployments.model_rank.models.glm_moe_dsa import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 from deployments.model_rank.models.llama import LlamaConfig, LlamaForCausalLM
 from deployments.model_rank.models.nemotron_h import NemotronHConfig, NemotronHForCausalLM
@@ -56,6 +57,8 @@ ARCHITECTURES: dict[str, tuple[type, type[CausalLM]]] = {
     "qwen3_5_text": (Qwen3_5Config, Qwen3_5ForCausalLM),
     "qwen3_5_moe": (Qwen3_5MoeConfig, Qwen3_5ForCausalLM),
     "qwen3_5_moe_text": (Qwen3_5MoeConfig, Qwen3_5ForCausalLM),
+    # Kimi delta attention layers beside sparse MLA, over hyper-connection streams.
+    "glm5_next": (Glm5NextConfig, Glm5NextForCausalLM),
     # Mamba2 layers beside attention, MLP and MoE blocks.
     "nemotron_h": (NemotronHConfig, NemotronHForCausalLM),
 }

@@ -41,12 +41,12 @@ class GlmExpertsConfig(DecoderConfig):
             routing=RoutingConfig.grouped_sigmoid(raw, experts, top_k, scaling),
         )
 
-    def mlp(self, sparse: bool, parallel: ParallelContext) -> nn.Module:
-        """A layer's MLP: the routed experts beside the shared ones, or the dense MLP."""
+    def mlp(self, sparse: bool, parallel: ParallelContext, limit: float | None = None) -> nn.Module:
+        """A layer's MLP: the routed experts beside the shared ones, or the dense MLP (`limit`: a SwiGLU clamp)."""
         if not sparse:
-            return GatedMLP(self.hidden_size, self.intermediate_size, parallel)
+            return GatedMLP(self.hidden_size, self.intermediate_size, parallel, limit=limit)
         shared = self.moe_intermediate_size * self.n_shared_experts
-        return SparseMoE(self.hidden_size, self.moe_intermediate_size, self.routing, parallel, shared)
+        return SparseMoE(self.hidden_size, self.moe_intermediate_size, self.routing, parallel, shared, limit)
 
 
 @dataclass
