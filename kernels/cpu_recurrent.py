@@ -1,5 +1,6 @@
 """The recurrent layers' scans on CPU in one native call each (kernels/cpu/recurrent.c): the causal conv,
-Gated DeltaNet's delta rule and Mamba2's state update, over a step's sequences (recurrent_scan.ScanRows).
+the delta rule of Gated DeltaNet and of Kimi delta attention, and Mamba2's state update, over a step's
+sequences (recurrent_scan.ScanRows).
 
 The torch reference (recurrent_scan.py) runs a dozen small ops per token per sequence per layer; these run
 token after token per sequence in C, in a fixed order per element, threads splitting (sequence, head)
@@ -41,6 +42,7 @@ SIGNATURES = {
     "tf_causal_conv_scan": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, *_ROWS, _i64, _i64, _i64, _int, _int, _i64],
     "tf_gated_delta_scan": [_ptr, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _ptr, _ptr, _int, _ptr, *_ROWS]
     + [_i64, _i64, _i64, _i64, _int, _i64],
+    "tf_kda_scan": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, *_ROWS, _i64, _i64, _i64, _i64, _int, _i64],
     "tf_mamba2_scan": [_ptr, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int, _int, _ptr, _ptr, _int, _f32, _f32, _ptr]
     + [*_ROWS, _i64, _i64, _i64, _i64, _int, _i64],
 }
@@ -210,6 +212,52 @@ def gated_delta_supported(state_pool: torch.Tensor, *tensors: torch.Tensor) -> b
     tokens = q.shape[0]
     shapes = q.shape == k.shape == (tokens, heads, dk) and v.shape == (tokens, heads, dv)
     shapes = shapes and a.shape == beta.shape == (tokens, heads) and neg_a.shape == dt_bias.shape == (heads,)
+    return floats and shapes and state_pool.is_contiguous() and supports(state_pool, *tensors)
+
+
+def kda_scan(
+    state_pool: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    rows: ScanRows,
+) -> torch.Tensor:
+    """recurrent_scan.kda_scan: o [T, H, Dv] float32."""
+    lib = library()
+    assert lib is not None
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    out = torch.empty(v.shape, dtype=torch.float32)
+    arrays = row_arrays(rows)
+    heads, dk, dv = state_pool.shape[1:]
+    lib.tf_kda_scan(
+        state_pool.data_ptr(),
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        g.data_ptr(),
+        beta.data_ptr(),
+        out.data_ptr(),
+        *arrays.pointers(),
+        arrays.count,
+        heads,
+        dk,
+        dv,
+        cpu_native.threads(),
+        PARALLEL_WORK,
+    )
+    return out
+
+
+def kda_supported(state_pool: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """A contiguous float32 pool; q, k, v, g and beta float32 with the pool's heads and sizes."""
+    q, k, v, g, beta = tensors
+    floats = all(t.dtype == torch.float32 for t in (state_pool, *tensors))
+    _, heads, dk, dv = state_pool.shape
+    tokens = q.shape[0]
+    shapes = q.shape == k.shape == g.shape == (tokens, heads, dk) and v.shape == (tokens, heads, dv)
+    shapes = shapes and beta.shape == (tokens, heads)
     return floats and shapes and state_pool.is_contiguous() and supports(state_pool, *tensors)
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 # Modules named as dispatch's own functions, so aliased: the recurrent layers' Triton kernels.
 import kernels.causal_conv_scan as conv_triton
 import kernels.gated_delta_scan as delta_triton
+import kernels.kda_scan as kda_triton
 import kernels.mamba2_scan as mamba2_triton
 from kernels import (
     attention_torch,
@@ -322,15 +323,19 @@ def moe_experts(
     down_proj: torch.Tensor,
     linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear,
     activation: str = "silu",
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """Replaces Experts.forward: x [T, H], weights/ids [T, k] -> [T, H]; `linear` is used by the torch path.
     `gate_proj` None: relu^2 experts without a gate (layers/latent_moe.py); `activation`: the gate's
-    (fused_moe.ACTIVATIONS)."""
+    (fused_moe.ACTIVATIONS); `swiglu_limit`: SiLU experts' clamp of gate and up (fused_moe_torch's `limit`)."""
+    fused_moe.check_swiglu_limit(activation, gate_proj is not None, swiglu_limit)
     if backend(x, up_proj) == "triton":
-        return fused_moe.fused_moe(x, weights, ids, gate_proj, up_proj, down_proj, activation=activation)
+        return fused_moe.fused_moe(
+            x, weights, ids, gate_proj, up_proj, down_proj, activation=activation, limit=swiglu_limit
+        )
     if gate_proj is None:
         return fused_moe.relu2_moe_torch(x, weights, ids, up_proj, down_proj, linear)
-    return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear, activation)
+    return fused_moe.fused_moe_torch(x, weights, ids, gate_proj, up_proj, down_proj, linear, activation, swiglu_limit)
 
 
 def causal_conv_scan(
@@ -364,7 +369,6 @@ def gated_delta_scan(
     return recurrent_scan.gated_delta_scan(state_pool, q, k, v, a, beta, neg_a, dt_bias, rows)
 
 
-
 def kda_scan(
     state_pool: torch.Tensor,
     q: torch.Tensor,
@@ -375,7 +379,13 @@ def kda_scan(
     rows: ScanRows,
 ) -> torch.Tensor:
     """Kimi delta attention's recurrence over a step's sequences (recurrent_scan.py): o [T, H, Dv] float32."""
+    if backend(state_pool, q) == "triton":
+        return kda_triton.kda_scan(state_pool, q, k, v, g, beta, scan_meta(rows, q))
+    args = (q, k, v, g, beta)
+    if backend(state_pool, q) == "torch" and cpu_recurrent.kda_supported(state_pool, *args):
+        return cpu_recurrent.kda_scan(state_pool, *args, rows)
     return recurrent_scan.kda_scan(state_pool, q, k, v, g, beta, rows)
+
 
 def mamba2_scan(
     state_pool: torch.Tensor,

@@ -1,12 +1,13 @@
 """Fused MoE experts: the routed (token, expert) pairs as one grouped GEMM pass per projection.
 
 Pairs are sorted by expert and each expert's run padded to BLOCK_M, so a program's BLOCK_M rows share
-one expert's weights. Pass 1 computes act(x W_gate^T) * (x W_up^T) for those rows, act SiLU or GELU-tanh
-(Gemma 4), or, for experts without a gate, Nemotron-H's relu(x W_up^T)^2; pass 2 multiplies by W_down^T and the routing weight and
-writes each pair's row to its own slot; a last pass sums a token's k slots in slot order. No atomics
-anywhere: a token's result does not depend on the other tokens (batch invariance), only on its own
-routing. Nothing reads the device from the host either (the sort is device-side), so a step holding it
-needs no sync and a CUDA graph can hold it.
+one expert's weights. Pass 1 computes act(x W_gate^T) * (x W_up^T) for those rows, act SiLU (optionally
+with GLM's clamped gate and up, `limit`) or GELU-tanh (Gemma 4), or, for experts without a gate,
+Nemotron-H's relu(x W_up^T)^2; pass 2 multiplies by W_down^T and the routing weight and writes each pair's
+row to its own slot; a last pass sums a token's k slots in slot order. No atomics anywhere: a token's
+result does not depend on the other tokens (batch invariance), only on its own routing. Nothing reads the
+device from the host either (the sort is device-side), so a step holding it needs no sync and a CUDA graph
+can hold it.
 """
 
 from collections.abc import Callable
@@ -55,6 +56,8 @@ def _gate_up_kernel(
     TOP_K: tl.constexpr,
     GATED: tl.constexpr,  # False: relu(x W_up^T)^2, gate_ptr unread
     GELU: tl.constexpr,  # the gate's activation: GELU-tanh (True) or SiLU
+    CLAMP: tl.constexpr,  # SiLU only: gate clamped to max=limit, up to [-limit, limit] first
+    limit,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -87,6 +90,9 @@ def _gate_up_kernel(
         inner = 0.7978845608028654 * (acc_gate + 0.044715 * acc_gate * acc_gate * acc_gate)
         hidden_act = acc_gate / (1.0 + tl.exp(-2.0 * inner)) * acc_up
     elif GATED:
+        if CLAMP:
+            acc_gate = tl.minimum(acc_gate, limit)
+            acc_up = tl.minimum(tl.maximum(acc_up, -limit), limit)
         hidden_act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
     else:
         relu = tl.maximum(acc_up, 0.0)
@@ -192,19 +198,25 @@ def fused_moe_torch(
     down_proj: torch.Tensor,
     linear: Linear = F.linear,
     activation: str = "silu",
+    limit: float | None = None,
 ) -> torch.Tensor:
     """layers/moe.py's Experts.forward: x [T, H], weights/ids [T, k], gate/up [E, I, H], down [E, H, I] -> [T, H].
 
     `linear` is the layer's batch-invariant matmul, so the CPU path keeps its bits; `activation` names the
-    gate's (ACTIVATIONS).
+    gate's (ACTIVATIONS); `limit` (SiLU only, GLM's swiglu_limit): the gate clamped to max=limit and up to
+    [-limit, limit] before silu(gate) * up.
     """
+    check_swiglu_limit(activation, True, limit)
     act = ACTIVATIONS[activation]
     top_k = ids.shape[1]
     slots = torch.zeros(x.shape[0], top_k, x.shape[1], dtype=x.dtype, device=x.device)  # [T, k, H]
     for expert in torch.unique(ids).tolist():
         tokens, slot = torch.nonzero(ids == expert, as_tuple=True)
         rows = x[tokens]  # [n, H]
-        hidden = act(linear(rows, gate_proj[expert])) * linear(rows, up_proj[expert])
+        gate, up = linear(rows, gate_proj[expert]), linear(rows, up_proj[expert])
+        if limit is not None:
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        hidden = act(gate) * up
         out = linear(hidden, down_proj[expert])  # [n, H]
         slots[tokens, slot] = (out * weights[tokens, slot, None]).to(x.dtype)
     total = slots[:, 0]
@@ -234,6 +246,12 @@ def relu2_moe_torch(
     for j in range(1, ids.shape[1]):
         total = total + slots[:, j]  # fixed per-token order
     return total.to(x.dtype)
+
+
+def check_swiglu_limit(activation: str, gated: bool, limit: float | None) -> None:
+    """A swiglu limit clamps a SiLU gate and its up: refused for other experts rather than ignored."""
+    if limit is not None and not (gated and activation == "silu"):
+        raise ValueError(f"a swiglu limit applies to gated SiLU experts only, not {activation!r} (gated={gated})")
 
 
 def _check(
@@ -277,12 +295,14 @@ def fused_moe(
     block_m: int = BLOCK_M,
     out: torch.Tensor | None = None,
     activation: str = "silu",
+    limit: float | None = None,
 ) -> torch.Tensor:
     """Triton experts: same arguments and result as fused_moe_torch (without `linear`): [T, H] (into `out`);
     `gate_proj` None: relu^2 experts, as relu2_moe_torch (each pair's weighted row kept in float32)."""
     _check(x, weights, ids, gate_proj, up_proj, down_proj)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
+    check_swiglu_limit(activation, gate_proj is not None, limit)
     num_experts, inter, hidden = up_proj.shape
     gated = gate_proj is not None
     gate = gate_proj if gate_proj is not None else up_proj  # an unread stand-in without a gate
@@ -316,6 +336,8 @@ def fused_moe(
         TOP_K=top_k,
         GATED=gated,
         GELU=activation == "gelu_tanh",
+        CLAMP=limit is not None,
+        limit=0.0 if limit is None else float(limit),
         BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,

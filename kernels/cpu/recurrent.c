@@ -1,5 +1,6 @@
 // The recurrent layers' per-token work on the CPU path (kernels/recurrent_scan.py holds the torch reference):
-// the depthwise causal conv over a slot's history, Gated DeltaNet's delta rule and Mamba2's state update.
+// the depthwise causal conv over a slot's history, the delta rule of Gated DeltaNet and of Kimi delta attention
+// (KDA: a decay per key channel) and Mamba2's state update.
 //
 // Portable C: no intrinsics; the compiler vectorises the inner loops, which run elementwise over a row (the
 // reductions here run over an outer index, or over 16 fixed lanes then a fixed tree), and -ffp-contract=off
@@ -128,34 +129,50 @@ void tf_causal_conv_scan(const void *x, int64_t x_stride, void *history, const v
     }
 }
 
-// ---- gated delta rule ------------------------------------------------------------------------------------
+// ---- gated delta rule and Kimi delta attention ---------------------------------------------------------
 
 typedef struct {
     float *state;  // [slots, H, Dk, Dv], advanced in place
     const float *q, *k;  // [T, H, Dk]
     const float *v;      // [T, H, Dv]
-    const void *a;       // [T, H] in a_dtype (before dt_bias)
+    const float *g;      // KDA: [T, H, Dk] log-decays, one per key channel; NULL for Gated DeltaNet
+    const void *a;       // Gated DeltaNet: [T, H] in a_dtype (before dt_bias)
     const float *beta;   // [T, H]
-    const float *neg_a;  // [H]: -exp(A_log)
-    const void *dt_bias;  // [H] in bias_dtype
+    const float *neg_a;  // Gated DeltaNet: [H]: -exp(A_log)
+    const void *dt_bias;  // Gated DeltaNet: [H] in bias_dtype
     float *out;           // [T, H, Dv]
     int64_t heads, dk, dv;
     int a_dtype, bias_dtype;
 } DeltaArgs;
 
-// One token on one head's state S [Dk, Dv]: S = S * decay; delta = (v - k S) * beta; S = S + k (x) delta;
-// out = q S. Sums over Dk run in row order, elementwise over Dv.
-static void delta_token(const DeltaArgs *p, float *restrict state, int64_t row, int64_t head, float *restrict acc) {
+// The token's decays into `decay`: KDA's Dk (returns 1, the step between key rows), or Gated DeltaNet's one
+// per head (returns 0: every row reads decay[0]).
+static int64_t token_decay(const DeltaArgs *p, int64_t at, int64_t head, float *restrict decay) {
+    if (p->g) {
+        const float *g = p->g + at * p->dk;
+        for (int64_t i = 0; i < p->dk; i++) decay[i] = expf(g[i]);
+        return 1;
+    }
+    const float gate = element(p->a, at, p->a_dtype) + element(p->dt_bias, head, p->bias_dtype);
+    decay[0] = expf(p->neg_a[head] * softplus(gate));
+    return 0;
+}
+
+// One token on one head's state S [Dk, Dv]: S = S * decay (row i by decay[i * step]); delta = (v - k S) * beta;
+// S = S + k (x) delta; out = q S. Sums over Dk run in row order, elementwise over Dv. scratch: Dv + Dk floats.
+static void delta_token(const DeltaArgs *p, float *restrict state, int64_t row, int64_t head, float *scratch) {
     const int64_t dk = p->dk, dv = p->dv, at = row * p->heads + head;
     const float *q = p->q + at * dk, *k = p->k + at * dk, *v = p->v + at * dv;
-    const float gate = element(p->a, at, p->a_dtype) + element(p->dt_bias, head, p->bias_dtype);
-    const float decay = expf(p->neg_a[head] * softplus(gate)), beta = p->beta[at];
+    const float beta = p->beta[at];
+    float *restrict acc = scratch, *restrict decay = scratch + dv;
+    const int64_t step = token_decay(p, at, head, decay);
     float *restrict out = p->out + at * dv;
     for (int64_t j = 0; j < dv; j++) acc[j] = 0.0f;
     for (int64_t i = 0; i < dk; i++) {
         float *restrict s = state + i * dv;
+        const float d = decay[i * step];
         for (int64_t j = 0; j < dv; j++) {
-            s[j] = s[j] * decay;
+            s[j] = s[j] * d;
             acc[j] = acc[j] + s[j] * k[i];
         }
     }
@@ -172,27 +189,44 @@ static void delta_token(const DeltaArgs *p, float *restrict state, int64_t row, 
     }
 }
 
+// Every (sequence, head) pair token after token, captured rows' states copied to their slots.
+static void delta_scan(const DeltaArgs *p, const int64_t *starts, const int64_t *ends, const int64_t *slots,
+                       const int64_t *cap_begin, const int64_t *cap_rows, const int64_t *cap_slots, int64_t seqs,
+                       int threads, int64_t parallel_work) {
+    if (seqs == 0) return;
+    const int64_t heads = p->heads, size = p->dk * p->dv;
+    const int64_t items = seqs * heads, work = (ends[seqs - 1] - starts[0]) * heads * size;
+#pragma omp parallel for num_threads(threads) if (work >= parallel_work) schedule(static)
+    for (int64_t item = 0; item < items; item++) {
+        const int64_t s = item / heads, h = item % heads;
+        float *scratch = malloc((size_t)(p->dv + p->dk) * sizeof(float));
+        float *own = p->state + (slots[s] * heads + h) * size;
+        int64_t next = cap_begin[s];
+        for (int64_t row = starts[s]; row < ends[s]; row++) {
+            delta_token(p, own, row, h, scratch);
+            for (; next < cap_begin[s + 1] && cap_rows[next] == row; next++)
+                memcpy(p->state + (cap_slots[next] * heads + h) * size, own, (size_t)size * sizeof(float));
+        }
+        free(scratch);
+    }
+}
+
 void tf_gated_delta_scan(float *state, const float *q, const float *k, const float *v, const void *a, int a_dtype,
                          const float *beta, const float *neg_a, const void *dt_bias, int bias_dtype, float *out,
                          const int64_t *starts, const int64_t *ends, const int64_t *slots, const int64_t *cap_begin,
                          const int64_t *cap_rows, const int64_t *cap_slots, int64_t seqs, int64_t heads, int64_t dk,
                          int64_t dv, int threads, int64_t parallel_work) {
-    if (seqs == 0) return;
-    const DeltaArgs p = {state, q, k, v, a, beta, neg_a, dt_bias, out, heads, dk, dv, a_dtype, bias_dtype};
-    const int64_t items = seqs * heads, size = dk * dv, work = (ends[seqs - 1] - starts[0]) * heads * size;
-#pragma omp parallel for num_threads(threads) if (work >= parallel_work) schedule(static)
-    for (int64_t item = 0; item < items; item++) {
-        const int64_t s = item / heads, h = item % heads;
-        float *acc = malloc((size_t)dv * sizeof(float));
-        float *own = state + (slots[s] * heads + h) * size;
-        int64_t next = cap_begin[s];
-        for (int64_t row = starts[s]; row < ends[s]; row++) {
-            delta_token(&p, own, row, h, acc);
-            for (; next < cap_begin[s + 1] && cap_rows[next] == row; next++)
-                memcpy(state + (cap_slots[next] * heads + h) * size, own, (size_t)size * sizeof(float));
-        }
-        free(acc);
-    }
+    const DeltaArgs p = {state, q, k, v, NULL, a, beta, neg_a, dt_bias, out, heads, dk, dv, a_dtype, bias_dtype};
+    delta_scan(&p, starts, ends, slots, cap_begin, cap_rows, cap_slots, seqs, threads, parallel_work);
+}
+
+// Kimi delta attention: Gated DeltaNet's rule with the decay exp(g) per key channel (g computed by the layer).
+void tf_kda_scan(float *state, const float *q, const float *k, const float *v, const float *g, const float *beta,
+                 float *out, const int64_t *starts, const int64_t *ends, const int64_t *slots,
+                 const int64_t *cap_begin, const int64_t *cap_rows, const int64_t *cap_slots, int64_t seqs,
+                 int64_t heads, int64_t dk, int64_t dv, int threads, int64_t parallel_work) {
+    const DeltaArgs p = {state, q, k, v, g, NULL, beta, NULL, NULL, out, heads, dk, dv, DT_F32, DT_F32};
+    delta_scan(&p, starts, ends, slots, cap_begin, cap_rows, cap_slots, seqs, threads, parallel_work);
 }
 
 // ---- Mamba2 ------------------------------------------------------------------------------------------------

@@ -62,6 +62,21 @@ def delta_case(dtype: torch.dtype, total: int) -> Case:
     return Case("delta", [state], [q, k, v, a, beta], (neg_a, dt_bias), call)
 
 
+def kda_case(dtype: torch.dtype, total: int) -> Case:
+    """Kimi delta attention: every input float32 (`dtype` unused); g's log-decays differ per key channel."""
+    heads, dk, dv, g = 2, 12, 20, _gen(4)
+    q = F.normalize(torch.randn(total, heads, dk, generator=g), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(total, heads, dk, generator=g), dim=-1)
+    v = torch.randn(total, heads, dv, generator=g)
+    decays = -torch.rand(total, heads, dk, generator=g) * 3  # some channels near 1, others near exp(-3)
+    beta, state = torch.rand(total, heads, generator=g), torch.randn(SLOTS, heads, dk, dv, generator=g)
+
+    def call(module, pools, tokens, fixed, rows):
+        return module.kda_scan(pools[0], *tokens, rows)
+
+    return Case("kda", [state], [q, k, v, decays, beta], (), call)
+
+
 def mamba_case(dtype: torch.dtype, total: int, limit: tuple[float, float] = (0.0, float("inf"))) -> Case:
     heads, head_dim, state_size, g = 4, 8, 20, _gen(3)  # 20: 16 lanes and a tail
     x = torch.randn(total, heads, head_dim, generator=g)
@@ -76,7 +91,7 @@ def mamba_case(dtype: torch.dtype, total: int, limit: tuple[float, float] = (0.0
     return Case("mamba", [state], [x, b, c, dt], (dt_bias, a, d, limit), call)
 
 
-CASES = {"conv": conv_case, "delta": delta_case, "mamba": mamba_case}
+CASES = {"conv": conv_case, "delta": delta_case, "kda": kda_case, "mamba": mamba_case}
 
 
 def spans(lengths: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -184,6 +199,31 @@ def test_dispatch_takes_the_native_kernels_unless_told_torch(monkeypatch: pytest
     assert torch.equal(run(case, dispatch, whole_step())[0], run(case, recurrent_scan, whole_step())[0])
 
 
+def test_two_sequences_batched_or_alone_give_the_same_kda_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sequences (captures in each) in one call on one and on two threads, and each in a call of its own:
+    identical outputs and states."""
+    case, lengths, slots, captures = kda_case(torch.float32, 9), (4, 5), (1, 3), ((1, 6), (8, 7))
+    starts, ends = spans(lengths)
+    together, pools = run(case, cpu_recurrent, ScanRows(starts, ends, slots, captures))
+    monkeypatch.setattr(cpu_recurrent, "PARALLEL_WORK", 0)
+    threaded, threaded_pools = run(case, cpu_recurrent, ScanRows(starts, ends, slots, captures), threads=2)
+    assert torch.equal(threaded, together) and torch.equal(threaded_pools[0], pools[0])
+    for start, end, slot in zip(starts, ends, slots):
+        piece = Case(case.name, case.pools, [t[start:end] for t in case.tokens], case.fixed, case.call)
+        mine = tuple((row - start, target) for row, target in captures if start <= row < end)
+        alone, alone_pools = run(piece, cpu_recurrent, ScanRows((0,), (end - start,), (slot,), mine))
+        assert torch.equal(alone, together[start:end])
+        touched = [slot] + [target for _, target in mine]
+        assert torch.equal(alone_pools[0][touched], pools[0][touched])
+
+
+def test_dispatch_takes_the_native_kda_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = kda_case(torch.float32, sum(LENGTHS))
+    assert torch.equal(run(case, dispatch, whole_step())[0], run(case, cpu_recurrent, whole_step())[0])
+    monkeypatch.setenv("TENSORFOLD_KERNELS", "torch")
+    assert torch.equal(run(case, dispatch, whole_step())[0], run(case, recurrent_scan, whole_step())[0])
+
+
 def test_unsupported_dtypes_and_shapes_keep_torch() -> None:
     case = conv_case(torch.float16, sum(LENGTHS))
     assert not cpu_recurrent.conv_supported(case.tokens[0], case.pools[0], *case.fixed)
@@ -194,6 +234,12 @@ def test_unsupported_dtypes_and_shapes_keep_torch() -> None:
     delta = delta_case(torch.float32, sum(LENGTHS))
     assert cpu_recurrent.gated_delta_supported(delta.pools[0], *delta.tokens, *delta.fixed)
     assert not cpu_recurrent.gated_delta_supported(delta.pools[0][:, :2], *delta.tokens, *delta.fixed)
+    kda = kda_case(torch.float32, sum(LENGTHS))
+    assert cpu_recurrent.kda_supported(kda.pools[0], *kda.tokens)
+    assert not cpu_recurrent.kda_supported(kda.pools[0][..., :8], *kda.tokens)
+    q, k, v, g, beta = kda.tokens
+    assert not cpu_recurrent.kda_supported(kda.pools[0], q, k, v, g.bfloat16(), beta)
+    assert not cpu_recurrent.kda_supported(kda.pools[0], q, k, v, g[..., :1], beta)  # one decay per head
     mamba = mamba_case(torch.float32, sum(LENGTHS))
     assert cpu_recurrent.mamba2_supported(mamba.pools[0], *mamba.tokens, *mamba.fixed[:3])
     assert not cpu_recurrent.mamba2_supported(mamba.pools[0][..., :8], *mamba.tokens, *mamba.fixed[:3])

@@ -17,7 +17,7 @@ from deployments.model_rank.layers.mla import MLAAttention, MLADims  # noqa: E40
 from deployments.model_rank.layers.moe import Experts, Router, RoutingConfig  # noqa: E402
 from deployments.model_rank.layers.norm import RMSNorm  # noqa: E402
 from deployments.model_rank.layers.rotary import RopeConfig, RotaryEmbedding  # noqa: E402
-from kernels import attention_torch, dispatch, matmul, mla_decode, recurrent_scan  # noqa: E402
+from kernels import attention_torch, dispatch, fused_moe, matmul, mla_decode, recurrent_scan  # noqa: E402
 from tests.support.sync_guard import no_host_sync  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -84,6 +84,7 @@ def no_triton(monkeypatch):
         (dispatch, "paged_prefill_attention"),
         (dispatch.conv_triton, "causal_conv_scan"),
         (dispatch.delta_triton, "gated_delta_scan"),
+        (dispatch.kda_triton, "kda_scan"),
         (dispatch.mamba2_triton, "mamba2_scan"),
         (dispatch.matmul, "invariant_matmul"),
     ]:
@@ -149,6 +150,10 @@ def test_cpu_norm_rotary_and_moe_are_the_layer_path(no_triton):
     weights, ids = router(x)
     got = dispatch.moe_experts(x, weights, ids, experts.gate_proj, experts.up_proj, experts.down_proj, invariant_linear)
     assert torch.equal(got, experts(x, weights, ids))
+    projections = (experts.gate_proj, experts.up_proj, experts.down_proj)
+    clamped = dispatch.moe_experts(x, weights, ids, *projections, invariant_linear, swiglu_limit=0.1)
+    assert torch.equal(clamped, fused_moe.fused_moe_torch(x, weights, ids, *projections, invariant_linear, limit=0.1))
+    assert not torch.equal(clamped, got)
 
 
 def test_cpu_mla_is_the_layer_path(no_triton):
@@ -327,6 +332,24 @@ def test_wide_conv_stays_on_torch(forced_triton):
     expected = recurrent_scan.causal_conv_scan(x, expected_pool, weight, None, rows)
     assert torch.equal(dispatch.causal_conv_scan(x, pool, weight, None, rows), expected)
     assert torch.equal(pool, expected_pool)
+
+
+def test_kda_scan_takes_the_triton_kernel(forced_triton, monkeypatch):
+    """On the Triton route dispatch.kda_scan runs kernels/kda_scan.py over the step's metadata."""
+    gen = case_generator("dispatch kda")
+    q, k, g = (randn(4, 2, 8, dtype=torch.float32, device=DEVICE, gen=gen, scale=0.3) for _ in range(3))
+    v, beta = randn(4, 2, 8, dtype=torch.float32, device=DEVICE, gen=gen), torch.full((4, 2), 0.5, device=DEVICE)
+    rows = recurrent_scan.ScanRows((0, 3), (3, 4), (0, 2), ((1, 1),))
+    pool = randn(3, 2, 8, 8, dtype=torch.float32, device=DEVICE, gen=gen)
+    called = []
+    kernel = dispatch.kda_triton.kda_scan
+    monkeypatch.setattr(dispatch.kda_triton, "kda_scan", lambda *args: called.append(args) or kernel(*args))
+    got_pool, want_pool = pool.clone(), pool.clone()
+    got = dispatch.kda_scan(got_pool, q, k, v, -g.abs(), beta, rows)
+    want = recurrent_scan.kda_scan(want_pool, q, k, v, -g.abs(), beta, rows)
+    assert len(called) == 1
+    assert_close(got, want, torch.float32)
+    assert_close(got_pool, want_pool, torch.float32, "state slots")
 
 
 def test_scan_meta_is_built_once_per_step():

@@ -116,3 +116,38 @@ def test_fused_gelu_tanh_experts(dtype, tokens):
     assert (gelu_tanh(rows) - torch.nn.functional.gelu(rows, approximate="tanh")).abs().max() < 1e-12
     alone = fused_moe(x[-1:], weights[-1:], ids[-1:], gate, up, down, activation="gelu_tanh")
     assert torch.equal(alone[0], out[-1])
+
+
+@pytest.mark.parametrize("dtype, tokens", [(torch.float32, 5), (torch.bfloat16, 6)])
+def test_fused_silu_experts_with_a_swiglu_limit(dtype, tokens):
+    """GLM's clamped SwiGLU: gate to max=limit, up to [-limit, limit]. The limit is small enough that both
+    clamps bite; the result differs from the unclamped one, matches float64 torch, and a token alone gives
+    its bits among the others."""
+    gen = case_generator("swiglu limit moe", dtype, tokens)
+    x = randn(tokens, 64, dtype=dtype, device=DEVICE, gen=gen)
+    gate, up, down = expert_weights(dtype, 8, 64, 96, gen)
+    weights, ids = routing(tokens, 8, 2, gen)
+    limit = 0.5
+    wide = x.double(), weights.double(), gate.double(), up.double(), down.double()
+    pair_x = wide[0].repeat_interleave(ids.shape[1], dim=0)  # each routed pair's token
+    gate_rows, up_rows = (torch.einsum("ph,pih->pi", pair_x, w[ids.flatten()]) for w in (wide[2], wide[3]))
+    assert (gate_rows > limit).any() and (up_rows > limit).any() and (up_rows < -limit).any()
+    out = fused_moe(x, weights, ids, gate, up, down, out=poisoned(tokens, 64, dtype=dtype, device=DEVICE), limit=limit)
+    ref = fused_moe_torch(wide[0], wide[1], ids, *wide[2:], limit=limit)
+    assert_close(out, ref, dtype)
+    assert not torch.allclose(ref, fused_moe_torch(wide[0], wide[1], ids, *wide[2:]), atol=1e-3)
+    alone = fused_moe(x[-1:], weights[-1:], ids[-1:], gate, up, down, limit=limit)
+    assert torch.equal(alone[0], out[-1])
+
+
+def test_swiglu_limit_is_refused_for_other_activations():
+    gen = case_generator("swiglu limit refused")
+    x = randn(2, 64, dtype=torch.float32, device=DEVICE, gen=gen)
+    gate, up, down = expert_weights(torch.float32, 4, 64, 32, gen)
+    weights, ids = routing(2, 4, 2, gen)
+    with pytest.raises(ValueError, match="swiglu limit"):
+        fused_moe(x, weights, ids, gate, up, down, activation="gelu_tanh", limit=1.0)
+    with pytest.raises(ValueError, match="swiglu limit"):
+        fused_moe(x, weights, ids, None, up, down, limit=1.0)
+    with pytest.raises(ValueError, match="swiglu limit"):
+        fused_moe_torch(x, weights, ids, gate, up, down, activation="gelu_tanh", limit=1.0)

@@ -1,4 +1,4 @@
-"""The recurrent layers' Triton kernels (causal conv, gated delta rule, Mamba2) against recurrent_scan.py, and
+"""The recurrent layers' Triton kernels (causal conv, gated delta rule, KDA, Mamba2) against recurrent_scan.py, and
 their exactness: a sequence's outputs and states are bit-identical alone, in a batch and in two chunks."""
 
 from collections.abc import Callable
@@ -15,7 +15,7 @@ pytest.importorskip(
     "triton", reason="Triton is not importable: kernel tests need it (pip install triton)", exc_type=ImportError
 )
 
-from kernels import causal_conv_scan, gated_delta_scan, mamba2_scan, recurrent_scan  # noqa: E402
+from kernels import causal_conv_scan, gated_delta_scan, kda_scan, mamba2_scan, recurrent_scan  # noqa: E402
 from kernels._triton import jit, tl  # noqa: E402
 from kernels.recurrent_scan import ScanRows  # noqa: E402
 from kernels.scan_meta import build_scan_meta, softplus  # noqa: E402
@@ -95,6 +95,33 @@ def delta_case(gen: torch.Generator, dtype: torch.dtype) -> Case:
     return Case(pool, rows_of, run, reference)
 
 
+def kda_case(gen: torch.Generator) -> Case:
+    """Kimi delta attention: float32 inputs, log-decays per key channel (Dk 12: a masked key tile)."""
+    heads, key_dim, value_dim = 2, 12, 20
+
+    def rows_of(n: int) -> dict[str, torch.Tensor]:
+        k = F.normalize(randn(n, heads, key_dim, dtype=torch.float32, device=DEVICE, gen=gen), dim=-1)
+        q = F.normalize(randn(n, heads, key_dim, dtype=torch.float32, device=DEVICE, gen=gen), dim=-1)
+        return {
+            "q": q * key_dim**-0.5,
+            "k": k,
+            "v": randn(n, heads, value_dim, dtype=torch.float32, device=DEVICE, gen=gen),
+            "g": -randn(n, heads, key_dim, dtype=torch.float32, device=DEVICE, gen=gen).abs(),
+            "beta": randn(n, heads, dtype=torch.float32, device=DEVICE, gen=gen).sigmoid(),
+        }
+
+    def run(pool, i, rows):
+        m = meta(rows, len(i["q"]))
+        return kda_scan.kda_scan(pool, i["q"], i["k"], i["v"], i["g"], i["beta"], m, 8)
+
+    def reference(pool, i, rows):
+        q, k, v, g, beta = (i[name].double() for name in ("q", "k", "v", "g", "beta"))
+        return recurrent_scan.kda_scan(pool, q, k, v, g, beta, rows)
+
+    pool = randn(POOL, heads, key_dim, value_dim, dtype=torch.float32, device=DEVICE, gen=gen, scale=0.3)
+    return Case(pool, rows_of, run, reference)
+
+
 def mamba2_case(gen: torch.Generator, dtype: torch.dtype, limit: tuple[float, float] = (0.0, float("inf"))) -> Case:
     heads, groups, head_dim, state_size = 4, 2, 12, 16
     dt_bias = randn(heads, dtype=dtype, device=DEVICE, gen=gen)
@@ -157,6 +184,10 @@ def test_gated_delta(dtype):
     check_against_reference(delta_case(case_generator("delta", dtype), dtype), torch.float32)
 
 
+def test_kda():
+    check_against_reference(kda_case(case_generator("kda")), torch.float32)
+
+
 @pytest.mark.parametrize(
     "dtype, limit",
     [(torch.float32, (0.0, float("inf"))), (torch.float32, (0.05, 0.8)), (torch.bfloat16, (0.0, float("inf")))],
@@ -169,6 +200,7 @@ def test_mamba2(dtype, limit):
 CASES = {
     "conv": lambda gen: conv_case(gen, torch.bfloat16),
     "delta": lambda gen: delta_case(gen, torch.bfloat16),
+    "kda": kda_case,
     "mamba2": lambda gen: mamba2_case(gen, torch.bfloat16),
 }
 
