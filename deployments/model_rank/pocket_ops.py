@@ -40,7 +40,7 @@ class PocketOps:
 
     def __init__(self, model: CausalLM, neurons: int, device: torch.device) -> None:
         last = model.model.layers[-1]
-        if not isinstance(last, DecoderLayer):  # the pocket joins DecoderLayer's MLP sum
+        if type(last) is not DecoderLayer:  # the pocket joins DecoderLayer's MLP sum (not a subclass's streams)
             raise ValueError(f"living weights (slide) are not served on {model.config.model_type} checkpoints")
         self.model = model
         self.pocket = Pocket(model.config.hidden_size, neurons, device)

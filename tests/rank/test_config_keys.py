@@ -18,7 +18,10 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/rank/conftest.py
 
 PROMPT, NEW_TOKENS = [(7 * j) % 500 + 2 for j in range(24)], 12
-ARCHS = ("qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "nemotron_h", "qwen3_next", "qwen3_5", "gemma4_text")
+ARCHS = (
+    *("qwen3", "qwen3_moe", "glm4_moe", "glm4_moe_lite", "nemotron_h", "qwen3_next", "qwen3_5", "gemma4_text"),
+    *("glm_moe_dsa", "glm5_next"),
+)
 Edit = Callable[[dict], None]
 
 
@@ -80,6 +83,29 @@ REFUSED: dict[str, tuple[str, Edit, str]] = {
     ),
     "gemma4 shared layers with no source": ("gemma4_text", _set(num_kv_shared_layers=5), "num_kv_shared_layers"),
     "gemma4 empty window": ("gemma4_text", _set(sliding_window=-1), "sliding_window"),
+    "glm-5 shared indexer first": (
+        "glm_moe_dsa",
+        _set(indexer_types=["shared", "full", "full"]),
+        r"indexer_types\[0\]",
+    ),
+    "glm-5 no q latent": ("glm_moe_dsa", _set(q_lora_rank=None), "q_lora_rank"),
+    "glm-5-flash unknown layer kind": (
+        "glm5_next",
+        _text(_set(layer_types=["linear_attention", "sliding_attention", "indexed_attention", "linear_attention"])),
+        "layer_types",
+    ),
+    "glm-5-flash shared indexer after kda": (
+        "glm5_next",
+        _text(
+            _set(
+                layer_types=["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"],
+                indexer_types=["full", "full", "full", "shared"],
+            )
+        ),
+        r"indexer_types\[3\]",
+    ),
+    "glm-5-flash rotary mla": ("glm5_next", _text(_set(qk_rope_head_dim=8)), "qk_rope_head_dim"),
+    "glm-5-flash pools not dividing the budget": ("glm5_next", _text(_set(index_kpool=5)), "index_kpool"),
 }
 
 
@@ -101,6 +127,16 @@ DEFAULTED: dict[str, tuple[str, Edit]] = {
     "glm-lite experts per token": ("glm4_moe_lite", _drop("num_experts_per_tok")),  # transformers: 4 of the 8
     "glm experts per token": ("glm4_moe", lambda c: c.update(n_group=1) or c.pop("num_experts_per_tok")),  # all 8
     "qwen3 swish": ("qwen3", _set(hidden_act="swish")),
+    # transformers' schedules for the fixture's full, shared, full: every second layer from the first, or a pattern.
+    "glm-5 indexer schedule": (
+        "glm_moe_dsa",
+        lambda c: c.pop("indexer_types") and c.update(index_topk_freq=2, index_skip_topk_offset=1),
+    ),
+    "glm-5 indexer pattern": ("glm_moe_dsa", lambda c: c.pop("indexer_types") and c.update(index_topk_pattern="FSF")),
+    "glm-5-flash full_attention layers": (
+        "glm5_next",
+        _text(_set(layer_types=["linear_attention", "full_attention", "full_attention", "linear_attention"])),
+    ),
     "gemma4 rope left out": ("gemma4_text", _drop("rope_parameters")),  # full layers: proportional, a quarter
     # The full layers' shape as the keys transformers folds into per_layer_config when it builds a config.
     "gemma4 global head keys": (

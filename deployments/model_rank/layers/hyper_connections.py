@@ -17,6 +17,7 @@ from deployments.model_rank.forward_batch import ForwardBatch
 from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.parallel import default_loader
+from kernels.activation import sigmoid
 
 
 def ordered_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -50,8 +51,8 @@ class HyperConnection(nn.Module):
         mix = invariant_linear(flat, self.fn.float())  # [T, (2 + n) n]
         pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
         pre_b, post_b, comb_b = self.base.split([n, n, n * n])
-        pre = torch.sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
-        post = 2 * torch.sigmoid(post_w * self.scale[1] + post_b)
+        pre = sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
+        post = 2 * sigmoid(post_w * self.scale[1] + post_b)
         comb = torch.softmax(comb_w.view(tokens, n, n) * self.scale[2] + comb_b.view(n, n), dim=-1) + self.hc_eps
         comb = comb / (ordered_sum(comb, 1)[:, None, :] + self.hc_eps)
         for _ in range(self.iters - 1):  # Sinkhorn: rows, then columns, towards a doubly stochastic matrix

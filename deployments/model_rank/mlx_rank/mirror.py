@@ -108,7 +108,7 @@ class Mirror:
                 module.head_dim,
                 module.attn.scale,
             )
-        if isinstance(module, TorchMLA):
+        if isinstance(module, TorchMLA) and type(module) is TorchMLA:  # sparse (DSA) MLA is not mirrored
             d = module.dims
             direct = d.q_lora_rank is None
             return MLAAttention(
@@ -133,7 +133,7 @@ class Mirror:
     def layer(self, module: nn.Module) -> Callable[[mx.array, MlxBatch], mx.array]:
         if isinstance(module, NemotronHBlock):
             return nemotron_block(self, module)
-        if not isinstance(module, TorchDecoderLayer):
+        if type(module) is not TorchDecoderLayer:  # hyper-connection layers are not mirrored
             raise TypeError(f"no MLX mirror for {type(module).__name__}")
         mixer = module.mixer
         return DecoderLayer(

@@ -67,6 +67,9 @@ class Glm5NextConfig(GlmExpertsConfig):
         heads = int(require(text, "num_attention_heads"))
         if int(text.get("num_key_value_heads") or heads) != heads:
             raise ValueError("num_key_value_heads must equal num_attention_heads (MLA has one latent for all heads)")
+        pool, topk = int(text.get("index_kpool", 16)), int(text.get("index_topk", 2048))
+        if pool < 1 or topk % pool:
+            raise ValueError(f"index_topk ({topk}) is not a multiple of index_kpool ({pool})")
         kinds = layer_kinds(text, layers)
         indexer = IndexerKeys.from_hf(text, layers)
         check_shared_follows_full(indexer.types, kinds)
@@ -84,7 +87,7 @@ class Glm5NextConfig(GlmExpertsConfig):
             layer_types=kinds,
             mlp_layer_types=list(mlp_types),
             indexer=indexer,
-            index_kpool=int(text.get("index_kpool", 16)),
+            index_kpool=pool,
             index_tail=bool(text.get("index_kpool_always_select_tail", True)),
             kda=KdaShape.from_hf(text),
             hyper=HyperConnectionKeys(

@@ -1,0 +1,28 @@
+"""DeepSeek-sparse-attention families over the real routes (in-process renderer and engine): greedy token ids
+over HTTP equal transformers' on tiny random checkpoints (GLM-5.3 and GLM-5.3-Flash, indexers keeping 32
+tokens per query), a 100-token prompt whole and in 7-token chunks."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from serve_app.fixtures.archs import DSA_ARCHS, tokenizer_family
+from serve_app.fixtures.checkpoints import build_random_checkpoint
+from serve_app.fixtures.tokenizer_builder import build_tokenizer
+from tests.support.local_app import greedy_ids_over_http
+from tests.support.reference import hf_greedy
+
+pytest.importorskip("transformers")
+PROMPT_LEN, NEW_TOKENS = 100, 24
+
+
+@pytest.mark.parametrize("arch", DSA_ARCHS)
+def test_greedy_ids_over_http_equal_transformers(arch: str, tmp_path: Path) -> None:
+    checkpoint = build_random_checkpoint(arch, tmp_path / arch)
+    build_tokenizer(checkpoint, family=tokenizer_family(arch))
+    prompt = torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
+    expected = hf_greedy(checkpoint, prompt, NEW_TOKENS)
+    for chunk in (512, 7):
+        settings = dict(window=256, dtype="float32", prefill_chunk_size=chunk)
+        assert greedy_ids_over_http(str(checkpoint), prompt, NEW_TOKENS, **settings) == expected, chunk
