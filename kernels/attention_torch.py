@@ -21,14 +21,11 @@ def gather_cache(cache: torch.Tensor, block_table: list[int], length: int) -> to
     return rows.reshape(num_blocks * block_size, *cache.shape[2:])[:length]
 
 
-def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0, keep: torch.Tensor | None = None
-) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
     """One sequence's new queries over its whole context.
 
     q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> [Tq, Hq, Dv]; query j sits at position Tk - Tq + j and,
-    with `window` > 0, sees only the keys of the last `window` positions up to its own; with `keep` [Tq, Tk]
-    (a sparse-attention selection), only the keys it marks.
+    with `window` > 0, sees only the keys of the last `window` positions up to its own.
     """
     num_q, num_heads = q.shape[0], q.shape[1]
     num_k, group = k.shape[0], num_heads // k.shape[1]
@@ -42,8 +39,6 @@ def causal_attention(
     hidden = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).triu(num_k - num_q + 1)  # [Tq, Tk]
     if window > 0:  # and keys at or before position - window
         hidden |= torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(num_k - num_q - window)
-    if keep is not None:
-        hidden |= ~keep
     scores = scores.masked_fill(hidden, float("-inf"))
     softmax_dtype = torch.float64 if compute == torch.float64 else torch.float32
     probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(compute)  # [Hq, Tq, Tk]

@@ -38,6 +38,7 @@ from kernels import (
     recurrent_scan,
     rmsnorm,
     rotary,
+    sparse_mla,
 )
 from kernels._triton import HAS_TRITON
 from kernels.activation import gelu_tanh, silu
@@ -179,20 +180,32 @@ def mla_attention(
     kv_b_weight: torch.Tensor,
     v_dim: int,
     kv_b: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    keeps: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Replaces MLAAttention.forward's per-sequence loop: -> [T, H, v] (latents already written).
 
     kv_b: the layer's kv_b_proj (the torch path expands latents with it); Triton absorbs kv_b_weight.
-    keeps: each sequence's sparse selection [Tq, context] (DSA layers: the torch path, on every device).
     """
-    if backend(q_nope, latent_cache) == "torch" or keeps is not None:
+    if backend(q_nope, latent_cache) == "torch":
         expand = kv_b if kv_b is not None else mla_decode.default_kv_b(kv_b_weight)
-        lens, tables = batch.context_lens, batch.block_tables
-        args = (scale, expand, v_dim, keeps)
-        return mla_decode.mla_attention_torch(q_nope, q_rot, latent_cache, batch.query_lens, lens, tables, *args)
+        return mla_decode.mla_attention_torch(
+            q_nope, q_rot, latent_cache, batch.query_lens, batch.context_lens, batch.block_tables, scale, expand, v_dim
+        )
     meta = step_meta(batch, latent_cache.shape[1], q_nope.device, ALL_ROWS)
     return mla_decode.mla_attention_triton(q_nope, q_rot, latent_cache, meta, scale, kv_b_weight, v_dim)
+
+
+def sparse_mla_attention(
+    q_nope: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent_cache: torch.Tensor,
+    batch: StepLayout,
+    scale: float,
+    absorbed: tuple[torch.Tensor, torch.Tensor],
+    keeps: list[torch.Tensor],
+) -> torch.Tensor:
+    """MLA over each query's DSA selection only (kernels/sparse_mla.py): -> [T, H, v]."""
+    lens, tables = batch.context_lens, batch.block_tables
+    return sparse_mla.sparse_mla_torch(q_nope, q_rot, latent_cache, batch.query_lens, lens, tables, scale, *absorbed, keeps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -125,28 +125,24 @@ def mla_attention_torch(
     scale: float,
     kv_b: Callable[[torch.Tensor], torch.Tensor],
     v_dim: int,
-    keeps: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The layer's math: expand cached latents with kv_b ([n, C] -> [n, H * (nope + v)]) and attend.
 
-    q_nope [T, H, nope], q_rot [T, H, R] (rotated), latent_cache [blocks, bs, C + R] -> [T, H, v]; `keeps`:
-    each sequence's sparse selection [Tq, context] (a DSA indexer's), else every earlier key.
+    q_nope [T, H, nope], q_rot [T, H, R] (rotated), latent_cache [blocks, bs, C + R] -> [T, H, v].
     """
     tokens, heads, nope = q_nope.shape
     rope = q_rot.shape[2]
     latent_dim = latent_cache.shape[2] - rope
     q = torch.cat([q_nope, q_rot], dim=-1)  # [T, H, nope + R]
     out = q.new_empty(tokens, heads, v_dim)
-    spans = zip(sequence_spans(query_lens), context_lens, block_tables)
-    for index, ((start, end), length, table) in enumerate(spans):
+    for (start, end), length, table in zip(sequence_spans(query_lens), context_lens, block_tables):
         if end == start:
             continue
         kv_nope, k_rot = gather_cache(latent_cache, table, length).split([latent_dim, rope], dim=-1)
         kv = kv_b(kv_nope).view(length, heads, nope + v_dim)
         k_nope, values = kv.split([nope, v_dim], dim=-1)
         keys = torch.cat([k_nope, k_rot[:, None, :].expand(-1, heads, -1)], dim=-1)  # rope key shared by heads
-        keep = None if keeps is None else keeps[index]
-        out[start:end] = causal_attention(q[start:end], keys, values, scale, keep=keep)
+        out[start:end] = causal_attention(q[start:end], keys, values, scale)
     return out
 
 

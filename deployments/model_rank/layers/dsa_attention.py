@@ -11,7 +11,7 @@ from deployments.model_rank.forward_batch import ForwardBatch, ParallelContext
 from deployments.model_rank.layers.dsa_index import PoolIndexer, SelectionRelay, TokenIndexer
 from deployments.model_rank.layers.mla import MLAAttention, MLADims
 from deployments.model_rank.layers.rotary import RotaryEmbedding
-from kernels import dispatch
+from kernels import cpu_gemm, dispatch
 from kernels.attention_torch import gather_cache, sequence_spans
 
 
@@ -29,6 +29,7 @@ class IndexedMLAAttention(MLAAttention):
     ) -> None:
         super().__init__(dims, rotary, scale, parallel, index_dim=0 if indexer is None else indexer.row_width)
         self.indexer, self.relay = indexer, relay
+        self._absorbed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         q_latent = self.q_latent(hidden)
@@ -40,7 +41,21 @@ class IndexedMLAAttention(MLAAttention):
             self.relay.keeps = self._select(hidden, q_latent, batch)
         if self.relay.keeps is None:
             raise RuntimeError("a shared DSA layer ran before any full indexer layer")
-        return self.attend(q_nope, q_rot, batch, self.relay.keeps)
+        scale, cache = self.scale, self.bound_cache()
+        out = dispatch.sparse_mla_attention(q_nope, q_rot, cache, batch, scale, self.absorbed(), self.relay.keeps)
+        return self.project_out(out)
+
+    def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj as (W_UK [Hl, nope, C], W_UV [Hl, v, C]) for the absorbed sparse attention; read once from
+        the (possibly packed) weight."""
+        if self._absorbed is None:
+            weight, d = self.kv_b_proj.weight, self.dims
+            if cpu_gemm.is_packed(weight):
+                weight = cpu_gemm.rows(weight, torch.arange(weight.shape[0]))
+            per_head = weight.detach().reshape(self.local_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
+            uk, uv = per_head.split([d.qk_nope_head_dim, d.v_head_dim], dim=1)
+            self._absorbed = (uk.contiguous(), uv.contiguous())
+        return self._absorbed
 
     def _select(self, hidden: torch.Tensor, q_latent: torch.Tensor | None, batch: ForwardBatch) -> list[torch.Tensor]:
         """Each sequence's selection [Tq, context] from the index rows cached so far."""
@@ -53,6 +68,6 @@ class IndexedMLAAttention(MLAAttention):
             if end == start:
                 keeps.append(torch.zeros(0, length, dtype=torch.bool, device=hidden.device))
                 continue
-            rows = gather_cache(cache, table, length)[:, self.latent_width :]  # [L, index row]
+            rows = gather_cache(cache[:, :, self.latent_width :], table, length)  # [L, index row]
             keeps.append(self.indexer.select(queries.part(start, end), rows, length - (end - start)))
         return keeps

@@ -96,22 +96,17 @@ class MLAAttention(nn.Module):
             k_rot = k_rot[:, 0]
         return q_nope, q_rot, torch.cat([self.kv_a_layernorm(kv_nope), k_rot], dim=-1)
 
-    def attend(
-        self,
-        q_nope: torch.Tensor,
-        q_rot: torch.Tensor,
-        batch: ForwardBatch,
-        keeps: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """Attention over the written cache rows (`keeps`: a sparse selection per sequence), projected: [T, H]."""
-        d, cache = self.dims, self.bound_cache()
-        if self.latent_width != cache.shape[2]:
-            cache = cache[..., : self.latent_width]  # the latents without the indexer's columns
-        weight = self.kv_b_proj.weight
+    def attend(self, q_nope: torch.Tensor, q_rot: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Attention over the written cache rows, projected: [T, H]."""
+        d, weight = self.dims, self.kv_b_proj.weight
         out = dispatch.mla_attention(
-            q_nope, q_rot, cache, batch, self.scale, weight, d.v_head_dim, kv_b=self.kv_b_proj, keeps=keeps
+            q_nope, q_rot, self.bound_cache(), batch, self.scale, weight, d.v_head_dim, kv_b=self.kv_b_proj
         )  # [T, Hl, v]
-        return self.o_proj(out.reshape(q_nope.shape[0], self.local_heads * d.v_head_dim))  # [T, H]
+        return self.project_out(out)
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [T, Hl, v] through o_proj: [T, H]."""
+        return self.o_proj(out.reshape(out.shape[0], self.local_heads * self.dims.v_head_dim))
 
     def bound_cache(self) -> torch.Tensor:
         if self.cache is None:
