@@ -368,3 +368,25 @@ def test_server_effort_reaches_the_template_only_while_thinking(glm_tokenizer_di
     assert renderer.render_text(ChatRenderRequest(messages, reasoning_effort="none"))[0] == "OFF"
     reply = renderer.render_chat(ChatRenderRequest(messages, reasoning_effort="xhigh")).reply
     assert reply.reasoning_effort == "max" and reply.enable_thinking is True
+
+
+def test_glm53_effort_levels_on_the_flash_template(glm_tokenizer_dir: Path) -> None:
+    """GLM-4.7-Flash's template with a GLM-5.3-style effort line (low, high, max; Max shown capitalised):
+    xhigh and max render Max, medium High, minimal Low; thinking off renders no effort line and the template's
+    closed think block; earlier reasoning stays in the prompt."""
+    flash = VENDOR_TEMPLATES / "GLM-4.7-Flash.jinja"
+    if not flash.exists():
+        pytest.skip("vendor templates are not beside this checkout")
+    effort_line = (
+        "{%- if reasoning_effort is defined and reasoning_effort in ['low', 'high', 'max'] -%}"
+        "<|system|>Reasoning Effort: {{ reasoning_effort | capitalize }}{%- endif -%}"
+    )
+    bundle = load_tokenizer(glm_tokenizer_dir)
+    bundle.chat_template = flash.read_text(encoding="utf-8").replace("[gMASK]<sop>", "[gMASK]<sop>" + effort_line, 1)
+    renderer, messages = PromptRenderer(bundle), CONVERSATIONS["multi_turn"]
+    for effort, shown in (("xhigh", "Max"), ("max", "Max"), ("medium", "High"), ("minimal", "Low")):
+        text = renderer.render_text(ChatRenderRequest(messages, reasoning_effort=effort))[0]
+        assert f"Reasoning Effort: {shown}<|user|>" in text and text.endswith("<|assistant|><think>"), effort
+        assert "<think>add them</think>" in text
+    off = renderer.render_text(ChatRenderRequest(messages, reasoning_effort="none"))[0]
+    assert "Reasoning Effort" not in off and off.endswith("<|assistant|></think>")
