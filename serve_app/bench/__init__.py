@@ -24,10 +24,11 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument(
         "--size",
         default="qwen3-190m",
-        choices=["qwen3-190m", "bench", "qwen3_5-200m", "gemma4-200m"],
+        choices=["qwen3-190m", "bench", "qwen3_5-200m", "gemma4-200m", "glm5_next-200m"],
         help="qwen3-190m: ~190M parameters with the real Qwen3 tokenizer; bench: ~130M, 32k vocab; "
         "qwen3_5-200m: a ~200M Qwen3.5-shaped hybrid (Gated DeltaNet and attention layers), 32k vocab; "
-        "gemma4-200m: a ~200M Gemma 4-shaped model (512-token sliding and full layers), 32k vocab",
+        "gemma4-200m: a ~200M Gemma 4-shaped model (512-token sliding and full layers), 32k vocab; "
+        "glm5_next-200m: a ~200M GLM-5.3-Flash-shaped model (KDA, sparse MLA, experts), 32k vocab",
     )
     engine.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     engine.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")

@@ -7,6 +7,7 @@ bandwidth). `--backend mlx` adds the MLX rank's column beside the torch rank's.
 """
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -67,9 +68,11 @@ def _transformers_figures(
     concurrency: int,
     temperature: float,
 ) -> Figures:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+    multimodal = "vision_config" in json.loads((checkpoint / "config.json").read_text())  # text-only input
+    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+    model = auto.from_pretrained(checkpoint, dtype=dtype)
     model.eval()
     # The same draw as ours: greedy, or the whole vocabulary at `temperature` (generate's top-k 50 off).
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}

@@ -120,6 +120,22 @@ def test_drafted_replies_equal_serial_ones(checkpoint) -> None:
     assert mixed.drafted > mixed.accepted > 0
 
 
+def test_mtp_drafts_equal_serial_ones(checkpoint) -> None:
+    """GLM-5.3's MTP layer (with an indexer of its own over its own cache) drafts; its guesses are random
+    here, so most are rejected, and every reply equals serial decoding, greedy and sampled."""
+    path, dtype = checkpoint
+    if "glm_moe_dsa" not in path:
+        pytest.skip("GLM-5.3-Flash's MTP layers are not read yet")
+    engine = _engine(checkpoint, draft="mtp", draft_policy="fixed", draft_tokens=2)
+    assert engine.draft_method == "mtp"
+    requests = [greedy("g", PROMPT[:60], 24), *_requests(_prompts(3), "s")]
+    drafted = engine.generate(requests)
+    serial = engine.generate([replace(r, request_id=r.request_id + "-serial", draft=False) for r in requests])
+    for request in requests:
+        assert drafted[request.request_id].token_ids == serial[request.request_id + "-serial"].token_ids
+    assert sum(reply.stats.drafted for reply in drafted.values()) > 0
+
+
 def test_a_conversation_resumes_from_disk_exactly(checkpoint, tmp_path: Path) -> None:
     engine = _engine(checkpoint, tmp_path, parallel=4)
     reply = engine.generate([greedy("first", PROMPT, 12)])["first"].token_ids

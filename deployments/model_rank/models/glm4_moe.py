@@ -118,25 +118,27 @@ class Glm4MoeMTP(nn.Module):
         return torch.argmax(self.compute_logits(self.shared_head.norm(residual)), dim=-1)
 
 
-class Glm4MoeForCausalLM(CausalLM):
-    def __init__(
-        self, cfg: Glm4MoeConfig, parallel: ParallelContext, dtype: torch.dtype, tensor_names: frozenset[str]
-    ) -> None:
-        super().__init__()
+class GlmMtpCausalLM(CausalLM):
+    """A GLM model whose checkpoint may hold an MTP layer after its decoder (`model.layers.{N}.*`: the layer,
+    `enorm`, `hnorm`, `eh_proj`, `shared_head` and maybe copies of the embedding and head), loaded as
+    `self.mtp` for drafts. Subclasses call `add_mtp` after building their stack."""
+
+    mtp: Glm4MoeMTP | None = None
+    mtp_prefix: str = ""
+    num_nextn_predict_layers: int = 0
+
+    @staticmethod
+    def mtp_names(cfg: DecoderConfig, tensor_names: frozenset[str]) -> set[str]:
+        """The checkpoint's MTP tensor names after the layer prefix (empty: no MTP layer stored)."""
+        prefix = f"model.layers.{cfg.num_hidden_layers}."
+        return {name[len(prefix) :] for name in tensor_names if name.startswith(prefix)}
+
+    def add_mtp(self, cfg: "GlmExpertsConfig", mtp_names: set[str], layer: DecoderLayer) -> None:
+        """Attach the MTP layer around `layer`, sharing the main embedding / head unless it stores copies."""
         self.mtp_prefix = f"model.layers.{cfg.num_hidden_layers}."
-        self.num_nextn_predict_layers = cfg.num_nextn_predict_layers
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
-        layers = [glm_layer(cfg, i, rotary, parallel) for i in range(cfg.num_hidden_layers)]
-        mtp_names = {n[len(self.mtp_prefix) :] for n in tensor_names if n.startswith(self.mtp_prefix)}
-        has_mtp = cfg.num_nextn_predict_layers > 0 and bool(mtp_names)
-        self.stack(cfg, layers, "glm4_moe", dtype, has_mtp=has_mtp)
-        self.mtp: Glm4MoeMTP | None = None
-        if has_mtp:
-            # The MTP layer shares the main embedding / head unless the checkpoint stores its own copies.
-            embed = VocabEmbedding(cfg.vocab_size, cfg.hidden_size) if "embed_tokens.weight" in mtp_names else None
-            head = LMHead(cfg.vocab_size, cfg.hidden_size) if "shared_head.head.weight" in mtp_names else None
-            layer = glm_layer(cfg, cfg.num_hidden_layers, rotary, parallel)
-            self.mtp = Glm4MoeMTP(cfg, layer, embed or self.model.embed_tokens, head or self.lm_head)
+        embed = VocabEmbedding(cfg.vocab_size, cfg.hidden_size) if "embed_tokens.weight" in mtp_names else None
+        head = LMHead(cfg.vocab_size, cfg.hidden_size) if "shared_head.head.weight" in mtp_names else None
+        self.mtp = Glm4MoeMTP(cfg, layer, embed or self.model.embed_tokens, head or self.lm_head)
 
     def mtp_kv_cache_specs(self) -> list[LayerCacheSpec]:
         """The MTP layer's cache spec ([] without MTP); allocated and bound apart from the main caches."""
@@ -165,8 +167,23 @@ class Glm4MoeForCausalLM(CausalLM):
             local = f"mtp.{rest}" if rest.startswith(MTP_OWN_PARTS) else f"mtp.layer.{rest}"
             return expert_target(local) or WeightTarget(local)
         if is_extra_mtp_layer(name, self.config.num_hidden_layers, self.num_nextn_predict_layers):
-            return None  # MTP layers past the first are not used for drafts
+            return None  # MTP layers past the first (or one this model cannot draft with) are not read
         return super().checkpoint_target(name)
+
+
+class Glm4MoeForCausalLM(GlmMtpCausalLM):
+    def __init__(
+        self, cfg: Glm4MoeConfig, parallel: ParallelContext, dtype: torch.dtype, tensor_names: frozenset[str]
+    ) -> None:
+        super().__init__()
+        self.num_nextn_predict_layers = cfg.num_nextn_predict_layers
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings)
+        layers = [glm_layer(cfg, i, rotary, parallel) for i in range(cfg.num_hidden_layers)]
+        mtp_names = self.mtp_names(cfg, tensor_names)
+        has_mtp = cfg.num_nextn_predict_layers > 0 and bool(mtp_names)
+        self.stack(cfg, layers, "glm4_moe", dtype, has_mtp=has_mtp)
+        if has_mtp:
+            self.add_mtp(cfg, mtp_names, glm_layer(cfg, cfg.num_hidden_layers, rotary, parallel))
 
 
 def is_extra_mtp_layer(name: str, num_hidden_layers: int, num_nextn: int) -> bool:

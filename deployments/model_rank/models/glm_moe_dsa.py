@@ -8,13 +8,12 @@ from typing import Any
 import torch
 
 from deployments.model_rank.forward_batch import ParallelContext
+from deployments.model_rank.layers.decoder import DecoderLayer
 from deployments.model_rank.layers.dsa_attention import IndexedMLAAttention
 from deployments.model_rank.layers.dsa_index import SelectionRelay, TokenIndexer
 from deployments.model_rank.layers.rotary import RotaryEmbedding, mla_softmax_scale
-from deployments.model_rank.models.base import CausalLM
-from deployments.model_rank.models.glm4_moe import is_extra_mtp_layer
+from deployments.model_rank.models.glm4_moe import GlmMtpCausalLM
 from deployments.model_rank.models.glm4_moe_lite import Glm4MoeLiteConfig
-from deployments.model_rank.weights import WeightTarget
 
 INDEXER_KINDS = {"F": "full", "S": "shared"}
 
@@ -78,7 +77,7 @@ class GlmMoeDsaConfig(Glm4MoeLiteConfig):
         return cls(**keys, indexer=indexer)
 
 
-class GlmMoeDsaForCausalLM(CausalLM):
+class GlmMoeDsaForCausalLM(GlmMtpCausalLM):
     def __init__(
         self, cfg: GlmMoeDsaConfig, parallel: ParallelContext, dtype: torch.dtype, tensor_names: frozenset[str]
     ) -> None:
@@ -87,16 +86,18 @@ class GlmMoeDsaForCausalLM(CausalLM):
         rotary = RotaryEmbedding(cfg.qk_rope_head_dim, cfg.rope, cfg.max_position_embeddings, True)
         scale = mla_softmax_scale(cfg.rope, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
         relay, idx = SelectionRelay(), cfg.indexer
-        layers = []
-        for kind, index_kind in zip(cfg.mlp_layer_types, idx.types):
+
+        def layer(sparse: bool, index_kind: str, relay: SelectionRelay) -> DecoderLayer:
             indexer = None
             if index_kind == "full":
                 indexer = TokenIndexer(cfg.hidden_size, cfg.q_lora_rank or 0, idx.heads, idx.head_dim, idx.topk, rotary)
             attention = IndexedMLAAttention(cfg.mla_dims(), rotary, scale, parallel, indexer, relay)
-            layers.append(cfg.layer(attention, cfg.mlp(kind == "sparse", parallel)))
-        self.stack(cfg, layers, "glm_moe_dsa", dtype)
+            return cfg.layer(attention, cfg.mlp(sparse, parallel))
 
-    def checkpoint_target(self, name: str) -> WeightTarget | None:
-        if is_extra_mtp_layer(name, self.config.num_hidden_layers, self.num_nextn_predict_layers):
-            return None  # the checkpoint's MTP layer drafts nothing here yet (n-gram drafts do)
-        return super().checkpoint_target(name)
+        layers = [layer(kind == "sparse", ik, relay) for kind, ik in zip(cfg.mlp_layer_types, idx.types)]
+        # The MTP layer drafts only with an indexer of its own (its steps select over its own cache).
+        mtp_names = self.mtp_names(cfg, tensor_names)
+        has_mtp = cfg.num_nextn_predict_layers > 0 and "self_attn.indexer.wk.weight" in mtp_names
+        self.stack(cfg, layers, "glm_moe_dsa", dtype, has_mtp=has_mtp)
+        if has_mtp:
+            self.add_mtp(cfg, mtp_names, layer(True, "full", SelectionRelay()))
