@@ -44,7 +44,7 @@ HEADERS = [
         "quant_tile_avx2.h",
     )
 ]
-SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c", "quant_gemm.c")
+SHARED_SOURCES = ("paged_attention.c", "layer_ops.c", "keyed_draw.c", "quant_gemm.c", "hyper_mix.c")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "f16c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as torch computes them (never fused by the compiler).
 BASE_COMPILE_FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
@@ -110,6 +110,7 @@ SIGNATURES = {
     "tf_gelu_tanh_mul": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "tf_rms_norm_wide": [_ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
+    "tf_hyper_weights": [_ptr, _ptr, _ptr, _i64, _int, _int, _f32, _ptr, _ptr, _ptr, _int],
     "tf_rank_head": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int],
     "tf_keyed_draw": [_ptr, _i64, _i64, _ptr, _int, _ptr, _ptr, _int],
     "tf_keyed_masses": [_ptr, _i64, _f32, _f64, _int, _ptr, _ptr],

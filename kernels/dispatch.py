@@ -31,6 +31,7 @@ from kernels import (
     cpu_native,
     cpu_recurrent,
     fused_moe,
+    hyper_mix,
     kv_write,
     matmul,
     mla_decode,
@@ -205,7 +206,18 @@ def sparse_mla_attention(
 ) -> torch.Tensor:
     """MLA over each query's DSA selection only (kernels/sparse_mla.py): -> [T, H, v]."""
     lens, tables = batch.context_lens, batch.block_tables
-    return sparse_mla.sparse_mla_torch(q_nope, q_rot, latent_cache, batch.query_lens, lens, tables, scale, *absorbed, keeps)
+    return sparse_mla.sparse_mla_torch(
+        q_nope, q_rot, latent_cache, batch.query_lens, lens, tables, scale, *absorbed, keeps
+    )
+
+
+def hyper_weights(
+    mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A hyper-connection block's (pre, post, comb) per token (kernels/hyper_mix.py): native on CPU."""
+    if backend(mix, base) == "torch" and hyper_mix.native_supported(mix, base, scale, n):
+        return hyper_mix.hyper_weights_native(mix, base, scale, n, iters, eps)
+    return hyper_mix.hyper_weights_torch(mix, base, scale, n, iters, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

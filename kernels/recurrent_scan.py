@@ -103,7 +103,6 @@ def gated_delta_scan(
     return out
 
 
-
 def kda_scan(
     state_pool: torch.Tensor,
     q: torch.Tensor,
@@ -133,6 +132,7 @@ def kda_scan(
                 state_pool[target].copy_(state)
         state_pool[slot].copy_(state)
     return out
+
 
 def mamba2_scan(
     state_pool: torch.Tensor,

@@ -8,8 +8,6 @@ starts every stream as the token's embedding and ends with their mean, then the 
 Exactness: every sum over streams runs in one fixed order per token, and the projection is row-invariant.
 """
 
-import functools
-
 import torch
 from torch import nn
 
@@ -17,12 +15,8 @@ from deployments.model_rank.forward_batch import ForwardBatch
 from deployments.model_rank.layers.decoder import DecoderLayer, DecoderStack
 from deployments.model_rank.layers.linear import invariant_linear
 from deployments.model_rank.layers.parallel import default_loader
-from kernels.activation import sigmoid
-
-
-def ordered_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """x summed over `dim` (a few streams) first to last: the same bits whatever the tensor around it."""
-    return functools.reduce(torch.add, x.unbind(dim))
+from kernels import dispatch
+from kernels.hyper_mix import ordered_sum
 
 
 def _param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
@@ -45,19 +39,10 @@ class HyperConnection(nn.Module):
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the block's input [T, H], post [T, n] and comb [T, n, n], float32)."""
-        n, tokens = self.n, streams.shape[0]
-        flat = streams.reshape(tokens, -1).float()
+        flat = streams.reshape(streams.shape[0], -1).float()
         flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.eps)
         mix = invariant_linear(flat, self.fn.float())  # [T, (2 + n) n]
-        pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
-        pre = sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
-        post = 2 * sigmoid(post_w * self.scale[1] + post_b)
-        comb = torch.softmax(comb_w.view(tokens, n, n) * self.scale[2] + comb_b.view(n, n), dim=-1) + self.hc_eps
-        comb = comb / (ordered_sum(comb, 1)[:, None, :] + self.hc_eps)
-        for _ in range(self.iters - 1):  # Sinkhorn: rows, then columns, towards a doubly stochastic matrix
-            comb = comb / (ordered_sum(comb, 2)[:, :, None] + self.hc_eps)
-            comb = comb / (ordered_sum(comb, 1)[:, None, :] + self.hc_eps)
+        pre, post, comb = dispatch.hyper_weights(mix, self.base, self.scale, self.n, self.iters, self.hc_eps)
         collapsed = ordered_sum(pre[:, :, None] * streams, 1).to(streams.dtype)
         return collapsed, post, comb
 

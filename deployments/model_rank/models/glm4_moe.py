@@ -123,9 +123,10 @@ class GlmMtpCausalLM(CausalLM):
     `enorm`, `hnorm`, `eh_proj`, `shared_head` and maybe copies of the embedding and head), loaded as
     `self.mtp` for drafts. Subclasses call `add_mtp` after building their stack."""
 
-    mtp: Glm4MoeMTP | None = None
-    mtp_prefix: str = ""
-    num_nextn_predict_layers: int = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.mtp: Glm4MoeMTP | None = None  # an instance attribute: a class default would hide the module
+        self.mtp_prefix, self.num_nextn_predict_layers = "", 0
 
     @staticmethod
     def mtp_names(cfg: DecoderConfig, tensor_names: frozenset[str]) -> set[str]:
