@@ -46,6 +46,7 @@ class RankMemory:
     rank: int
     weights_bytes: int  # this rank's shard of the weights
     kv_pool_bytes: int  # this rank's KV tensors
+    kv_index_bytes: int = 0  # of kv_pool_bytes: DSA indexers' keys beside the latents (GLM-5.3 families)
     state_pool_bytes: int = 0  # this rank's recurrent-state slots (hybrid models)
     process_rss_bytes: int | None = None  # only for the rank running in this replica's process
     device: DeviceMemory | None = None

@@ -63,7 +63,8 @@ class LayerCacheSpec:
     num_kv_heads: int = 0  # "kv": kv heads held by this rank
     head_dim: int = 0  # "kv": per-head size of K (and of V unless v_head_dim is set)
     v_head_dim: int = 0  # "kv": per-head size of V; 0 = head_dim
-    latent_dim: int = 0  # "latent": kv_lora_rank + qk_rope_head_dim
+    latent_dim: int = 0  # "latent": kv_lora_rank + qk_rope_head_dim (+ index_dim)
+    index_dim: int = 0  # "latent": of latent_dim, a DSA indexer's columns per token (layers/dsa_attention.py)
 
     def elements_per_token(self) -> int:
         if self.kind == "latent":

@@ -49,6 +49,7 @@ class RunnerInfo:
     mtp: bool = False  # the rank drafts with the checkpoint's MTP layer (its cache is in kv_bytes_per_token)
     backend: str = "torch"  # "torch" or "mlx": what computes the forward pass
     state_bytes_per_slot: int = 0  # hybrid models: one sequence's recurrent states on this rank (0: none)
+    index_bytes_per_token: int = 0  # of kv_bytes_per_token: DSA indexers' keys (GLM-5.3 families)
     # The rank runs a vision tower: the placeholder id images expand to, patches per placeholder side.
     vision: bool = False
     image_token_id: int | None = None
@@ -110,6 +111,7 @@ class ModelRunner:
             weight_bytes=self.model.weight_bytes(),
             weights_format=self.model.weights_format,
             kv_bytes_per_token=sum(s.elements_per_token() for s in [*self.specs, *self.mtp_specs]) * itemsize,
+            index_bytes_per_token=sum(s.index_dim for s in [*self.specs, *self.mtp_specs]) * itemsize,
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=name,
             threads=torch.get_num_threads(),

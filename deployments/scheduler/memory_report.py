@@ -117,6 +117,7 @@ def replica_memory(replica: str, engine: Any, reset_peak: bool = False) -> Repli
             weights_bytes=runner.weight_bytes,
             weights_format=runner.weights_format,
             kv_pool_bytes=per_block * blocks.num_blocks,
+            kv_index_bytes=runner.index_bytes_per_token * blocks.block_size * blocks.num_blocks,
             state_pool_bytes=runner.state_bytes_per_slot * (0 if engine.states is None else engine.states.num_slots),
             process_rss_bytes=rss if tp_size == 1 else None,
             device=device,

@@ -60,7 +60,7 @@ int tf_hyper_weights(const float *mix, const float *base, const float *scale, in
                      float eps, float *pre, float *post, float *comb, int threads) {
     if (n < 1 || n > HC_MAX) return -1;
     const int64_t width = (int64_t)(2 + n) * n;
-#pragma omp parallel for num_threads(threads) if (tokens >= 64) schedule(static)
+    (void)threads;  // a token's work is a few hundred flops: a fork would cost more than it saves
     for (int64_t t = 0; t < tokens; t++) {
         token_weights(mix + t * width, base, scale, n, iters, eps, pre + t * n, post + t * n, comb + t * n * n);
     }

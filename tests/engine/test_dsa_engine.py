@@ -50,6 +50,20 @@ def _requests(prompts: list[list[int]], tag: str, max_tokens: int = 24) -> list[
     return alternating(prompts, tag, max_tokens, top_p=0.9, seed_base=77)
 
 
+def test_memory_counts_the_indexer_keys(checkpoint) -> None:
+    """Each full indexer layer's rows (GLM-5.3: a 16-wide key in two layers, its MTP layer's only when it
+    drafts; GLM-5.3-Flash: key and gate in one) are part of the KV pool, reported apart in /memory's ranks."""
+    from deployments.scheduler.memory_report import replica_memory
+
+    engine = _engine(checkpoint)
+    path, dtype = checkpoint
+    full_layers, row = (2, 16) if "glm_moe_dsa" in path else (1, 32)  # the fixture's full layers, row width
+    itemsize = 4 if dtype == "float32" else 2
+    assert engine.runner_info.index_bytes_per_token == full_layers * row * itemsize
+    rank = replica_memory("r", engine).ranks[0]
+    assert 0 < rank.kv_index_bytes == full_layers * row * itemsize * 16 * engine.blocks.num_blocks < rank.kv_pool_bytes
+
+
 def test_concurrent_equals_solo(checkpoint) -> None:
     prompts = _prompts(6)
     together = reply_tokens(_engine(checkpoint).generate(_requests(prompts, "c")), "c", 6)

@@ -64,7 +64,7 @@ class MLAAttention(nn.Module):
         self.o_proj = RowParallelLinear(o_in, dims.hidden_size, parallel, bias=dims.attention_bias)
         self.latent_width = latent
         # A DSA layer's index keys ride in the same row, after the latent (layers/dsa_attention.py).
-        self.spec = LayerCacheSpec(kind="latent", latent_dim=latent + index_dim)
+        self.spec = LayerCacheSpec(kind="latent", latent_dim=latent + index_dim, index_dim=index_dim)
         self.cache: torch.Tensor | None = None
 
     def cache_spec(self) -> LayerCacheSpec:
