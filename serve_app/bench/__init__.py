@@ -52,6 +52,17 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     engine.add_argument("--profile", action="store_true", help="also print where a step's time goes, by part")
     engine.set_defaults(func=_runner("engine_bench"))
 
+    dsa = kinds.add_parser(
+        "dsa", help="sparse attention at long context: decode and prefill, as selected vs reading every token"
+    )
+    dsa.add_argument("--checkpoint", help="a glm5_next / glm_moe_dsa checkpoint (default: a random one of --size)")
+    dsa.add_argument("--size", default="glm5_next-200m", choices=["glm5_next-200m"])
+    dsa.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    dsa.add_argument("--threads", type=int, default=0, help="intra-op threads (default: every core)")
+    dsa.add_argument("--context", type=int, default=8192, help="the prompt's tokens before decoding")
+    dsa.add_argument("--decode-tokens", type=int, default=32)
+    dsa.set_defaults(func=_runner("dsa_bench"))
+
     vision = kinds.add_parser(
         "vision", help="image encode time and a one-image chat's TTFT vs transformers (Qwen3.5 with a vision tower)"
     )

@@ -67,6 +67,9 @@ def _bench_runs(checkpoints: dict[str, Path]) -> dict[str, list[list[str]]]:
             ["--checkpoint", str(checkpoints["qwen3_5-vl-bench"]), *one_thread, "--images", "1"]
             + ["--image-size", "64x48"]
         ],
+        "dsa": [
+            ["--checkpoint", str(checkpoints["glm5_next-200m"]), *one_thread, "--context", "40", "--decode-tokens", "2"]
+        ],
         "drafts": [[*one_thread, "--max-tokens", "4", "--concurrency", "2", "--repeats", "1"]],
         "slide": [[*one_thread, "--facts", "1", "--prompt-tokens", "8", "--decode-tokens", "2", "--concurrency", "1"]],
         "sampler": [[*one_thread, "--rows", "2", "--vocab", "512", "--repeats", "1", "--top-logprobs", "2"]],
@@ -81,6 +84,7 @@ TABLE_LINES = {
     "snapshots": "interval  recomputed",
     "vision": "greedy first tokens",
     "drafts": "n-gram, batch 1",
+    "dsa": "ms per decode step",
     "slide": "pocket / none:",
     "sampler": "| flat | T 0.8, top_p 0.95, top_k 40 | 2 |",
 }
