@@ -116,3 +116,21 @@ def test_tensor_parallel_matches_single_rank(checkpoints: dict[str, Path], tmp_p
         expected = PagedHarness(model).step([(0, prompt)], all_logits=True)
         assert (logits - expected).abs().max().item() < 1e-5, name
         assert continuation == PagedHarness(model).generate(0, prompt, 16), name
+
+
+@pytest.mark.parametrize("arch", DSA_ARCHS)
+def test_bfloat16_indexers_weigh_heads_in_float32_from_the_checkpoint(arch: str, checkpoints: dict[str, Path]) -> None:
+    """`weights_proj` stays a float32 tensor outside the packed bf16 projections (a packed layout read as a
+    plain matrix would weigh the heads with garbage)."""
+    from safetensors import safe_open
+
+    model = load_model(checkpoints[arch], dtype="bfloat16")
+    prefix = "model.language_model." if arch == "glm5_next" else "model."
+    with safe_open(checkpoints[arch] / "model.safetensors", "pt") as stored:
+        for index, layer in enumerate(model.model.layers):
+            indexer = getattr(layer.self_attn, "indexer", None)
+            if indexer is None:
+                continue
+            weight = indexer.weights_proj.weight
+            expected = stored.get_tensor(f"{prefix}layers.{index}.self_attn.indexer.weights_proj.weight")
+            assert weight.dtype == torch.float32 and torch.equal(weight, expected.float())

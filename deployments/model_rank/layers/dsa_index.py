@@ -2,7 +2,7 @@
 
 An indexer scores keys with its own small heads, `sum_h w_h relu(q_h . k * D^-0.5) * H^-0.5`, from a key
 row it writes per token beside the layer's latent in the paged cache (so the prefix cache, chunks, the disk
-store and preemption keep it with the latent). Two kinds (docs/models.md, "GLM-5.3"):
+store and preemption keep it with the latent). Two kinds (docs/engine.md, "Sparse attention"):
 - per token (`glm_moe_dsa`): the key is LayerNorm(wk x), its first `qk_rope_head_dim` dims rotated; a query
   keeps its `index_topk` best earlier tokens (every token while it has no more than that many);
 - per k-pool (`glm5_next`): keys LayerNorm(wk x) and gate logits (x W_gate) are written per token; each
@@ -36,6 +36,20 @@ class IndexKeyNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, INDEX_NORM_EPS)
 
 
+class WideProjection(nn.Module):
+    """`weights_proj`: held in float32 and applied to the input widened to float32 at least (as the reference
+    keeps it), outside the packed bf16 projections."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = replicated_param(out_features, in_features)
+        self.weight.data = self.weight.data.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.promote_types(x.dtype, torch.float32)
+        return invariant_linear(x.to(wide), self.weight.to(wide))
+
+
 class TokenIndexer(nn.Module):
     """glm_moe_dsa's indexer: one key row [index_head_dim] per token."""
 
@@ -47,7 +61,7 @@ class TokenIndexer(nn.Module):
         self.wq_b = ReplicatedLinear(q_lora_rank, heads * head_dim)
         self.wk = ReplicatedLinear(hidden_size, head_dim)
         self.k_norm = IndexKeyNorm(head_dim)
-        self.weights_proj = ReplicatedLinear(hidden_size, heads)
+        self.weights_proj = WideProjection(hidden_size, heads)
 
     @property
     def row_width(self) -> int:
@@ -91,7 +105,7 @@ class PoolIndexer(nn.Module):
         self.wq_b = ReplicatedLinear(q_lora_rank, heads * head_dim)
         self.wk = ReplicatedLinear(hidden_size, head_dim)
         self.k_norm = IndexKeyNorm(head_dim)
-        self.weights_proj = ReplicatedLinear(hidden_size, heads)
+        self.weights_proj = WideProjection(hidden_size, heads)
         self.index_kpool_compress_ape = replicated_param(pool, head_dim)
         self.index_kpool_compress_gate = replicated_param(head_dim, hidden_size)
 
@@ -147,11 +161,9 @@ class IndexQueries:
         return IndexQueries(self.q[start:end], self.weights[start:end])
 
 
-def head_weights(proj: ReplicatedLinear, hidden: torch.Tensor, heads: int) -> torch.Tensor:
-    """Each index head's weight per token [T, h] (float64), scaled by h^-0.5 (computed in float32 at least,
-    as the reference keeps `weights_proj` in float32)."""
-    wide = torch.promote_types(hidden.dtype, torch.float32)
-    return F.linear(hidden.to(wide), proj.weight.to(wide)).double() * heads**-0.5
+def head_weights(proj: WideProjection, hidden: torch.Tensor, heads: int) -> torch.Tensor:
+    """Each index head's weight per token [T, h] (float64), scaled by h^-0.5."""
+    return proj(hidden).double() * heads**-0.5
 
 
 def index_scores(queries: IndexQueries, keys: torch.Tensor) -> torch.Tensor:
