@@ -1,16 +1,12 @@
 """Which backend computes a rank's forward pass, and the settings an MLX rank refuses at startup."""
 
 import importlib.util
-import json
 import platform
 import sys
-from pathlib import Path
 
 from deployments.config import EngineConfig, StartupError
 
 MLX_INSTALL = "pip install 'tensorfold[mlx]'"
-# Families whose layers the MLX rank has no mirror for yet (sparse MLA, Kimi delta attention, hyper-connections).
-MLX_UNMIRRORED = ("glm_moe_dsa", "glm5_next")
 
 
 def mlx_importable() -> bool:
@@ -57,18 +53,5 @@ def _mlx_refusals(config: EngineConfig) -> list[str]:
             "use --tensor-parallel-size 1 or --backend torch",
         ),
         (config.engine_threads is not None, "engine_threads (MLX sizes its own CPU threads): drop --engine-threads"),
-        (
-            checkpoint_model_type(config.model) in MLX_UNMIRRORED,
-            f"model_type {checkpoint_model_type(config.model)} (no MLX mirror of its layers yet): use --backend torch",
-        ),
     ]
     return [message for refused, message in checks if refused]
-
-
-def checkpoint_model_type(model: str) -> str | None:
-    """The model_type of a checkpoint folder's config.json (None where there is none to read)."""
-    path = Path(model) / "config.json"
-    try:
-        return json.loads(path.read_text()).get("model_type") if path.is_file() else None
-    except (OSError, ValueError, AttributeError):
-        return None  # the checkpoint check at startup names what is wrong with it

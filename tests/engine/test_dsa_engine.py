@@ -2,8 +2,9 @@
 indexers keep 32 tokens per query, prompts well past that): replies are the same solo and batched, whole and
 chunked (chunks that split k-pools), fresh and resumed from the prefix cache (GLM-5.3-Flash: from KDA state
 snapshots) or from disk, preempted or not, drafted or serial, in float32 and bfloat16; a conversation's next
-turn finds its previous prompt and reply cached."""
+turn finds its previous prompt and reply cached. On the torch rank and the MLX rank (where mlx imports)."""
 
+import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,26 +16,32 @@ from deployments.prompt_store.links import LocalStoreLink
 from deployments.scheduler.engine.core import Engine
 from tests.support.requests import alternating, greedy, reply_tokens
 
-CASES = [(arch, dtype) for arch in ("glm_moe_dsa", "glm5_next") for dtype in ("float32", "bfloat16")]
+ARCHS = ("glm_moe_dsa", "glm5_next")
+NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
+CASES = [(arch, dtype) for arch in ARCHS for dtype in ("float32", "bfloat16")] + [
+    pytest.param((arch, dtype, "mlx"), marks=NO_MLX) for arch in ARCHS for dtype in ("float32", "bfloat16")
+]
 PROMPT = [(13 * j) % 400 + 20 for j in range(150)]  # the indexers select from the 33rd token on
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
-def checkpoint(request, tmp_path_factory) -> tuple[str, str]:
+def checkpoint(request, tmp_path_factory) -> tuple[str, str, str]:
     from serve_app.fixtures.archs import tokenizer_family
     from serve_app.fixtures.checkpoints import build_random_checkpoint
     from serve_app.fixtures.tokenizer_builder import build_tokenizer
 
-    arch, dtype = request.param
+    arch, dtype, *backend = request.param
     out = tmp_path_factory.mktemp(f"{arch}-{dtype}")
     build_random_checkpoint(arch, out, seed=5, dtype=dtype)
     build_tokenizer(out, family=tokenizer_family(arch))
-    return str(out), dtype
+    return str(out), dtype, backend[0] if backend else "torch"
 
 
-def _engine(checkpoint: tuple[str, str], learn_dir: Path | None = None, **overrides: object) -> Engine:
-    path, dtype = checkpoint
-    settings = dict(model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off")
+def _engine(checkpoint: tuple[str, str, str], learn_dir: Path | None = None, **overrides: object) -> Engine:
+    path, dtype, backend = checkpoint
+    settings = dict(
+        model=path, dtype=dtype, kv_cache_gib=0.02, parallel=16, prefill_chunk_size=64, draft="off", backend=backend
+    )
     if learn_dir is not None:
         settings.update(learn_dir=str(learn_dir), learn_conversations=True)
     settings.update(overrides)
@@ -137,7 +144,7 @@ def test_drafted_replies_equal_serial_ones(checkpoint) -> None:
 def test_mtp_drafts_equal_serial_ones(checkpoint) -> None:
     """GLM-5.3's MTP layer (with an indexer of its own over its own cache) drafts; its guesses are random
     here, so most are rejected, and every reply equals serial decoding, greedy and sampled."""
-    path, dtype = checkpoint
+    path, _, _ = checkpoint
     if "glm_moe_dsa" not in path:
         pytest.skip("GLM-5.3-Flash's MTP layers are not read yet")
     engine = _engine(checkpoint, draft="mtp", draft_policy="fixed", draft_tokens=2)

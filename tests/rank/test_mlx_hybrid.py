@@ -1,7 +1,8 @@
-"""The MLX rank on the hybrid families (HYBRID_ARCHS): logits and greedy ids equal the torch rank's, rows are
-bitwise the same solo, batched, chunked and verified, captured and copied states resume bitwise, the runner's
-slot copies honour the scheduler's plan, and Nemotron-H's MTP step drafts as torch's does. Linux runs MLX's
-CPU build; a Mac runs the same code on Metal."""
+"""The MLX rank on the hybrid families (HYBRID_ARCHS) and the sparse-attention ones (DSA_ARCHS: GLM-5.3's
+indexer and shared layers, GLM-5.3-Flash's k-pools, KDA and hyper-connections): logits and greedy ids equal
+the torch rank's, rows are bitwise the same solo, batched, chunked and verified, captured and copied states
+resume bitwise, the runner's slot copies honour the scheduler's plan, and Nemotron-H's MTP step drafts as
+torch's does. Linux runs MLX's CPU build; a Mac runs the same code on Metal."""
 
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 
 from deployments.messages.step import ZERO_STATE, SeqDraw, SeqStep, StepPlan, StepResult
 from deployments.model_rank.models import load_model
-from serve_app.fixtures.archs import HYBRID_ARCHS
+from serve_app.fixtures.archs import DSA_ARCHS, HYBRID_ARCHS
 from serve_app.fixtures.checkpoints import build_random_checkpoint
 from tests.rank.test_model_parity import VARIANTS
 from tests.support.model_harness import PagedHarness
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/rank/conftest.py
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mlx-hybrid")
-    return {arch: build_random_checkpoint(arch, root / arch) for arch in HYBRID_ARCHS}
+    return {arch: build_random_checkpoint(arch, root / arch) for arch in HYBRID_ARCHS + DSA_ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def prompt() -> list[int]:
     return torch.randint(2, 512, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
-@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+@pytest.mark.parametrize("arch", HYBRID_ARCHS + DSA_ARCHS)
 def test_logits_and_greedy_match_the_torch_rank(arch: str, checkpoints: dict[str, Path], prompt: list[int]) -> None:
     model = load_model(checkpoints[arch], dtype="float32")
     runner = MlxRunner(checkpoints[arch], "float32")
@@ -64,7 +65,7 @@ def test_config_variants_match_the_torch_rank(variant: str, tmp_path: Path, prom
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+@pytest.mark.parametrize("arch", HYBRID_ARCHS + DSA_ARCHS)
 def test_rows_are_the_same_solo_batched_and_chunked(
     arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
 ) -> None:
@@ -82,7 +83,7 @@ def test_rows_are_the_same_solo_batched_and_chunked(
     assert torch.equal(batched[2], whole)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5_moe", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5_moe", "nemotron_h", *DSA_ARCHS])
 def test_verify_rows_equal_serial_decode_rows(arch: str, checkpoints: dict[str, Path], prompt: list[int]) -> None:
     """A verify round's rows are bitwise the rows serial decoding computes (bfloat16, beside other rows)."""
     runner = MlxRunner(checkpoints[arch], "bfloat16")
@@ -101,7 +102,7 @@ def _pools_equal(harness: MlxHarness, a: int, b: int) -> bool:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+@pytest.mark.parametrize("arch", [*HYBRID_ARCHS, "glm5_next"])
 def test_captured_states_resume_bit_identically(
     arch: str, dtype: str, checkpoints: dict[str, Path], prompt: list[int]
 ) -> None:

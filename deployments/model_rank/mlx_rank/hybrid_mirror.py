@@ -11,6 +11,7 @@ from torch import nn
 
 from deployments.model_rank.layers.gated_delta import GatedDeltaNet as TorchGatedDeltaNet
 from deployments.model_rank.layers.gated_delta import GroupedProjectionDeltaNet
+from deployments.model_rank.layers.kda import KimiDeltaAttention as TorchKda
 from deployments.model_rank.layers.latent_moe import LatentMoE as TorchLatentMoE
 from deployments.model_rank.layers.mamba2 import Mamba2Mixer as TorchMamba2
 from deployments.model_rank.layers.mlp import ReluSquaredMLP as TorchReluSquaredMLP
@@ -27,6 +28,7 @@ from deployments.model_rank.mlx_rank.hybrid_layers import (
     ReluSquaredMLP,
     ScaledRMSNorm,
 )
+from deployments.model_rank.mlx_rank.kda import KimiDeltaAttention, SigmoidGatedRMSNorm
 from deployments.model_rank.mlx_rank.layers import GatedMLP, Linear, RMSNorm, Router, SparseMoE
 from deployments.model_rank.mlx_rank.mamba2 import GatedGroupRMSNorm, Mamba2Mixer
 from deployments.model_rank.mlx_rank.recurrent import RecurrentMixer
@@ -93,9 +95,27 @@ def mamba2(mirror: Mirror, module: TorchMamba2) -> Mamba2Mixer:
     )
 
 
+def kimi_delta_attention(mirror: Mirror, module: TorchKda) -> KimiDeltaAttention:
+    taps = mx.concatenate([conv_taps(mirror, getattr(module, f"{name}_conv1d").weight) for name in "qkv"])
+    mx.eval(taps)  # MLX streams are per thread: not left for the engine's thread
+    qkv = (mirror.linear(module.q_proj), mirror.linear(module.k_proj), mirror.linear(module.v_proj))
+    decay = (mirror.linear(module.f_a_proj), mirror.linear(module.f_b_proj))
+    return KimiDeltaAttention(
+        module.shape,
+        qkv,
+        taps,
+        (*decay, mirror.array(module.A_log), mirror.array(module.dt_bias)),
+        mirror.linear(module.b_proj),
+        (mirror.linear(module.g_a_proj), mirror.linear(module.g_b_proj)),
+        (SigmoidGatedRMSNorm(mirror.array(module.o_norm.weight), module.o_norm.eps), mirror.linear(module.o_proj)),
+    )
+
+
 def recurrent_mixer(mirror: Mirror, module: TorchRecurrentMixer) -> RecurrentMixer:
     if isinstance(module, TorchGatedDeltaNet):
         return gated_delta_net(mirror, module)
+    if isinstance(module, TorchKda):
+        return kimi_delta_attention(mirror, module)
     if isinstance(module, TorchMamba2):
         return mamba2(mirror, module)
     raise TypeError(f"no MLX mirror for {type(module).__name__}")

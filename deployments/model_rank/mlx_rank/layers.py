@@ -95,6 +95,11 @@ class Rotary:
         cos, sin = self._cos_sin(batch, q.dtype)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
+    def rotate(self, batch: MlxBatch, x: mx.array) -> mx.array:
+        """One tensor [T, heads, dim] rotated alone (a DSA indexer's queries or keys)."""
+        cos, sin = self._cos_sin(batch, x.dtype)
+        return self._rotate(x, cos, sin)
+
     def _rotate(self, x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
         rot = cos.shape[-1]
         x_rot, x_pass = x[..., :rot], x[..., rot:]
@@ -108,12 +113,19 @@ class Rotary:
         return mx.concatenate([out, x_pass], axis=-1) if x_pass.shape[-1] else out
 
 
+def swiglu(gate: mx.array, up: mx.array, limit: float | None) -> mx.array:
+    """silu(gate) * up; `limit` (GLM's swiglu_limit): gate clamped to at most limit, up to [-limit, limit]."""
+    if limit is not None:
+        gate, up = mx.minimum(gate, limit), mx.clip(up, -limit, limit)
+    return silu(gate) * up
+
+
 class GatedMLP:
-    def __init__(self, gate: Linear, up: Linear, down: Linear) -> None:
-        self.gate, self.up, self.down = gate, up, down
+    def __init__(self, gate: Linear, up: Linear, down: Linear, limit: float | None = None) -> None:
+        self.gate, self.up, self.down, self.limit = gate, up, down, limit
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down(silu(self.gate(x)) * self.up(x))  # [T, H]
+        return self.down(swiglu(self.gate(x), self.up(x), self.limit))  # [T, H]
 
 
 @dataclass
@@ -157,7 +169,7 @@ def _grouped_sigmoid(logits: mx.array, bias: mx.array | None, r: RoutingConfig) 
 
 class SparseMoE:
     """Router + stacked experts (gate/up [E, I, H], down [E, H, I]) + optional shared experts (a GatedMLP, or
-    Qwen3-Next's sigmoid-gated one)."""
+    Qwen3-Next's sigmoid-gated one); `limit`: the experts' SwiGLU clamp (GLM's swiglu_limit)."""
 
     def __init__(
         self,
@@ -166,8 +178,9 @@ class SparseMoE:
         up: mx.array,
         down: mx.array,
         shared: Callable[[mx.array], mx.array] | None,
+        limit: float | None = None,
     ) -> None:
-        self.router = router
+        self.router, self.limit = router, limit
         self.gate_t, self.up_t, self.down_t = gate.swapaxes(-1, -2), up.swapaxes(-1, -2), down.swapaxes(-1, -2)
         # Evaluated here: MLX streams are per thread, and the engine steps on a thread of its own.
         mx.eval(self.gate_t, self.up_t, self.down_t)
@@ -189,7 +202,7 @@ class SparseMoE:
         rows = x[:, None, None, :]  # [T, 1, 1, H]: one matvec per (token, slot), whatever shares the call
         gate = mx.gather_mm(rows, self.gate_t, rhs_indices=ids)  # [T, k, 1, I]
         up = mx.gather_mm(rows, self.up_t, rhs_indices=ids)
-        return mx.gather_mm(silu(gate) * up, self.down_t, rhs_indices=ids)[:, :, 0, :]  # [T, k, H]
+        return mx.gather_mm(swiglu(gate, up, self.limit), self.down_t, rhs_indices=ids)[:, :, 0, :]  # [T, k, H]
 
     def _per_expert(self, x: mx.array, ids: mx.array) -> mx.array:
         """Each routed expert over the rows sent to it (reads the routing back to the host)."""
@@ -199,6 +212,6 @@ class SparseMoE:
         for expert in np.unique(flat).tolist():
             where = np.nonzero(flat == expert)[0]
             rows = x[mx.array(where // top_k, mx.int32)]  # [n, H]
-            hidden = silu(rows @ self.gate_t[expert]) * (rows @ self.up_t[expert])
+            hidden = swiglu(rows @ self.gate_t[expert], rows @ self.up_t[expert], self.limit)
             out[mx.array(where, mx.int32)] = hidden @ self.down_t[expert]  # [n, H]
         return out.reshape(tokens, top_k, x.shape[1])

@@ -10,6 +10,10 @@ from torch import nn
 from deployments.model_rank.layers.attention import GatedSelfAttention as TorchGatedSelfAttention
 from deployments.model_rank.layers.attention import SelfAttention as TorchSelfAttention
 from deployments.model_rank.layers.decoder import DecoderLayer as TorchDecoderLayer
+from deployments.model_rank.layers.dsa_attention import IndexedMLAAttention as TorchIndexedMLA
+from deployments.model_rank.layers.dsa_index import SelectionRelay as TorchSelectionRelay
+from deployments.model_rank.layers.hyper_connections import HyperLayer as TorchHyperLayer
+from deployments.model_rank.layers.hyper_connections import HyperStack as TorchHyperStack
 from deployments.model_rank.layers.mla import MLAAttention as TorchMLA
 from deployments.model_rank.layers.mlp import GatedMLP as TorchGatedMLP
 from deployments.model_rank.layers.moe import Router as TorchRouter
@@ -21,8 +25,11 @@ from deployments.model_rank.layers.rotary import RotaryEmbedding
 from deployments.model_rank.mlx_rank.arrays import from_torch
 from deployments.model_rank.mlx_rank.attention import DecoderLayer, DecoderStack, MLAAttention, SelfAttention
 from deployments.model_rank.mlx_rank.batch import MlxBatch
+from deployments.model_rank.mlx_rank.dsa_index import SelectionRelay
+from deployments.model_rank.mlx_rank.dsa_mirror import hyper_layer, indexed_mla
 from deployments.model_rank.mlx_rank.hybrid_layers import GatedSelfAttention, ScaledRMSNorm
 from deployments.model_rank.mlx_rank.hybrid_mirror import hybrid_mlp, nemotron_block, recurrent_mixer
+from deployments.model_rank.mlx_rank.hyper import HyperStack
 from deployments.model_rank.mlx_rank.layers import GatedMLP, Linear, RMSNorm, Rotary, Router, SparseMoE
 from deployments.model_rank.mlx_rank.mtp import MtpLayer
 from deployments.model_rank.mlx_rank.recurrent import RecurrentMixer
@@ -39,6 +46,7 @@ class Mirror:
     def __init__(self) -> None:
         self._copied: dict[int, mx.array] = {}
         self._rotaries: dict[int, Rotary] = {}
+        self._relays: dict[int, SelectionRelay] = {}
 
     def array(self, param: torch.Tensor) -> mx.array:
         key = id(param)
@@ -72,9 +80,14 @@ class Mirror:
             self._rotaries[id(module)] = Rotary(inv_freq, module.attention_scaling, module.interleaved, axes)
         return self._rotaries[id(module)]
 
+    def relay(self, relay: TorchSelectionRelay) -> SelectionRelay:
+        """The MLX relay of a torch one (a full DSA layer and the shared layers after it share it)."""
+        return self._relays.setdefault(id(relay), SelectionRelay())
+
     def mlp(self, module: nn.Module) -> Callable[[mx.array], mx.array]:
         if isinstance(module, TorchGatedMLP):
-            return GatedMLP(self.linear(module.gate_proj), self.linear(module.up_proj), self.linear(module.down_proj))
+            linears = (self.linear(module.gate_proj), self.linear(module.up_proj), self.linear(module.down_proj))
+            return GatedMLP(*linears, module.limit)
         hybrid = hybrid_mlp(self, module)
         if hybrid is not None:
             return hybrid
@@ -87,10 +100,13 @@ class Mirror:
                 self.array(experts.up_proj),
                 self.array(experts.down_proj),
                 shared,
+                experts.swiglu_limit,
             )
         raise TypeError(f"no MLX mirror for {type(module).__name__}")
 
     def attention(self, module: nn.Module) -> SelfAttention | MLAAttention:
+        if isinstance(module, TorchIndexedMLA):
+            return indexed_mla(self, module)
         if isinstance(module, TorchSelfAttention):
             q_norm = self.norm(module.q_norm) if module.q_norm is not None else None
             k_norm = self.norm(module.k_norm) if module.k_norm is not None else None
@@ -108,7 +124,7 @@ class Mirror:
                 module.head_dim,
                 module.attn.scale,
             )
-        if isinstance(module, TorchMLA) and type(module) is TorchMLA:  # sparse (DSA) MLA is not mirrored
+        if type(module) is TorchMLA:  # subclasses unknown here are refused
             d = module.dims
             direct = d.q_lora_rank is None
             return MLAAttention(
@@ -130,15 +146,20 @@ class Mirror:
             )
         raise TypeError(f"no MLX mirror for {type(module).__name__}")
 
+    def mixer(self, module: nn.Module) -> Callable[[mx.array, MlxBatch], mx.array]:
+        """What mixes tokens in a decoder layer: a recurrent mixer, or attention."""
+        return recurrent_mixer(self, module) if isinstance(module, TorchRecurrentMixer) else self.attention(module)
+
     def layer(self, module: nn.Module) -> Callable[[mx.array, MlxBatch], mx.array]:
         if isinstance(module, NemotronHBlock):
             return nemotron_block(self, module)
-        if type(module) is not TorchDecoderLayer:  # hyper-connection layers are not mirrored
+        if isinstance(module, TorchHyperLayer):
+            return hyper_layer(self, module)
+        if type(module) is not TorchDecoderLayer:  # other subclasses unknown here are refused
             raise TypeError(f"no MLX mirror for {type(module).__name__}")
-        mixer = module.mixer
         return DecoderLayer(
             self.norm(module.input_layernorm),
-            recurrent_mixer(self, mixer) if isinstance(mixer, TorchRecurrentMixer) else self.attention(mixer),
+            self.mixer(module.mixer),
             self.norm(module.post_attention_layernorm),
             self.mlp(module.mlp),
         )
@@ -175,7 +196,10 @@ def mirror_model(model: CausalLM, mtp: bool) -> MirroredModel:
     layers = [mirror.layer(layer) for layer in stack.layers]
     embed = mirror.array(stack.embed_tokens.weight)
     head = Linear(mirror.array(model.lm_head.weight), None)
-    decoder = DecoderStack(embed, layers, mirror.norm(stack.norm), head)
+    if isinstance(stack, TorchHyperStack):  # residual streams: mlx_rank/hyper.py
+        decoder: DecoderStack = HyperStack(embed, layers, mirror.norm(stack.norm), head, stack.streams)
+    else:
+        decoder = DecoderStack(embed, layers, mirror.norm(stack.norm), head)
     recurrents = [m for m in token_mixers(layers) if isinstance(m, RecurrentMixer)]
     torch_mtp = getattr(model, "mtp", None)
     layer = mirror_mtp(mirror, torch_mtp, head) if mtp and torch_mtp is not None else None

@@ -141,6 +141,21 @@ class MlxRunner:
                 start += width
         mx.eval(self._current_caches())
 
+    def read_state_slots(self, slots: list[int]) -> np.ndarray:
+        """A hybrid model's states in these slots as bytes: [n, state_bytes_per_slot], every recurrent layer's
+        conv history then recurrent state, in layer order (the torch rank's layout)."""
+        index = mx.array(slots, mx.int32)
+        return np.concatenate([as_bytes(pool[index]) for pool in self._current_pools()], axis=1)
+
+    def write_state_slots(self, slots: list[int], rows: np.ndarray) -> None:
+        """Copy rows made by `read_state_slots` (here or on another run, either backend) into these slots."""
+        index, start = mx.array(slots, mx.int32), 0
+        for pool in self._current_pools():
+            width = int(np.prod(pool.shape[1:])) * pool.itemsize
+            pool[index] = from_bytes(rows[:, start : start + width], pool.dtype, (len(slots), *pool.shape[1:]))
+            start += width
+        mx.eval(self._current_pools())
+
     def _current_caches(self) -> list[mx.array]:
         """Every layer's cache arrays as they are now (writes replace an array's contents in place)."""
         return [a for attn in self.attentions for a in attn.cache.arrays]
