@@ -18,9 +18,9 @@ from tests.support.requests import alternating, greedy, reply_tokens
 
 ARCHS = ("glm_moe_dsa", "glm5_next")
 NO_MLX = pytest.mark.skipif(importlib.util.find_spec("mlx") is None, reason="mlx is not installed")
-CASES = [(arch, dtype) for arch in ARCHS for dtype in ("float32", "bfloat16")] + [
-    pytest.param((arch, dtype, "mlx"), marks=NO_MLX) for arch in ARCHS for dtype in ("float32", "bfloat16")
-]
+# bfloat16 on GLM-5.3-Flash only: its sparse MLA is GLM-5.3's, beside KDA and the streams' own rounding.
+NAMED = [("glm_moe_dsa", "float32"), ("glm5_next", "float32"), ("glm5_next", "bfloat16")]
+CASES = NAMED + [pytest.param((arch, dtype, "mlx"), marks=NO_MLX) for arch, dtype in NAMED]
 PROMPT = [(13 * j) % 400 + 20 for j in range(150)]  # the indexers select from the 33rd token on
 
 
@@ -63,7 +63,7 @@ def test_memory_counts_the_indexer_keys(checkpoint) -> None:
     from deployments.scheduler.memory_report import replica_memory
 
     engine = _engine(checkpoint)
-    path, dtype = checkpoint
+    path, dtype, _ = checkpoint
     full_layers, row = (2, 16) if "glm_moe_dsa" in path else (1, 32)  # the fixture's full layers, row width
     itemsize = 4 if dtype == "float32" else 2
     assert engine.runner_info.index_bytes_per_token == full_layers * row * itemsize
@@ -79,7 +79,7 @@ def test_concurrent_equals_solo(checkpoint) -> None:
     assert together == solo and all(len(t) == 24 for t in together)
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 23])
+@pytest.mark.parametrize("chunk", [1, 23])
 def test_chunked_prefill_equals_whole(checkpoint, chunk: int) -> None:
     prompts = _prompts(6)[3:6]  # 56 to 80 tokens: past the indexers' 32, chunks split 8-token pools
     whole = _engine(checkpoint, prefill_chunk_size=512).generate(_requests(prompts, "w"))

@@ -74,6 +74,7 @@ class MlxRunner:
             weight_bytes=self.weight_bytes,
             weights_format=self.weights_format,
             kv_bytes_per_token=sum(s.elements_per_token() for s in self.specs) * itemsize,
+            index_bytes_per_token=sum(s.index_dim for s in self.specs) * itemsize,
             eos_token_ids=list(cfg.eos_token_ids),
             device_name=mx.device_info().get("device_name", mlx_device_name()),
             threads=1,
