@@ -1,5 +1,7 @@
-"""Hyper-connection weights per token (GLM-5.3-Flash's mHC, deployments/model_rank/layers/hyper_connections.py):
-from a block's projection `mix` [T, (2 + n) n] float32, its `base` [(2 + n) n] and `scale` [3],
+"""Hyper-connection weights per token (GLM-5.3-Flash's mHC): a torch reference and one native call on CPU.
+
+From a block's projection `mix` [T, (2 + n) n] float32, its `base` [(2 + n) n] and `scale` [3]
+(deployments/model_rank/layers/hyper_connections.py),
     pre = sigmoid(mix_pre * s0 + b_pre) + eps,  post = 2 sigmoid(mix_post * s1 + b_post),
     comb = Sinkhorn(softmax_rows(mix_comb * s2 + b_comb) + eps): columns, then (iters - 1) x (rows, columns)
 each normalised by its sum + eps. `hyper_weights_torch` is the reference (and the CUDA path); on CPU one native

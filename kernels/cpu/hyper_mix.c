@@ -1,5 +1,6 @@
-// GLM-5.3-Flash's hyper-connection weights per token, one call instead of a hundred small torch ops (the
-// Sinkhorn loop alone is forty per block): from the block's projection `mix` [T, (2 + n) n],
+// GLM-5.3-Flash's hyper-connection weights per token, one call instead of a hundred small torch ops.
+//
+// The Sinkhorn loop alone was forty ops per block. From the block's projection `mix` [T, (2 + n) n],
 //   pre = sigmoid(mix_pre * s0 + b_pre) + eps,  post = 2 sigmoid(mix_post * s1 + b_post),
 //   comb = softmax_rows(mix_comb * s2 + b_comb) + eps, columns normalised, then (iters - 1) times rows then
 //   columns normalised (each divided by its sum + eps).
