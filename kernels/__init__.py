@@ -6,9 +6,11 @@ paged_meta          one step's layout (rows for decode/drafts, prefill sequences
 online_softmax      the fixed split/tile reduction tree all attention kernels share (batch invariance)
 paged_decode_attention, paged_prefill_attention, attention_torch   paged GQA attention
 mla_decode          MLA over the latent cache with absorbed projections (glm4_moe_lite)
+sparse_mla          MLA over each query's DSA selection, absorbed (GLM-5.3 families; torch on every device)
+hyper_mix           hyper-connection weights per token (GLM-5.3-Flash): torch, and one native call on CPU
 rmsnorm, rotary, kv_write, moe_routing, fused_moe                  the rest of a decoder layer
-recurrent_scan      Gated DeltaNet / Mamba2 per-token recurrence and causal conv over a step's sequences
-causal_conv_scan, gated_delta_scan, mamba2_scan   the same in Triton, token after token per sequence
+recurrent_scan      Gated DeltaNet / KDA / Mamba2 per-token recurrence and causal conv over a step's sequences
+causal_conv_scan, gated_delta_scan, kda_scan, mamba2_scan   the same in Triton, token after token per sequence
 scan_meta           a step's recurrent sequences and captures as device tensors (and Triton's softplus)
 cpu_native, cpu_gemm, cpu_attention, cpu_layer_ops   the CPU path's native kernels (cpu/*.c, cpu/*.h):
                     bf16 matmuls on weights packed at load, float32 paged attention in row tiles,

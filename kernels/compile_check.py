@@ -107,6 +107,7 @@ def exercise(dtype: Any, quick: bool) -> None:
     from kernels import fp8_matmul, fused_moe, kv_write, matmul, mla_decode, moe_routing, rmsnorm, rotary
     from kernels.causal_conv_scan import causal_conv_scan
     from kernels.gated_delta_scan import gated_delta_scan
+    from kernels.kda_scan import kda_scan
     from kernels.mamba2_scan import mamba2_scan
     from kernels.paged_decode_attention import paged_decode_attention
     from kernels.paged_meta import build_paged_meta
@@ -155,6 +156,7 @@ def exercise(dtype: Any, quick: bool) -> None:
         causal_conv_scan(t(4, conv_dim), t(3, 3, conv_dim), t(conv_dim, 4), t(conv_dim) if bias else None, rows)
     q = t(4, 32, 128, dt=f32)
     gated_delta_scan(t(3, 32, 128, 128, dt=f32), q, q, q, t(4, 32), t(4, 32, dt=f32), t(32, dt=f32), t(32), rows)
+    kda_scan(t(3, 32, 128, 128, dt=f32), q, q, q, q, t(4, 32, dt=f32), rows)  # GLM-5.3-Flash: a decay per channel
     x, bc, heads = t(4, 128, 64, dt=f32), t(4, 128, 128, dt=f32), t(128, dt=f32)
     mamba2_scan(t(3, 128, 64, 128, dt=f32), x, bc, bc, t(4, 128), t(128), heads, heads, (0.0, float("inf")), rows)
 

@@ -111,6 +111,8 @@ SIGNATURES = {
     "tf_rms_norm_wide": [_ptr, _ptr, _ptr, _i64, _i64, _f32, _int, _int],
     "tf_argmax_rows": [_ptr, _i64, _i64, _ptr, _int],
     "tf_hyper_weights": [_ptr, _ptr, _ptr, _i64, _int, _int, _f32, _ptr, _ptr, _ptr, _int],
+    "tf_hyper_collapse": [_ptr, _ptr, _ptr, _i64, _int, _i64, _int, _int],
+    "tf_hyper_merge": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _int, _i64, _int, _int],
     "tf_rank_head": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int],
     "tf_keyed_draw": [_ptr, _i64, _i64, _ptr, _int, _ptr, _ptr, _int],
     "tf_keyed_masses": [_ptr, _i64, _f32, _f64, _int, _ptr, _ptr],

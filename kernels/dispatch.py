@@ -220,6 +220,20 @@ def hyper_weights(
     return hyper_mix.hyper_weights_torch(mix, base, scale, n, iters, eps)
 
 
+def hyper_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """A block's input [T, H] from its streams [T, n, H] (kernels/hyper_mix.py): native on CPU."""
+    if backend(streams, pre) == "torch" and hyper_mix.native_streams(streams, pre):
+        return hyper_mix.collapse_native(streams, pre)
+    return hyper_mix.collapse_torch(streams, pre)
+
+
+def hyper_merge(streams: torch.Tensor, block: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """The streams after a block (kernels/hyper_mix.py): native on CPU."""
+    if backend(streams, block) == "torch" and hyper_mix.native_streams(streams, block, post, comb):
+        return hyper_mix.merge_native(streams, block, post, comb)
+    return hyper_mix.merge_torch(streams, block, post, comb)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Replaces RMSNorm.forward's body."""
     if backend(x, weight) == "triton":

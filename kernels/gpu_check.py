@@ -165,11 +165,12 @@ def matmul_invariance(device: torch.device, tiny: bool) -> None:
 
 
 def recurrent_invariance(device: torch.device, tiny: bool) -> None:
-    """The recurrent kernels at production tiles (Qwen3-Next's delta rule, Nemotron-H's Mamba2): a sequence's
-    outputs alone, beside a decode row, and in two chunks continuing from its slot."""
+    """The recurrent kernels at production tiles (Qwen3-Next's delta rule, GLM-5.3-Flash's KDA, Nemotron-H's
+    Mamba2): a sequence's outputs alone, beside a decode row, and in two chunks continuing from its slot."""
     import torch.nn.functional as F
 
     from kernels.gated_delta_scan import gated_delta_scan
+    from kernels.kda_scan import kda_scan
     from kernels.mamba2_scan import mamba2_scan
     from kernels.recurrent_scan import ScanRows
     from kernels.scan_meta import build_scan_meta
@@ -180,6 +181,12 @@ def recurrent_invariance(device: torch.device, tiny: bool) -> None:
     delta_rows = [*keys, r(n + 1, hv, dk), r(n + 1, hv), torch.rand(n + 1, hv, device=device)]
     delta_heads = (-r(hv).abs(), r(hv))
     mamba_rows = [r(n + 1, hm, p), r(n + 1, hm, state), r(n + 1, hm, state), r(n + 1, hm)]
+    kda_rows = [
+        *keys,
+        r(n + 1, hv, dk),
+        -torch.rand(n + 1, hv, dk, device=device),
+        torch.rand(n + 1, hv, device=device),
+    ]
     mamba_heads = (r(hm), -r(hm).abs(), r(hm), (0.0, float("inf")))
     kernels = [
         (
@@ -189,6 +196,7 @@ def recurrent_invariance(device: torch.device, tiny: bool) -> None:
             lambda pool, t, m: gated_delta_scan(pool, *t, *delta_heads, m),
         ),
         ("Mamba2", r(2, hm, p, state) * 0.1, mamba_rows, lambda pool, t, m: mamba2_scan(pool, *t, *mamba_heads, m)),
+        ("KDA", r(2, hv, dk, dk) * 0.1, kda_rows, lambda pool, t, m: kda_scan(pool, *t, m)),
     ]
     print("\nrecurrent kernels (max |difference|; 0 = bitwise equal):")
     for name, start, inputs, run in kernels:

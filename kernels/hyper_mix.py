@@ -4,8 +4,9 @@ From a block's projection `mix` [T, (2 + n) n] float32, its `base` [(2 + n) n] a
 (deployments/model_rank/layers/hyper_connections.py),
     pre = sigmoid(mix_pre * s0 + b_pre) + eps,  post = 2 sigmoid(mix_post * s1 + b_post),
     comb = Sinkhorn(softmax_rows(mix_comb * s2 + b_comb) + eps): columns, then (iters - 1) x (rows, columns)
-each normalised by its sum + eps. `hyper_weights_torch` is the reference (and the CUDA path); on CPU one native
-call per block computes the same (kernels/cpu/hyper_mix.c), each token in its own fixed order either way.
+each normalised by its sum + eps; then the streams' collapse into the block's input and their merge with its
+output. The torch functions are the reference (and the CUDA path); on CPU one native call each computes the
+same (kernels/cpu/hyper_mix.c), each token in its own fixed order either way.
 """
 
 import functools
@@ -14,6 +15,7 @@ import torch
 
 from kernels import cpu_native
 from kernels.activation import sigmoid
+from kernels.cpu_attention import DTYPE_CODES
 
 
 def ordered_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -61,3 +63,47 @@ def hyper_weights_native(
     if lib.tf_hyper_weights(*pointers, tokens, n, iters, eps, *outs, cpu_native.threads()) != 0:
         raise ValueError(f"hyper-connection weights for {n} streams (at most 16)")
     return pre, post, comb
+
+
+def collapse_torch(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """The block's input [T, H]: sum_j pre_j stream_j in float32, rounded to the streams' dtype once."""
+    return ordered_sum(pre[:, :, None] * streams, 1).to(streams.dtype)
+
+
+def merge_torch(streams: torch.Tensor, block: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """post_i * block + sum_j comb_ji stream_j: [T, n, H] in the streams' dtype (the mix accumulated in float32
+    from comb rounded to that dtype, as the reference model's matmul)."""
+    dtype = streams.dtype
+    weights = comb.to(dtype).float()
+    mixed = ordered_sum(weights[:, :, :, None] * streams.float()[:, :, None, :], 1).to(dtype)
+    return post.to(dtype)[:, :, None] * block[:, None, :] + mixed
+
+
+def native_streams(streams: torch.Tensor, *others: torch.Tensor) -> bool:
+    """CPU, contiguous, a dtype the native kernels take, at most 16 streams."""
+    return (
+        streams.dtype in DTYPE_CODES
+        and streams.shape[1] <= 16
+        and all(t.device.type == "cpu" and t.is_contiguous() for t in (streams, *others))
+        and cpu_native.available()
+    )
+
+
+def collapse_native(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    lib = cpu_native.library()
+    assert lib is not None
+    tokens, n, hidden = streams.shape
+    out = streams.new_empty(tokens, hidden)
+    args = (streams.data_ptr(), pre.data_ptr(), out.data_ptr(), tokens, n, hidden)
+    lib.tf_hyper_collapse(*args, DTYPE_CODES[streams.dtype], cpu_native.threads())
+    return out
+
+
+def merge_native(streams: torch.Tensor, block: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    lib = cpu_native.library()
+    assert lib is not None
+    tokens, n, hidden = streams.shape
+    out = torch.empty_like(streams)
+    pointers = (streams.data_ptr(), block.data_ptr(), post.data_ptr(), comb.data_ptr(), out.data_ptr())
+    lib.tf_hyper_merge(*pointers, tokens, n, hidden, DTYPE_CODES[streams.dtype], cpu_native.threads())
+    return out

@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "simd.h"
+
 #define HC_MAX 16  // streams a token's comb matrix may have on the stack
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -66,4 +68,56 @@ int tf_hyper_weights(const float *mix, const float *base, const float *scale, in
         token_weights(mix + t * width, base, scale, n, iters, eps, pre + t * n, post + t * n, comb + t * n * n);
     }
     return 0;
+}
+
+// The streams' collapse and merge around a block, [T, n, H] streams in the model's dtype (0 float32, 1 bfloat16,
+// 2 float16), every sum over streams in float32, first stream to last, rounded where the torch reference rounds:
+//   collapse: out [T, H] = round(sum_j pre_j * stream_j)
+//   merge:    out [T, n, H] = round(round(round(post_i) * block) + round(sum_j round(comb_ji) * stream_j))
+void tf_hyper_collapse(const void *streams, const float *pre, void *out, int64_t tokens, int n, int64_t hidden,
+                       int dtype, int threads) {
+    const int64_t chunks = (hidden + 15) / 16;
+#pragma omp parallel for num_threads(threads) if (tokens * n * chunks >= 8192) schedule(static)
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t left = hidden - c * 16;
+            vf16 sum = vf_mul(vf_set1(pre[t * n]), load16(streams, (t * n) * hidden + c * 16, dtype, left));
+            for (int j = 1; j < n; j++) {
+                const vf16 s = load16(streams, (t * n + j) * hidden + c * 16, dtype, left);
+                sum = vf_add(sum, vf_mul(vf_set1(pre[t * n + j]), s));
+            }
+            store16(out, t * hidden + c * 16, dtype, left, sum);
+        }
+    }
+}
+
+static inline float rounded(int dtype, float x) {
+    float lanes[16];
+    store16(lanes, 0, 0, 16, round_to(dtype, vf_set1(x)));
+    return lanes[0];
+}
+
+void tf_hyper_merge(const void *streams, const void *block, const float *post, const float *comb, void *out,
+                    int64_t tokens, int n, int64_t hidden, int dtype, int threads) {
+    const int64_t chunks = (hidden + 15) / 16;
+#pragma omp parallel for num_threads(threads) if (tokens * n * chunks >= 8192) schedule(static)
+    for (int64_t t = 0; t < tokens; t++) {
+        float weights[HC_MAX * HC_MAX], posts[HC_MAX];
+        for (int k = 0; k < n * n; k++) weights[k] = rounded(dtype, comb[t * n * n + k]);
+        for (int i = 0; i < n; i++) posts[i] = rounded(dtype, post[t * n + i]);
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t left = hidden - c * 16;
+            const vf16 b = load16(block, t * hidden + c * 16, dtype, left);
+            for (int i = 0; i < n; i++) {
+                vf16 mixed = vf_mul(vf_set1(weights[i]), load16(streams, (t * n) * hidden + c * 16, dtype, left));
+                for (int j = 1; j < n; j++) {
+                    const vf16 s = load16(streams, (t * n + j) * hidden + c * 16, dtype, left);
+                    mixed = vf_add(mixed, vf_mul(vf_set1(weights[j * n + i]), s));
+                }
+                const vf16 scaled = round_to(dtype, vf_mul(vf_set1(posts[i]), b));
+                const vf16 sum = vf_add(scaled, round_to(dtype, mixed));
+                store16(out, (t * n + i) * hidden + c * 16, dtype, left, sum);
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
-"""Hyper-connection weights (kernels/hyper_mix.py): the native call equals the torch reference within float32
+"""Hyper-connections (kernels/hyper_mix.py): the native weights equal the torch reference within float32
 rounding, each token's bits are the same alone or among others, the Sinkhorn result's columns sum to one
-and its rows nearly, and more streams than the native kernel holds run the reference."""
+and its rows nearly, and more streams than the native kernel holds run the reference; the native collapse
+and merge give the reference's bits in every dtype."""
 
 import pytest
 import torch
@@ -44,3 +45,20 @@ def test_more_streams_than_the_native_kernel_holds_run_the_reference() -> None:
     assert not hyper_mix.native_supported(mix, base, scale, 17)
     out = dispatch.hyper_weights(mix, base, scale, 17, 3, 1e-6)
     assert all(torch.equal(a, b) for a, b in zip(out, hyper_mix.hyper_weights_torch(mix, base, scale, 17, 3, 1e-6)))
+
+
+@NATIVE
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_native_collapse_and_merge_give_the_reference_bits(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    tokens, n, hidden = 37, 4, 100  # a hidden size past whole 16-lane chunks
+    streams = torch.randn(tokens, n, hidden, generator=gen).to(dtype)
+    block = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    pre, post = torch.rand(tokens, n, generator=gen), 2 * torch.rand(tokens, n, generator=gen)
+    comb = torch.rand(tokens, n, n, generator=gen)
+    assert torch.equal(hyper_mix.collapse_native(streams, pre), hyper_mix.collapse_torch(streams, pre))
+    merged = hyper_mix.merge_native(streams, block, post, comb)
+    assert torch.equal(merged, hyper_mix.merge_torch(streams, block, post, comb))
+    row = slice(5, 6)
+    alone = hyper_mix.merge_native(streams[row].clone(), block[row].clone(), post[row].clone(), comb[row].clone())
+    assert torch.equal(alone, merged[row])

@@ -43,17 +43,7 @@ class HyperConnection(nn.Module):
         flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.eps)
         mix = invariant_linear(flat, self.fn.float())  # [T, (2 + n) n]
         pre, post, comb = dispatch.hyper_weights(mix, self.base, self.scale, self.n, self.iters, self.hc_eps)
-        collapsed = ordered_sum(pre[:, :, None] * streams, 1).to(streams.dtype)
-        return collapsed, post, comb
-
-
-def merge_streams(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """post_i * out + sum_j comb_ji stream_j: [T, n, H] in the streams' dtype (the mix accumulated in float32
-    from comb rounded to that dtype, as the reference's matmul)."""
-    dtype = streams.dtype
-    weights = comb.to(dtype).float()
-    mixed = ordered_sum(weights[:, :, :, None] * streams.float()[:, :, None, :], 1).to(dtype)
-    return post.to(dtype)[:, :, None] * out[:, None, :] + mixed
+        return dispatch.hyper_collapse(streams, pre), post, comb
 
 
 class HyperLayer(DecoderLayer):
@@ -69,9 +59,9 @@ class HyperLayer(DecoderLayer):
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         block_in, post, comb = self.attn_hc(streams)
-        streams = merge_streams(streams, self.mixer(self.input_layernorm(block_in), batch), post, comb)
+        streams = dispatch.hyper_merge(streams, self.mixer(self.input_layernorm(block_in), batch), post, comb)
         block_in, post, comb = self.ffn_hc(streams)
-        return merge_streams(streams, self.mlp(self.post_attention_layernorm(block_in)), post, comb)
+        return dispatch.hyper_merge(streams, self.mlp(self.post_attention_layernorm(block_in)), post, comb)
 
 
 class HyperConnectionKeys:
